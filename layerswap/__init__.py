@@ -1,0 +1,21 @@
+"""layerswap: layer swapping for zero-shot cross-lingual transfer (Bandarkar et al., ICLR 2025).
+
+Python API at a glance::
+
+    from layerswap import Checkpoint, Plan, check_compatible, export_merge
+    math, lang = Checkpoint.open("math-expert/"), Checkpoint.open("lang-expert/")
+    print(check_compatible(math, lang).summary())
+    export_merge(math, lang, Plan(b=5, u=2, tb=1, tu=1), "merged/")
+"""
+
+__version__ = "0.1.0"
+
+from .checkpoints import Checkpoint, CompatReport, check_compatible, classify  # noqa: E402
+from .errors import UserError  # noqa: E402
+from .merging import blend, export_merge, merge_state_dicts, tensor_weights  # noqa: E402
+from .plans import Plan, default_plan  # noqa: E402
+
+__all__ = [
+    "Checkpoint", "CompatReport", "Plan", "UserError", "blend", "check_compatible", "classify",
+    "default_plan", "export_merge", "merge_state_dicts", "tensor_weights", "__version__",
+]

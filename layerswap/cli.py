@@ -1,0 +1,231 @@
+"""The `layerswap` command line: inspect, merge, diff, ask.
+
+Every user error ends with a one-line reason on stderr and exit status 2 (1 for an
+incompatible `inspect`), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+from .errors import UserError
+from .plans import NON_LAYER_OPTIONS, TRANSITIONS, Plan, default_plan
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def parse_size(s: str) -> int:
+    """'5GB', '500MB', '2G', '1000000' -> bytes (decimal units, like HF's max_shard_size)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B)?\s*", s.upper())
+    if not m:
+        raise UserError(f"Cannot read size {s!r}; write e.g. 5GB, 500MB or a number of bytes.")
+    mult = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[m.group(2)]
+    if m.group(3) == "IB":
+        mult = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2)]
+    return int(float(m.group(1)) * mult)
+
+
+def _models(p: argparse.ArgumentParser, base_required: bool = False) -> None:
+    p.add_argument("--math", required=True, metavar="M", help="math expert: local folder or Hub id")
+    p.add_argument("--lang", required=True, metavar="L", help="language expert: local folder or Hub id")
+    p.add_argument("--base", required=base_required, metavar="B", help="base model both experts were tuned from")
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("plan (defaults: the literature's b=5 u=2 tb=1 tu=1 at 32 layers, scaled to the model)")
+    g.add_argument("--b", type=int, help="bottom layers taken from the language expert")
+    g.add_argument("--u", type=int, help="top layers taken from the language expert")
+    g.add_argument("--tb", type=int, help="bottom transition layers (blends)")
+    g.add_argument("--tu", type=int, help="top transition layers (blends)")
+    g.add_argument("--transition", choices=TRANSITIONS, default="flat",
+                   help="flat: every transition layer uses --transition-weight; ramp: linear steps (default flat)")
+    g.add_argument("--transition-weight", type=float, default=0.5, metavar="W",
+                   help="language-expert weight of flat transition layers (default 0.5)")
+    g.add_argument("--non-layer", choices=NON_LAYER_OPTIONS, default="neighbour",
+                   help="embeddings / final norm / lm_head: neighbour (embeddings follow layer 0, norm and "
+                        "lm_head follow the last layer), math, lang or avg (default neighbour)")
+
+
+def _plan_from(args, num_layers: int) -> Plan:
+    d = default_plan(num_layers)
+    counts = {k: getattr(args, k) for k in ("b", "u", "tb", "tu")}
+    if all(v is None for v in counts.values()):
+        counts = {k: getattr(d, k) for k in counts}
+    else:
+        counts = {k: (v if v is not None else getattr(d, k)) for k, v in counts.items()}
+    plan = Plan(**counts, transition=args.transition, transition_weight=args.transition_weight,
+                non_layer=args.non_layer)
+    plan.validate(num_layers)
+    return plan
+
+
+def _open(ref: str | None):
+    from .checkpoints import Checkpoint
+
+    return Checkpoint.open(ref) if ref else None
+
+
+# ---- commands --------------------------------------------------------------------------------
+
+def cmd_inspect(args) -> int:
+    from .checkpoints import check_compatible
+
+    rep = check_compatible(_open(args.math), _open(args.lang), _open(args.base))
+    print(rep.summary())
+    return 0 if rep.ok else 1
+
+
+def cmd_merge(args) -> int:
+    from .merging import export_merge
+
+    math, lang, base = _open(args.math), _open(args.lang), _open(args.base)
+    plan = _plan_from(args, math.num_layers)
+    print(f"plan: b={plan.b} u={plan.u} tb={plan.tb} tu={plan.tu} transition={plan.transition} "
+          f"non-layer={plan.non_layer} ({math.num_layers} layers)")
+    print(textwrap.indent(plan.describe(math.num_layers), "  "))
+    bar = _ProgressLine(enabled=not args.quiet)
+    s = export_merge(math, lang, plan, args.out, base=base, device=args.device, overwrite=args.overwrite,
+                     shard_bytes=parse_size(args.out_shard_size), progress=bar)
+    bar.done()
+    print(f"wrote {s.out} ({s.n_tensors} tensors: {s.n_copied} copied, {s.n_blended} blended; "
+          f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard{'s' if s.shards > 1 else ''})")
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from .analysis import diff_vs_base
+    from .checkpoints import check_compatible
+    from .plots import combined_diff_figure, save_figure
+
+    math, lang, base = _open(args.math), _open(args.lang), _open(args.base)
+    check_compatible(math, lang, base).raise_if_bad()
+    figs = []
+    for role, ck in (("math expert", math), ("language expert", lang)):
+        d = diff_vs_base(ck, base)
+        figs.append((role, d))
+        prof = " ".join(f"{x:.3g}" for x in d.layer_profile())
+        print(f"{role}: mean relative change per layer: {prof}")
+    fig = combined_diff_figure([d for _, d in figs], [r for r, _ in figs])
+    for out in args.out:
+        save_figure(fig, out)
+        print(f"wrote {out}")
+    if args.csv:
+        import csv
+
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["expert", "tensor", "layer", "ptype", "relative"])
+            w.writeheader()
+            for role, d in figs:
+                for row in d.to_rows():
+                    w.writerow({"expert": role, **row})
+        print(f"wrote {args.csv}")
+    return 0
+
+
+def cmd_ask(args) -> int:
+    from .workbench import Workbench
+
+    if (args.question is None) == (args.index is None):
+        raise UserError("Give either --question \"...\" or --mgsm-lang XX --index N.")
+    wb = Workbench(device=args.device)
+    wb.load(args.math, args.lang, args.base)
+    plan = _plan_from(args, wb.num_layers)
+    wb.build(plan)
+    kw = dict(source=args.mgsm_dir, shots=args.shots, max_new_tokens=args.max_new_tokens)
+    if args.question is not None:
+        answers = wb.ask_question(args.question, args.mgsm_lang, **kw)
+    else:
+        answers = wb.ask_mgsm(args.mgsm_lang, args.index, **kw)
+    print(f"plan: b={plan.b} u={plan.u} tb={plan.tb} tu={plan.tu} ({wb.num_layers} layers); "
+          f"engine: {answers[0].engine}")
+    print("prompt:\n" + textwrap.indent(answers[0].prompt, "  | "))
+    if answers[0].gold is not None:
+        print(f"gold answer: {answers[0].gold}")
+    for a in answers:
+        mark = "" if a.gold is None else ("  ✓" if a.scored.flexible_correct else "  ✗")
+        print(f"\n== {a.model} ({a.seconds:.1f}s) — strict: {a.scored.strict}  flexible: {a.scored.flexible}{mark}")
+        print(textwrap.indent(a.scored.output.strip() or "(empty)", "  "))
+    return 0
+
+
+class _ProgressLine:
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.last = -1
+
+    def __call__(self, frac: float, desc: str) -> None:
+        pct = int(frac * 100)
+        if self.enabled and pct != self.last:
+            self.last = pct
+            sys.stderr.write(f"\r{pct:3d}% {desc[:70]:<70}")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = _Parser(prog="layerswap", description="Layer swapping: merge a math expert and a language expert.")
+    p.add_argument("--version", action="version", version=f"layerswap {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("inspect", help="compatibility report (headers only, no weights read)")
+    _models(s)
+    s.set_defaults(fn=cmd_inspect)
+
+    s = sub.add_parser("merge", help="build the layer-swapped model and write it as an HF folder")
+    _models(s)
+    _plan_args(s)
+    s.add_argument("--device", default="cpu", help="where blended tensors are computed: cpu or cuda")
+    s.add_argument("-o", "--out", required=True, help="output folder (must not exist, unless --overwrite)")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    s.add_argument("--out-shard-size", default="5GB", help="maximum bytes per safetensors shard (default 5GB)")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(fn=cmd_merge)
+
+    s = sub.add_parser("diff", help="heatmaps of how far each expert moved from the base")
+    _models(s, base_required=True)
+    s.add_argument("-o", "--out", action="append", required=True,
+                   help="figure file: .html or .png (repeat for both)")
+    s.add_argument("--csv", help="also write the numbers as CSV")
+    s.set_defaults(fn=cmd_diff)
+
+    s = sub.add_parser("ask", help="the same question to math expert, language expert and merged model")
+    _models(s)
+    _plan_args(s)
+    s.add_argument("--question", help="free-text question (prompted in --mgsm-lang's MGSM format)")
+    s.add_argument("--mgsm-lang", default="en", help="MGSM language code (default en)")
+    s.add_argument("--index", type=int, help="MGSM question number (0-based) in --mgsm-lang")
+    s.add_argument("--mgsm-dir", help="folder of mgsm_XX.tsv files (default: $LAYERSWAP_MGSM_DIR, else the Hub)")
+    s.add_argument("--shots", type=int, default=0, choices=[0, 1, 2, 3, 4, 5, 6, 7, 8],
+                   help="few-shot exemplars from exemplars.json (default 0, as lm-eval)")
+    s.add_argument("--max-new-tokens", type=int, default=256)
+    s.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    s.set_defaults(fn=cmd_ask)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except UserError as e:
+        print(f"layerswap {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

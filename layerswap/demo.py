@@ -1,0 +1,141 @@
+"""Tiny Llama checkpoints built offline: the app's fallback demo models and the tests' fixtures.
+
+`make_tiny_llama` writes a random-init ``LlamaForCausalLM`` as safetensors plus a byte-level BPE
+tokenizer trained locally with `tokenizers`, in the standard Hugging Face layout. These models
+are untrained: their answers are noise. The trained demo organism (``assets/demo``), when
+present, is the app's default instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+ASSETS_DEMO = Path(__file__).resolve().parent.parent / "assets" / "demo"
+
+_CORPUS = """
+Question: Roger has 5 tennis balls. He buys 2 more cans of tennis balls. Each can has 3 tennis balls.
+How many tennis balls does he have now? Step-by-Step Answer: Roger started with 5 balls. 2 cans of 3
+tennis balls each is 6 tennis balls. 5 + 6 = 11. The answer is 11.
+There were nine computers in the server room. Five more computers were installed each day, from
+monday to thursday. How many computers are now in the server room? 4 * 5 = 20. 9 + 20 = 29.
+Swali: Jibu la Hatua kwa Hatua: Jibu ni 29. Frage: Die Antwort lautet 12. Pregunta: La respuesta es 7.
+Question : Réponse étape par étape : La réponse est 8. 問題：答えは5です。 问题：答案是 6。
+Задача: Ответ — 9. প্রশ্ন: উত্তর হল 11। ప్రశ్న: సమాధానం 4 โจทย์: คำตอบคือ 3
+The quick brown fox jumps over the lazy dog. A farmer sells eggs at the market for $2 each.
+0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 25 30 40 50 60 70 80 90 100 1000 2,125
+"""
+
+
+def build_tokenizer(corpus: str = _CORPUS, vocab_size: int = 512, chat_template: str | None = None):
+    """A byte-level BPE tokenizer (encodes any text) trained on `corpus`, as a transformers tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([corpus], trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    if chat_template:
+        fast.chat_template = chat_template
+    return fast
+
+
+def make_tiny_llama(out: str | os.PathLike, *, layers: int = 4, hidden: int = 64, heads: int = 2,
+                    kv_heads: int | None = None, intermediate: int | None = None, seed: int = 0,
+                    dtype: torch.dtype = torch.float32, tokenizer=None, tie_embeddings: bool = False,
+                    architecture: str = "llama", max_positions: int = 2048) -> Path:
+    """Write a random-init tiny Llama (or Mistral/Qwen2) checkpoint with a tokenizer to `out`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = Path(out)
+    tokenizer = tokenizer or build_tokenizer()
+    cfg = AutoConfig.for_model(
+        architecture,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=intermediate or hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads or heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tie_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).to(dtype)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def perturb(src: str | os.PathLike, out: str | os.PathLike, *, scale: float = 0.02, seed: int = 1) -> Path:
+    """Copy a checkpoint, adding Gaussian noise of relative size `scale` to every tensor.
+
+    Gives "experts" that share the base's shapes and stay close to it, like a light fine-tune.
+    """
+    from safetensors.torch import load_file, save_file
+
+    src, out = Path(src), Path(out)
+    shutil.copytree(src, out, dirs_exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    for f in sorted(out.glob("*.safetensors")):
+        sd = load_file(f)
+        for k, v in sd.items():
+            x = v.float()
+            noise = torch.randn(x.shape, generator=g) * (x.std() if x.numel() > 1 else x.abs() + 1e-3) * scale
+            sd[k] = (x + noise).to(v.dtype)
+        save_file(sd, f, metadata={"format": "pt"})
+    return out
+
+
+def build_random_demo(root: str | os.PathLike, *, layers: int = 8) -> dict[str, Path]:
+    """Untrained stand-in trio (base, math, lang) for when no trained demo is available.
+
+    hidden 256 with 4 heads keeps head_dim at 64, which vLLM's CPU attention needs.
+    """
+    root = Path(root)
+    marker = root / "layerswap-demo.json"
+    paths = {r: root / r for r in ("base", "math", "lang")}
+    if marker.exists():
+        return paths
+    tmp = root.parent / f".{root.name}.building"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok = build_tokenizer(vocab_size=768)
+    make_tiny_llama(tmp / "base", layers=layers, hidden=256, heads=4, intermediate=512, seed=0, tokenizer=tok)
+    perturb(tmp / "base", tmp / "math", scale=0.02, seed=1)
+    perturb(tmp / "base", tmp / "lang", scale=0.02, seed=2)
+    (tmp / "layerswap-demo.json").write_text(json.dumps({"kind": "random", "layers": layers}))
+    shutil.rmtree(root, ignore_errors=True)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(root)
+    return paths
+
+
+def demo_paths(cache: str | os.PathLike | None = None) -> tuple[dict[str, Path], str]:
+    """The default models: the trained organism in assets/demo if shipped, else untrained ones.
+
+    Returns ``(paths, label)``; `label` is shown in the UI so nobody mistakes demo models for real ones.
+    """
+    if all((ASSETS_DEMO / r / "config.json").exists() for r in ("base", "math", "lang")):
+        return {r: ASSETS_DEMO / r for r in ("base", "math", "lang")}, "demo organism (tiny models trained on a synthetic two-language world; see assets/demo/README.md)"
+    cache = Path(cache or os.environ.get("LAYERSWAP_CACHE", Path.home() / ".cache" / "layerswap")) / "random-demo-v1"
+    return build_random_demo(cache), "untrained demo models (random weights, answers are noise)"
+
+
+def demo_mgsm_dir() -> Path | None:
+    d = ASSETS_DEMO / "mgsm"
+    return d if d.exists() else None

@@ -1,0 +1,280 @@
+"""MGSM: data loading, lm-evaluation-harness prompts, answer extraction and exact-match scoring.
+
+Mirrors lm-evaluation-harness ``mgsm_native_cot_XX`` (and ``mgsm_direct_XX``):
+
+- prompt (0-shot, test doc):  ``QUESTION + " " + question + "\\n" + ANSWER_CUE``
+- few-shot: ``exemplar.question + "\\n" + CUE + " " + rationale + "\\n\\n"`` blocks before it,
+  sampled with ``random.Random(1234)`` as lm-eval does
+- greedy, stop at the native question word, ``</s>``, ``<|im_end|>`` (and EOS), 256 new tokens
+- strict-match: the language's "The answer is N" regex, first match; flexible-extract: the last
+  number-like span; exact match after lower-casing and deleting punctuation.
+
+Data: ``mgsm_XX.tsv`` files (``question<TAB>answer``) from a local folder, or the same files
+from the Hub dataset ``juletxara/mgsm``. A folder may add languages (e.g. the demo organism's
+constructed language) with a ``languages.json`` of the same fields as `Language`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import string
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import UserError
+from .hub import hub_reachable
+
+HUB_DATASET = "juletxara/mgsm"
+MAX_NEW_TOKENS = 256
+FEWSHOT_SEED = 1234
+FLEXIBLE_RE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+
+
+@dataclass(frozen=True)
+class Language:
+    code: str
+    name: str
+    question: str  # prefix of test questions, and a stop string
+    answer_cue: str  # native "Step-by-Step Answer:"
+    direct_cue: str  # "Answer:" cue of mgsm_direct
+    strict_regex: str  # native "The answer is (N)"
+
+    @property
+    def stop(self) -> list[str]:
+        return [self.question, "</s>", "<|im_end|>"]
+
+
+_N = r"(\-?[0-9\.\,]+)"
+LANGUAGES: dict[str, Language] = {
+    lang.code: lang
+    for lang in [
+        Language("bn", "Bengali", "প্রশ্ন:", "ধাপে ধাপে উত্তর:", "Answer:", f"The answer is {_N}"),
+        Language("de", "German", "Frage:", "Schritt-für-Schritt-Antwort:", "Antwort:", f"Die Antwort lautet {_N}"),
+        Language("en", "English", "Question:", "Step-by-Step Answer:", "Answer:", f"The answer is {_N}"),
+        Language("es", "Spanish", "Pregunta:", "Respuesta paso a paso:", "Respuesta:", f"La respuesta es {_N}"),
+        Language("fr", "French", "Question :", "Réponse étape par étape :", "Réponse :", f"La réponse est {_N}"),
+        Language("ja", "Japanese", "問題：", "ステップごとの答え:", "Answer:", f"答えは{_N}です。"),
+        Language("ru", "Russian", "Задача:", "Пошаговоерешение:", "Answer:", f"Ответ — {_N}"),
+        Language("sw", "Swahili", "Swali:", "Jibu la Hatua kwa Hatua:", "Answer:", f"Jibu ni {_N}"),
+        Language("te", "Telugu", "ప్రశ్న:", "దశలవారీగా సమాధానం:", "Answer:", f"సమాధానం {_N}"),
+        Language("th", "Thai", "โจทย์:", "คำตอบทีละขั้นตอน:", "Answer:", f"คำตอบคือ {_N}"),
+        Language("zh", "Chinese", "问题：", "逐步解答:", "Answer:", f"答案是 {_N}。"),
+    ]
+}
+PAPER_LANGS = ("sw", "te", "bn", "ja")
+
+
+@dataclass(frozen=True)
+class Item:
+    lang: str
+    index: int
+    question: str
+    answer: int
+
+
+@dataclass(frozen=True)
+class Exemplar:
+    question: str  # already starts with the native question word
+    answer: str  # starts with the native answer cue
+    answer_number: int
+
+
+# ---- data ----------------------------------------------------------------------------------
+
+def default_data_dir() -> Path | None:
+    """``$LAYERSWAP_MGSM_DIR`` if set, else None (meaning: the Hub)."""
+    d = os.environ.get("LAYERSWAP_MGSM_DIR")
+    return Path(d).expanduser() if d else None
+
+
+def languages(source: str | os.PathLike | None = None) -> dict[str, Language]:
+    """Built-in MGSM languages plus any defined by ``languages.json`` in a local folder."""
+    langs = dict(LANGUAGES)
+    if source is not None and (Path(source) / "languages.json").exists():
+        langs.update(_extra_languages(str(Path(source) / "languages.json")))
+    return langs
+
+
+@lru_cache(maxsize=8)
+def _extra_languages(path: str) -> dict[str, Language]:
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        return {code: Language(code=code, **{k: v[k] for k in ("name", "question", "answer_cue", "direct_cue",
+                                                              "strict_regex")}) for code, v in raw.items()}
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"{path} is malformed ({e}); each language needs name, question, answer_cue, "
+                        "direct_cue and strict_regex.") from None
+
+
+def available_languages(source: str | os.PathLike | None = None) -> list[str]:
+    """Languages with data: the TSVs present in a folder, or every MGSM language on the Hub."""
+    if source is None:
+        return list(LANGUAGES)
+    return sorted(p.stem.removeprefix("mgsm_") for p in Path(source).glob("mgsm_*.tsv"))
+
+
+def get_language(code: str, source: str | os.PathLike | None = None) -> Language:
+    langs = languages(source)
+    if code not in langs:
+        raise UserError(f"Unknown MGSM language {code!r}; choose one of: {', '.join(sorted(langs))}.")
+    return langs[code]
+
+
+def parse_tsv(text: str, lang: str, origin: str) -> list[Item]:
+    """``question<TAB>answer`` per line; answers may hold thousands separators (``2,125``)."""
+    items = []
+    for i, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        if "\t" not in line:
+            raise UserError(f"{origin}, line {i + 1}: expected 'question<TAB>answer', found no tab.")
+        q, a = line.rsplit("\t", 1)
+        try:
+            ans = float(a.strip().replace(",", ""))
+        except ValueError:
+            raise UserError(f"{origin}, line {i + 1}: answer {a.strip()!r} is not a number.") from None
+        if ans != int(ans):
+            raise UserError(f"{origin}, line {i + 1}: answer {a.strip()!r} is not a whole number.")
+        items.append(Item(lang, len(items), q.strip(), int(ans)))
+    if not items:
+        raise UserError(f"{origin} holds no questions.")
+    return items
+
+
+@lru_cache(maxsize=32)
+def _load(lang: str, source: str | None) -> tuple[Item, ...]:
+    if source is not None:
+        path = Path(source) / f"mgsm_{lang}.tsv"
+        if not path.exists():
+            have = available_languages(source)
+            raise UserError(f"{path} not found; this folder has: {', '.join(have) or 'no mgsm_XX.tsv files'}.")
+        return tuple(parse_tsv(path.read_text(encoding="utf-8"), lang, str(path)))
+    return tuple(parse_tsv(_download_tsv(lang), lang, f"{HUB_DATASET}:mgsm_{lang}.tsv"))
+
+
+def load(lang: str, source: str | os.PathLike | None = None) -> list[Item]:
+    """All questions of one language from `source` (a folder), ``$LAYERSWAP_MGSM_DIR``, or the Hub."""
+    src = source if source is not None else default_data_dir()
+    get_language(lang, src)
+    return list(_load(lang, None if src is None else str(Path(src).expanduser())))
+
+
+def _download_tsv(lang: str) -> str:
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(HUB_DATASET, f"mgsm_{lang}.tsv", repo_type="dataset")
+    if isinstance(cached, str):
+        return Path(cached).read_text(encoding="utf-8")
+    try:
+        if not hub_reachable():
+            raise ConnectionError("the Hugging Face Hub is not reachable from this machine")
+        path = hf_hub_download(HUB_DATASET, f"mgsm_{lang}.tsv", repo_type="dataset")
+        return Path(path).read_text(encoding="utf-8")
+    except Exception as e:
+        raise UserError(
+            f"Could not get mgsm_{lang}.tsv from the Hub dataset {HUB_DATASET} ({type(e).__name__}: {e}). "
+            "When offline, point --mgsm-dir (or LAYERSWAP_MGSM_DIR) at a folder of mgsm_XX.tsv files."
+        ) from None
+
+
+def load_exemplars(lang: str, source: str | os.PathLike | None = None) -> list[Exemplar]:
+    """The 8 few-shot exemplars of `lang` from ``exemplars.json`` in the data folder."""
+    src = source if source is not None else default_data_dir()
+    if src is None:
+        raise UserError("Few-shot prompts need exemplars.json: pass --mgsm-dir with an MGSM folder that has it.")
+    path = Path(src) / "exemplars.json"
+    if not path.exists():
+        raise UserError(f"{path} not found: few-shot prompts need it (use 0 shots, or add the file).")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if lang not in data:
+        raise UserError(f"{path} has no exemplars for {lang!r} (it has {', '.join(sorted(data))}).")
+    return [Exemplar(e["question"], e["answer"], int(e["answer_number"])) for e in data[lang]]
+
+
+# ---- prompts -------------------------------------------------------------------------------
+
+def build_prompt(question: str, lang: Language, *, mode: str = "native_cot",
+                 exemplars: list[Exemplar] | None = None, rng: random.Random | None = None,
+                 shots: int = 0) -> str:
+    """The lm-eval ``mgsm_native_cot`` (or ``mgsm_direct``) prompt for one test question."""
+    if mode not in ("native_cot", "direct"):
+        raise UserError(f"Unknown MGSM mode {mode!r}; use native_cot or direct.")
+    cue = lang.answer_cue if mode == "native_cot" else lang.direct_cue
+    parts = []
+    if shots:
+        if not exemplars or shots > len(exemplars):
+            raise UserError(f"{shots}-shot prompts need {shots} exemplars for {lang.code}; "
+                            f"found {len(exemplars or [])}.")
+        for ex in (rng or random.Random(FEWSHOT_SEED)).sample(exemplars, shots):
+            if mode == "native_cot":
+                # lm-eval's own slice: answer[len(CUE)+1:] (it drops one extra character for zh/ja)
+                parts.append(ex.question + "\n" + cue + " " + ex.answer[len(cue) + 1:] + "\n\n")
+            else:
+                parts.append(ex.question + "\n" + cue + str(ex.answer_number) + "\n\n")
+    parts.append(lang.question + " " + question + "\n" + cue)
+    return "".join(parts)
+
+
+# ---- scoring -------------------------------------------------------------------------------
+
+def extract_strict(text: str, lang: Language) -> str:
+    """First match of the native "The answer is N" regex, or ``[invalid]``."""
+    m = re.findall(lang.strict_regex, text)
+    if not m:
+        return "[invalid]"
+    first = m[0]
+    if isinstance(first, tuple):
+        first = next((g for g in first if g), "")
+    return first.strip()
+
+
+def extract_flexible(text: str) -> str:
+    """The last number-like span of the text (lm-eval's ``flexible-extract``), or ``[invalid]``."""
+    m = FLEXIBLE_RE.findall(text)
+    if not m:
+        return "[invalid]"
+    last = m[-1]
+    return next((g for g in last if g), "").strip()
+
+
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def normalize(s: str) -> str:
+    """lm-eval exact_match with ignore_case and ignore_punctuation."""
+    return s.lower().translate(_PUNCT)
+
+
+def is_correct(extracted: str, gold: int) -> bool:
+    return normalize(extracted) == normalize(str(gold))
+
+
+def truncate_at_stop(text: str, stop: list[str]) -> str:
+    cut = len(text)
+    for s in stop:
+        i = text.find(s)
+        if i != -1:
+            cut = min(cut, i)
+    return text[:cut]
+
+
+@dataclass
+class Scored:
+    output: str
+    strict: str
+    flexible: str
+    strict_correct: bool
+    flexible_correct: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def score(output: str, gold: int | None, lang: Language) -> Scored:
+    s, f = extract_strict(output, lang), extract_flexible(output)
+    ok = gold is not None
+    return Scored(output, s, f, ok and is_correct(s, gold), ok and is_correct(f, gold))

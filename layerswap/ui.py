@@ -1,0 +1,297 @@
+"""The Gradio app. It only calls the library (`Workbench`, `mgsm`, `plots`).
+
+One `Workbench` holds the loaded models for everybody using this app process (a research tool
+on one machine or one Space); model-touching events share one queue so they never race.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from . import mgsm
+from .errors import UserError
+from .plans import NON_LAYER_OPTIONS, Plan, default_plan
+from .plots import combined_diff_figure, diff_heatmap, layer_strip
+from .workbench import ROLE_NAMES, Answer, Workbench
+
+MAX_SLIDER = 64
+ZIP_LIMIT_BYTES = 2 * 10**9
+
+
+@dataclass
+class AppDefaults:
+    math: str = ""
+    lang: str = ""
+    base: str = ""
+    label: str = ""
+    mgsm_dir: str | None = None
+    device: str = "cpu"
+    default_lang: str | None = None
+
+
+def _errors_as_gradio(fn):
+    """User errors become gr.Error (shown as a modal with the fix); everything else propagates."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            raise gr.Error(str(e), duration=None) from None
+
+    return wrapper
+
+
+class App:
+    def __init__(self, defaults: AppDefaults, workbench: Workbench | None = None):
+        self.d = defaults
+        self.wb = workbench or Workbench(device=defaults.device)
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _source(self) -> str | None:
+        return self.d.mgsm_dir
+
+    def _langs(self) -> list[tuple[str, str]]:
+        src = self._source()
+        langs = mgsm.languages(src)
+        return [(f"{langs[c].name} ({c})", c) for c in mgsm.available_languages(src) if c in langs]
+
+    def _default_lang(self) -> str | None:
+        codes = [c for _, c in self._langs()]
+        for c in (self.d.default_lang, "xx", "sw", "en"):
+            if c in codes:
+                return c
+        return codes[0] if codes else None
+
+    def _question_choices(self, lang: str | None) -> list[tuple[str, int]]:
+        if not lang:
+            return []
+        try:
+            items = mgsm.load(lang, self._source())
+        except UserError:
+            return []
+        return [(f"{it.index}: {it.question[:90]}{'…' if len(it.question) > 90 else ''}", it.index) for it in items]
+
+    def _plan(self, b, u, tb, tu, transition, tw, non_layer) -> Plan:
+        return Plan(int(b), int(u), int(tb), int(tu), transition, float(tw), non_layer)
+
+    def _models_md(self) -> str:
+        if not self.wb.report:
+            return "No models loaded yet."
+        return self.wb.report.markdown()
+
+    def _slider_updates(self, L: int | None):
+        if L is None:
+            return [gr.update()] * 4
+        p = default_plan(L)
+        return [gr.update(maximum=L, value=v) for v in (p.b, p.u, p.tb, p.tu)]
+
+    def _heatmap(self, which: str):
+        if "base" not in self.wb.checkpoints:
+            return None
+        if which == "both":
+            diffs = [self.wb.diff("math"), self.wb.diff("lang")]
+            return combined_diff_figure(diffs, [ROLE_NAMES["math"], ROLE_NAMES["lang"]])
+        role = "math" if which == "math expert" else "lang"
+        return diff_heatmap(self.wb.diff(role), title=f"{ROLE_NAMES[role]} vs base")
+
+    # ---- events ---------------------------------------------------------------------------
+    def current(self):
+        """Page open: show what the shared workbench holds (no reload)."""
+        L = self.wb.num_layers if "math" in self.wb.engines else None
+        strip = layer_strip(self.wb.layer_weights) if self.wb.layer_weights else None
+        return [self._models_md(), *self._slider_updates(L), strip]
+
+    def load(self, base: str, math: str, lang: str, progress=gr.Progress()):
+        progress(0, desc="reading headers")
+        try:
+            self.wb.load(math.strip(), lang.strip(), base.strip() or None,
+                         progress=lambda f, d: progress(f * 0.8, desc=d))
+        except UserError:
+            if self.wb.report and not self.wb.report.ok:
+                raise UserError("The models cannot be merged:\n" + self.wb.report.summary())
+            raise
+        heat = None
+        if "base" in self.wb.checkpoints:
+            progress(0.85, desc="measuring how far each expert moved")
+            heat = self._heatmap("both")
+        return [self._models_md(), *self._slider_updates(self.wb.num_layers), heat]
+
+    def preview(self, b, u, tb, tu, transition, tw, non_layer):
+        """Plan strip for the current slider values (no merge)."""
+        if "math" not in self.wb.engines:
+            return None, "Load models to see the plan."
+        L = self.wb.num_layers
+        plan = self._plan(b, u, tb, tu, transition, tw, non_layer)
+        try:
+            lw = plan.layer_weights(L)
+        except UserError as e:
+            return None, f"⚠️ {e}"
+        return layer_strip(lw, title="Plan preview (press Build to merge)"), _plan_md(plan, L, built=False)
+
+    def build(self, b, u, tb, tu, transition, tw, non_layer, progress=gr.Progress()):
+        plan = self._plan(b, u, tb, tu, transition, tw, non_layer)
+        progress(0, desc="merging")
+        lw = self.wb.build(plan, progress=lambda f, d: progress(f, desc=d))
+        return layer_strip(lw, title="Merged: where each layer comes from"), _plan_md(plan, self.wb.num_layers, built=True)
+
+    def heatmap(self, which: str, progress=gr.Progress()):
+        if "base" not in self.wb.checkpoints:
+            raise UserError("The heatmaps compare each expert with the base: load a base model too.")
+        return self._heatmap(which)
+
+    def questions(self, lang: str):
+        choices = self._question_choices(lang)
+        return gr.update(choices=choices, value=choices[0][1] if choices else None)
+
+    def ask(self, lang: str, index, free_text: str, max_new_tokens, progress=gr.Progress()):
+        if not lang:
+            raise UserError("Choose a language.")
+        src = self._source()
+        progress(0, desc="asking")
+        kw = dict(source=src, max_new_tokens=int(max_new_tokens), progress=lambda f, d: progress(f, desc=d))
+        if free_text and free_text.strip():
+            answers = self.wb.ask_question(free_text, lang, **kw)
+        else:
+            if index is None:
+                raise UserError("Pick a question, or type your own.")
+            answers = self.wb.ask_mgsm(lang, int(index), **kw)
+        a0 = answers[0]
+        head = f"**Prompt** ({a0.engine} engine, greedy, MGSM native CoT)\n\n```\n{a0.prompt}\n```"
+        if a0.gold is not None:
+            head += f"\n\n**Gold answer: {a0.gold}**"
+        return [head] + [_answer_md(a) for a in answers]
+
+    def export(self, out_dir: str, overwrite: bool, progress=gr.Progress()):
+        out = (out_dir or "").strip()
+        if not out:
+            raise UserError("Give an output folder for the merged model.")
+        progress(0, desc="writing shards")
+        s = self.wb.export(out, overwrite=overwrite, progress=lambda f, d: progress(f, desc=d))
+        msg = (f"✅ Wrote `{s.out}`: {s.n_tensors} tensors ({s.n_copied} copied, {s.n_blended} blended), "
+               f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard(s), with config, tokenizer and model card.")
+        zip_path = None
+        if s.bytes_written <= ZIP_LIMIT_BYTES:
+            progress(0.95, desc="zipping for download")
+            tmp = Path(tempfile.mkdtemp(prefix="layerswap-"))
+            zip_path = shutil.make_archive(str(tmp / Path(s.out).name), "zip", root_dir=s.out)
+        else:
+            msg += " (too large to offer as a download; copy it from the server.)"
+        return msg, gr.update(value=zip_path, visible=zip_path is not None)
+
+    # ---- layout ---------------------------------------------------------------------------
+    def blocks(self) -> gr.Blocks:
+        d = self.d
+        model_q = dict(concurrency_id="models", concurrency_limit=1)
+        with gr.Blocks(title="layerswap") as demo:
+            gr.Markdown(
+                "# layerswap\nMerge a **math expert** and a **language expert** fine-tuned from one base by "
+                "layer swapping (Bandarkar et al., ICLR 2025): the bottom *b* and top *u* layers come from the "
+                "language expert, the middle from the math expert, with *tb*/*tu* blended transition layers."
+            )
+            if d.label:
+                gr.Markdown(f"> 🧪 **Default models: {d.label}.**", elem_id="demo-label")
+            with gr.Group():
+                gr.Markdown("### 1 · Models")
+                with gr.Row():
+                    base = gr.Textbox(d.base, label="Base model (optional; needed for heatmaps)", elem_id="base")
+                    math = gr.Textbox(d.math, label="Math expert (folder or Hub id)", elem_id="math")
+                    lang = gr.Textbox(d.lang, label="Language expert (folder or Hub id)", elem_id="lang")
+                load_btn = gr.Button("Load", variant="primary", elem_id="load")
+                report = gr.Markdown("No models loaded yet.", elem_id="report")
+            with gr.Group():
+                gr.Markdown("### 2 · Plan")
+                with gr.Row():
+                    b = gr.Slider(0, MAX_SLIDER, 5, step=1, label="b: bottom layers from language expert", elem_id="b")
+                    u = gr.Slider(0, MAX_SLIDER, 2, step=1, label="u: top layers from language expert", elem_id="u")
+                    tb = gr.Slider(0, MAX_SLIDER, 1, step=1, label="tb: bottom transition layers", elem_id="tb")
+                    tu = gr.Slider(0, MAX_SLIDER, 1, step=1, label="tu: top transition layers", elem_id="tu")
+                with gr.Row():
+                    transition = gr.Radio(["flat", "ramp"], value="flat", label="Transition weights",
+                                          info="flat: one weight; ramp: linear steps between the experts")
+                    tw = gr.Slider(0, 1, 0.5, step=0.05, label="Flat transition weight (language share)")
+                    non_layer = gr.Dropdown(list(NON_LAYER_OPTIONS), value="neighbour",
+                                            label="Embeddings, final norm, lm_head",
+                                            info="neighbour: embeddings follow layer 0, norm and lm_head the last layer")
+                build_btn = gr.Button("Build merge", variant="primary", elem_id="build")
+                strip = gr.Plot(label="Layer sources", elem_id="strip")
+                plan_md = gr.Markdown(elem_id="plan")
+            with gr.Group():
+                gr.Markdown("### 3 · Where each expert changed")
+                which = gr.Radio(["both", "math expert", "language expert"], value="both", label="Expert")
+                heat = gr.Plot(label="Relative change from the base, per layer and parameter type", elem_id="heatmap")
+            with gr.Group():
+                gr.Markdown("### 4 · Ask: math expert vs language expert vs merged")
+                lang_choices = self._langs()
+                first_lang = self._default_lang()
+                qchoices = self._question_choices(first_lang)
+                with gr.Row():
+                    mlang = gr.Dropdown(lang_choices, value=first_lang, label="MGSM language", elem_id="mgsm-lang")
+                    question = gr.Dropdown(qchoices, value=qchoices[0][1] if qchoices else None,
+                                           label="Question from the set", elem_id="question", scale=3)
+                    max_new = gr.Slider(16, 512, mgsm.MAX_NEW_TOKENS, step=16, label="Max new tokens")
+                free = gr.Textbox(label="…or your own question (overrides the set; prompted in the chosen language's format)",
+                                  lines=2, elem_id="free")
+                ask_btn = gr.Button("Ask all three", variant="primary", elem_id="ask")
+                prompt_md = gr.Markdown(elem_id="prompt")
+                with gr.Row():
+                    ans = [gr.Markdown(f"**{ROLE_NAMES[r]}**", elem_id=f"answer-{r}") for r in ("math", "lang", "merged")]
+            with gr.Group():
+                gr.Markdown("### 5 · Export")
+                with gr.Row():
+                    out_dir = gr.Textbox(str(Path("exports") / "layerswap-merge"), label="Output folder (on the server)",
+                                         scale=3)
+                    overwrite = gr.Checkbox(False, label="Overwrite")
+                export_btn = gr.Button("Export merged model", elem_id="export")
+                export_md = gr.Markdown()
+                download = gr.DownloadButton("Download .zip", visible=False)
+
+            plan_inputs = [b, u, tb, tu, transition, tw, non_layer]
+            demo.load(self.current, outputs=[report, b, u, tb, tu, strip], api_visibility="private")
+            load_btn.click(_errors_as_gradio(self.load), [base, math, lang], [report, b, u, tb, tu, heat],
+                           api_name="load", **model_q)
+            gr.on([c.change for c in plan_inputs], self.preview, plan_inputs, [strip, plan_md],
+                  api_name="preview", trigger_mode="always_last", show_progress="hidden")
+            build_btn.click(_errors_as_gradio(self.build), plan_inputs, [strip, plan_md], api_name="build", **model_q)
+            which.change(_errors_as_gradio(self.heatmap), [which], [heat], api_name="heatmap", **model_q)
+            mlang.change(self.questions, [mlang], [question], api_name="questions")
+            ask_btn.click(_errors_as_gradio(self.ask), [mlang, question, free, max_new], [prompt_md, *ans],
+                          api_name="ask", **model_q)
+            export_btn.click(_errors_as_gradio(self.export), [out_dir, overwrite], [export_md, download],
+                             api_name="export", **model_q)
+        return demo
+
+
+def _plan_md(plan: Plan, L: int, built: bool) -> str:
+    state = "**Built.**" if built else "*Preview — not built yet.*"
+    lines = plan.describe(L).replace("\n", "  \n")
+    return (f"{state} b={plan.b}, u={plan.u}, tb={plan.tb}, tu={plan.tu}, transition={plan.transition}, "
+            f"non-layer={plan.non_layer} ({L} layers)  \n{lines}")
+
+
+def _answer_md(a: Answer) -> str:
+    s = a.scored
+    verdict = ""
+    if a.gold is not None:
+        verdict = " ✅ correct" if s.flexible_correct else " ❌ wrong"
+    out = s.output.strip() or "(empty)"
+    return (f"**{a.model}** · {a.engine} · {a.seconds:.1f}s\n\n```\n{out}\n```\n\n"
+            f"strict: `{s.strict}` · flexible: `{s.flexible}`{verdict}")
+
+
+def create_app(defaults: AppDefaults, workbench: Workbench | None = None, preload: bool = True) -> tuple[gr.Blocks, App]:
+    """Build the Blocks app; with `preload`, load the default models before serving."""
+    app = App(defaults, workbench)
+    if preload and defaults.math and defaults.lang and "math" not in app.wb.engines:
+        app.wb.load(defaults.math, defaults.lang, defaults.base or None)
+    return app.blocks(), app
+
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

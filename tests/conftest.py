@@ -1,0 +1,62 @@
+"""Shared fixtures: tiny Llama checkpoints built offline, and the real MGSM data folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from layerswap.demo import build_tokenizer, make_tiny_llama, perturb
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+torch.set_num_threads(1)  # tiny models: threads only add overhead
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer()
+
+
+def make_trio(root: Path, tokenizer, *, layers: int = 6, dtype=torch.float32, **kw) -> dict[str, Path]:
+    base = make_tiny_llama(root / "base", layers=layers, seed=0, dtype=dtype, tokenizer=tokenizer, **kw)
+    return {
+        "base": base,
+        "math": perturb(base, root / "math", scale=0.05, seed=1),
+        "lang": perturb(base, root / "lang", scale=0.05, seed=2),
+    }
+
+
+@pytest.fixture(scope="session")
+def trio(tmp_path_factory, tokenizer) -> dict[str, Path]:
+    """base / math / lang, 6 layers, float32."""
+    return make_trio(tmp_path_factory.mktemp("trio"), tokenizer)
+
+
+@pytest.fixture(scope="session")
+def trio_bf16(tmp_path_factory, tokenizer) -> dict[str, Path]:
+    return make_trio(tmp_path_factory.mktemp("trio_bf16"), tokenizer, dtype=torch.bfloat16)
+
+
+def find_mgsm_dir() -> Path | None:
+    env = os.environ.get("LAYERSWAP_MGSM_DIR")
+    candidates = [Path(env)] if env else []
+    candidates += [REPO.parent / "shared" / "data" / "mgsm", REPO.parent.parent / "shared" / "data" / "mgsm"]
+    for c in candidates:
+        if (c / "mgsm_en.tsv").exists():
+            return c
+    return None
+
+
+@pytest.fixture(scope="session")
+def mgsm_dir() -> Path:
+    """The real MGSM TSVs (not committed: see ../shared/data/mgsm/SOURCE.md). Set LAYERSWAP_MGSM_DIR."""
+    d = find_mgsm_dir()
+    if d is None:
+        if os.environ.get("LAYERSWAP_REQUIRE_DATA") == "1":
+            pytest.fail("LAYERSWAP_REQUIRE_DATA=1 but no MGSM folder: set LAYERSWAP_MGSM_DIR")
+        pytest.skip("no MGSM data folder: set LAYERSWAP_MGSM_DIR to the folder of mgsm_XX.tsv files")
+    return d

@@ -1,0 +1,183 @@
+"""Merged tensors equal what the plan says, exactly, through the Python API and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from layerswap import Checkpoint, Plan, export_merge
+from layerswap.cli import main as cli
+
+PLANS = {
+    "none": Plan(b=0, u=0, tb=0, tu=0),
+    "hard-swap": Plan(b=2, u=1, tb=0, tu=0),
+    "default-1-1": Plan(b=1, u=1, tb=1, tu=1),
+    "wide-ramp": Plan(b=1, u=1, tb=2, tu=2, transition="ramp"),
+    "flat-0.3": Plan(b=1, u=1, tb=2, tu=1, transition="flat", transition_weight=0.3),
+    "full": Plan(b=2, u=2, tb=1, tu=1),  # b+tb+tu+u = L
+    "all-lang": Plan(b=6, u=0, tb=0, tu=0),
+    "nl-math": Plan(b=2, u=1, tb=1, tu=1, non_layer="math"),
+    "nl-lang": Plan(b=0, u=0, tb=1, tu=0, non_layer="lang"),
+    "nl-avg": Plan(b=2, u=1, tb=1, tu=1, non_layer="avg"),
+    "nl-neighbour-ramp": Plan(b=0, u=0, tb=2, tu=3, transition="ramp"),
+}
+
+
+def expected_layer_weights(plan: Plan, L: int) -> list[float]:
+    """Independent restatement of the plan semantics."""
+    out = []
+    for i in range(L):
+        if i < plan.b or i >= L - plan.u:
+            out.append(1.0)
+        elif i < plan.b + plan.tb:
+            k = i - plan.b + 1
+            out.append(1 - k / (plan.tb + 1) if plan.transition == "ramp" else plan.transition_weight)
+        elif i >= L - plan.u - plan.tu:
+            k = i - (L - plan.u - plan.tu) + 1
+            out.append(k / (plan.tu + 1) if plan.transition == "ramp" else plan.transition_weight)
+        else:
+            out.append(0.0)
+    return out
+
+
+def expected_weight(name: str, plan: Plan, L: int) -> float:
+    lw = expected_layer_weights(plan, L)
+    parts = name.split(".")
+    if "layers" in parts:
+        return lw[int(parts[parts.index("layers") + 1])]
+    fixed = {"math": 0.0, "lang": 1.0, "avg": 0.5}
+    if plan.non_layer in fixed:
+        return fixed[plan.non_layer]
+    return lw[0] if "embed_tokens" in name else lw[-1]
+
+
+def expected_tensor(m: torch.Tensor, l: torch.Tensor, w: float) -> torch.Tensor:
+    if w == 0.0:
+        return m
+    if w == 1.0:
+        return l
+    wl, wm = torch.tensor(w, dtype=torch.float32), torch.tensor(1.0 - w, dtype=torch.float32)
+    return (wl * l.float() + wm * m.float()).to(m.dtype)
+
+
+def read_dir(d: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            for k in h.keys():
+                out[k] = h.get_tensor(k)
+    return out
+
+
+def assert_matches_plan(out_dir: Path, trio: dict[str, Path], plan: Plan) -> None:
+    m, l = read_dir(trio["math"]), read_dir(trio["lang"])
+    got = read_dir(out_dir)
+    L = json.loads((trio["math"] / "config.json").read_text())["num_hidden_layers"]
+    assert set(got) == set(m)
+    seen = set()
+    for name in m:
+        w = expected_weight(name, plan, L)
+        seen.add(w)
+        exp = expected_tensor(m[name], l[name], w)
+        assert got[name].dtype == m[name].dtype, name
+        assert torch.equal(got[name], exp), f"{name}: w={w}"
+        if w in (0.0, 1.0):  # copies are bit-exact copies of the source
+            src = m[name] if w == 0.0 else l[name]
+            assert got[name].view(torch.uint8).flatten().tolist() == src.view(torch.uint8).flatten().tolist()
+    assert seen  # at least one tensor checked
+
+
+@pytest.mark.parametrize("key", list(PLANS))
+def test_api_merge_matches_plan(trio, tmp_path, key):
+    plan = PLANS[key]
+    math, lang = Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"])
+    s = export_merge(math, lang, plan, tmp_path / "out")
+    assert s.layer_weights == expected_layer_weights(plan, 6)
+    assert_matches_plan(tmp_path / "out", trio, plan)
+
+
+@pytest.mark.parametrize("key", ["default-1-1", "wide-ramp", "nl-avg"])
+def test_bf16_merge_matches_plan(trio_bf16, tmp_path, key):
+    plan = PLANS[key]
+    export_merge(Checkpoint.open(trio_bf16["math"]), Checkpoint.open(trio_bf16["lang"]), plan, tmp_path / "o")
+    assert_matches_plan(tmp_path / "o", trio_bf16, plan)
+
+
+def _cli_args(plan: Plan) -> list[str]:
+    return ["--b", str(plan.b), "--u", str(plan.u), "--tb", str(plan.tb), "--tu", str(plan.tu),
+            "--transition", plan.transition, "--transition-weight", str(plan.transition_weight),
+            "--non-layer", plan.non_layer]
+
+
+@pytest.mark.parametrize("key", ["none", "hard-swap", "wide-ramp", "flat-0.3", "full", "nl-math", "nl-lang", "nl-avg"])
+def test_cli_merge_matches_plan(trio, tmp_path, key, capsys):
+    plan = PLANS[key]
+    rc = cli(["merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "--base", str(trio["base"]),
+              *_cli_args(plan), "-o", str(tmp_path / "out"), "--out-shard-size", "60KB"])
+    assert rc == 0
+    out = tmp_path / "out"
+    assert (out / "model.safetensors.index.json").exists()  # several shards at 60 KB
+    assert_matches_plan(out, trio, plan)
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_export_is_a_loadable_hf_model_with_card(trio, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    plan = PLANS["default-1-1"]
+    export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), plan, tmp_path / "m",
+                 shard_bytes=100_000)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
+    assert model.config.num_hidden_layers == 6 and len(tok) == model.config.vocab_size
+    card = (tmp_path / "m" / "README.md").read_text()
+    assert "b=1, u=1, tb=1, tu=1" in card and str(trio["math"]) in card and str(trio["lang"]) in card
+    prov = json.loads((tmp_path / "m" / "layerswap.json").read_text())
+    assert prov["layer_weights_lang"] == expected_layer_weights(plan, 6)
+    # the merged model generates like the exported tensors say
+    sd = read_dir(tmp_path / "m")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, sd[k]), k
+
+
+def test_in_memory_merge_equals_export_and_shares_tensors(trio, tmp_path):
+    from layerswap.workbench import Workbench
+
+    plan = PLANS["wide-ramp"]
+    wb = Workbench()
+    wb.load(str(trio["math"]), str(trio["lang"]))
+    wb.build(plan)
+    merged = wb.engines["merged"].model.state_dict()
+    math_sd, lang_sd = wb.engines["math"].model.state_dict(), wb.engines["lang"].model.state_dict()
+    export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), plan, tmp_path / "o")
+    on_disk = read_dir(tmp_path / "o")
+    for k, v in merged.items():
+        assert torch.equal(v, on_disk[k]), k
+        w = expected_weight(k, plan, 6)
+        if w == 0.0:
+            assert v.data_ptr() == math_sd[k].data_ptr()  # shared, not copied
+        elif w == 1.0:
+            assert v.data_ptr() == lang_sd[k].data_ptr()
+    # re-merging with another plan refreshes the same engine in place
+    eng = wb.engines["merged"]
+    wb.build(PLANS["none"])
+    assert wb.engines["merged"] is eng
+    for k, v in eng.model.state_dict().items():
+        assert torch.equal(v, math_sd[k])
+
+
+def test_tied_embeddings_and_biases(tmp_path, tokenizer):
+    """Qwen2-style: q/k/v biases and tied embeddings (no lm_head tensor)."""
+    from tests.conftest import make_trio
+
+    t = make_trio(tmp_path / "q", tokenizer, layers=4, architecture="qwen2", tie_embeddings=True)
+    math = Checkpoint.open(t["math"])
+    assert "lm_head.weight" not in math.tensors
+    assert math.tensors["model.layers.1.self_attn.q_proj.bias"].ptype == "q_proj.bias"
+    plan = Plan(b=1, u=1, tb=1, tu=0)
+    export_merge(math, Checkpoint.open(t["lang"]), plan, tmp_path / "o")
+    assert_matches_plan(tmp_path / "o", t, plan)

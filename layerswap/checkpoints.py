@@ -398,8 +398,7 @@ class CompatReport:
         return "\n".join(lines)
 
     def markdown(self) -> str:
-        icon = "✅" if self.ok else "❌"
-        out = [f"{icon} **{self.summary().splitlines()[0]}**"]
+        out = [f"**{self.summary().splitlines()[0]}**"]
         out += [f"- **{m.severity}** {m.what}: {m.detail}" for m in self.mismatches]
         return "\n".join(out)
 

@@ -16,9 +16,14 @@ LANG_COLOR = "#d95f02"
 MATH_COLOR = "#1b9e77"
 
 
+def _z(values: np.ndarray) -> list[list[float | None]]:
+    """Plain lists (NaN as null): readable in any plotly.js and by API clients."""
+    return [[None if np.isnan(v) else float(v) for v in row] for row in np.asarray(values, dtype=float)]
+
+
 def diff_heatmap(diff: DiffResult, title: str | None = None, height: int = 380) -> go.Figure:
     """Rows: parameter types; columns: layers; hover: tensor name and value."""
-    z = diff.values
+    z = _z(diff.values)
     text = [[n or "" for n in row] for row in diff.names]
     fig = go.Figure(
         go.Heatmap(
@@ -41,9 +46,9 @@ def diff_heatmap(diff: DiffResult, title: str | None = None, height: int = 380) 
     return fig
 
 
-def layer_strip(layer_weights: list[float], height: int = 170, title: str = "Where each layer comes from") -> go.Figure:
+def layer_strip(layer_weights: list[float], height: int = 190) -> go.Figure:
     """One cell per layer coloured from math expert (green) to language expert (orange)."""
-    w = np.array([layer_weights], dtype=float)
+    w = [[float(x) for x in layer_weights]]
     labels = [[source_label(x) for x in layer_weights]]
     fig = go.Figure(
         go.Heatmap(
@@ -62,11 +67,10 @@ def layer_strip(layer_weights: list[float], height: int = 170, title: str = "Whe
         )
     )
     fig.update_layout(
-        title=title,
         xaxis={"title": "layer", "dtick": 1 if len(layer_weights) <= 40 else 4},
         yaxis={"showticklabels": False},
         height=height,
-        margin={"l": 30, "r": 20, "t": 40, "b": 40},
+        margin={"l": 30, "r": 20, "t": 20, "b": 50},
     )
     return fig
 
@@ -103,7 +107,7 @@ def combined_diff_figure(diffs: list[DiffResult], labels: list[str], layer_weigh
     for i, d in enumerate(diffs):
         fig.add_trace(
             go.Heatmap(
-                z=d.values, x=list(range(d.num_layers)), y=d.row_labels,
+                z=_z(d.values), x=list(range(d.num_layers)), y=d.row_labels,
                 customdata=[[n or "" for n in row] for row in d.names],
                 zmin=0, zmax=zmax, colorscale="Viridis", showscale=(i == 0),
                 colorbar={"title": {"text": "rel. change"}},

@@ -133,14 +133,14 @@ class App:
         try:
             lw = plan.layer_weights(L)
         except UserError as e:
-            return None, f"⚠️ {e}"
-        return layer_strip(lw, title="Plan preview (press Build to merge)"), _plan_md(plan, L, built=False)
+            return None, f"**Invalid plan:** {e}"
+        return layer_strip(lw), _plan_md(plan, L, built=False)
 
     def build(self, b, u, tb, tu, transition, tw, non_layer, progress=gr.Progress()):
         plan = self._plan(b, u, tb, tu, transition, tw, non_layer)
         progress(0, desc="merging")
         lw = self.wb.build(plan, progress=lambda f, d: progress(f, desc=d))
-        return layer_strip(lw, title="Merged: where each layer comes from"), _plan_md(plan, self.wb.num_layers, built=True)
+        return layer_strip(lw), _plan_md(plan, self.wb.num_layers, built=True)
 
     def heatmap(self, which: str, progress=gr.Progress()):
         if "base" not in self.wb.checkpoints:
@@ -175,7 +175,7 @@ class App:
             raise UserError("Give an output folder for the merged model.")
         progress(0, desc="writing shards")
         s = self.wb.export(out, overwrite=overwrite, progress=lambda f, d: progress(f, desc=d))
-        msg = (f"✅ Wrote `{s.out}`: {s.n_tensors} tensors ({s.n_copied} copied, {s.n_blended} blended), "
+        msg = (f"Wrote `{s.out}`: {s.n_tensors} tensors ({s.n_copied} copied, {s.n_blended} blended), "
                f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard(s), with config, tokenizer and model card.")
         zip_path = None
         if s.bytes_written <= ZIP_LIMIT_BYTES:
@@ -197,7 +197,7 @@ class App:
                 "language expert, the middle from the math expert, with *tb*/*tu* blended transition layers."
             )
             if d.label:
-                gr.Markdown(f"> 🧪 **Default models: {d.label}.**", elem_id="demo-label")
+                gr.Markdown(f"> **Default models: {d.label}.**", elem_id="demo-label")
             with gr.Group():
                 gr.Markdown("### 1 · Models")
                 with gr.Row():
@@ -235,7 +235,9 @@ class App:
                 with gr.Row():
                     mlang = gr.Dropdown(lang_choices, value=first_lang, label="MGSM language", elem_id="mgsm-lang")
                     question = gr.Dropdown(qchoices, value=qchoices[0][1] if qchoices else None,
-                                           label="Question from the set", elem_id="question", scale=3)
+                                           label="Question from the set", elem_id="question", scale=3,
+                                           info=None if qchoices else "No MGSM data here: start the app with "
+                                           "--mgsm-dir (a folder of mgsm_XX.tsv) or go online; free text works.")
                     max_new = gr.Slider(16, 512, mgsm.MAX_NEW_TOKENS, step=16, label="Max new tokens")
                 free = gr.Textbox(label="…or your own question (overrides the set; prompted in the chosen language's format)",
                                   lines=2, elem_id="free")
@@ -257,8 +259,9 @@ class App:
             demo.load(self.current, outputs=[report, b, u, tb, tu, strip], api_visibility="private")
             load_btn.click(_errors_as_gradio(self.load), [base, math, lang], [report, b, u, tb, tu, heat],
                            api_name="load", **model_q)
+            # preview skips the queue, so a Build queued after it always has the last word
             gr.on([c.change for c in plan_inputs], self.preview, plan_inputs, [strip, plan_md],
-                  api_name="preview", trigger_mode="always_last", show_progress="hidden")
+                  api_name="preview", trigger_mode="always_last", show_progress="hidden", queue=False)
             build_btn.click(_errors_as_gradio(self.build), plan_inputs, [strip, plan_md], api_name="build", **model_q)
             which.change(_errors_as_gradio(self.heatmap), [which], [heat], api_name="heatmap", **model_q)
             mlang.change(self.questions, [mlang], [question], api_name="questions")
@@ -280,7 +283,7 @@ def _answer_md(a: Answer) -> str:
     s = a.scored
     verdict = ""
     if a.gold is not None:
-        verdict = " ✅ correct" if s.flexible_correct else " ❌ wrong"
+        verdict = " · **correct**" if s.flexible_correct else " · **wrong**"
     out = s.output.strip() or "(empty)"
     return (f"**{a.model}** · {a.engine} · {a.seconds:.1f}s\n\n```\n{out}\n```\n\n"
             f"strict: `{s.strict}` · flexible: `{s.flexible}`{verdict}")

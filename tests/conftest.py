@@ -60,3 +60,50 @@ def mgsm_dir() -> Path:
             pytest.fail("LAYERSWAP_REQUIRE_DATA=1 but no MGSM folder: set LAYERSWAP_MGSM_DIR")
         pytest.skip("no MGSM data folder: set LAYERSWAP_MGSM_DIR to the folder of mgsm_XX.tsv files")
     return d
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory):
+    """`python app.py` exactly as a user starts it (demo models built offline), on a free port."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    port = _free_port()
+    env = dict(os.environ, LAYERSWAP_CACHE=str(tmp_path_factory.mktemp("cache")), OMP_NUM_THREADS="1",
+               GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
+    data = find_mgsm_dir()
+    if data is not None:
+        env["LAYERSWAP_MGSM_DIR"] = str(data)
+    log = tmp_path_factory.mktemp("applog") / "app.log"
+    proc = subprocess.Popen([sys.executable, str(REPO / "app.py"), "--port", str(port), "--device", "cpu"],
+                            cwd=tmp_path_factory.mktemp("appcwd"), env=env, stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"app.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            break
+        except OSError:
+            time.sleep(1)
+    else:
+        proc.kill()
+        pytest.fail(f"app.py did not start within 240 s:\n{log.read_text()[-3000:]}")
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Set up (or reuse) the project's virtual environment, then run the app or the tests.
+
+    python3 scripts/dev.py app  [app.py flags...]     # the app on its offline demo models
+    python3 scripts/dev.py test [pytest flags...]     # the whole test suite
+
+Needs only Python >= 3.10 and pip. The environment lives in .venv and is reinstalled only when
+pyproject.toml changes. torch is installed first as `torch==2.13.0` (CPU build where one is
+available on local disk or PyPI); set LAYERSWAP_TORCH (e.g. "torch==2.14.0") to choose another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = Path(os.environ.get("LAYERSWAP_VENV", ROOT / ".venv"))
+TORCH = os.environ.get("LAYERSWAP_TORCH", "torch==2.13.0")
+
+
+def venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def run(*cmd: str | Path, **kw) -> None:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+def ensure_env(extras: str) -> Path:
+    py = venv_python()
+    if not py.exists():
+        run(sys.executable, "-m", "venv", VENV)
+    stamp = VENV / f".layerswap-{extras or 'base'}"
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + TORCH.encode()).hexdigest()
+    if stamp.exists() and stamp.read_text() == want:
+        return py
+    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    run(*pip, "--upgrade", "pip")
+    run(*pip, TORCH)
+    run(*pip, "-e", f"{ROOT}[{extras}]" if extras else str(ROOT))
+    stamp.write_text(want)
+    return py
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("app", "test"):
+        print(__doc__)
+        return 2
+    what, rest = argv[0], argv[1:]
+    if what == "app":
+        py = ensure_env("")
+        return subprocess.call([str(py), str(ROOT / "app.py"), *rest], cwd=ROOT)
+    py = ensure_env("test")
+    return subprocess.call([str(py), "-m", "pytest", *rest], cwd=ROOT)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,71 @@
+"""The app as a user drives it: `python app.py` on the demo models, through gradio_client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+from tests.conftest import find_mgsm_dir
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    return Client(app_url, verbose=False)
+
+
+def _demo_paths(client) -> tuple[str, str, str]:
+    # the page opens with the default (demo) models filled in
+    cfg = client.config
+    values = {c.get("props", {}).get("elem_id"): c.get("props", {}).get("value") for c in cfg["components"]}
+    return values["base"], values["math"], values["lang"]
+
+
+def test_load_build_ask_side_by_side(client):
+    base, math, lang = _demo_paths(client)
+    assert "demo" in base
+    report, b, u, tb, tu, heat = client.predict(base, math, lang, api_name="/load")
+    assert "compatible: LlamaForCausalLM, 8 layers" in report
+    assert b["maximum"] == 8 and b["value"] + u["value"] + tb["value"] + tu["value"] <= 8
+    fig = json.loads(heat["plot"])
+    assert fig["data"][0]["type"] == "heatmap" and len(fig["data"]) == 2  # math and language panels
+    assert len(fig["data"][0]["z"][0]) == 8
+
+    strip, plan_md = client.predict(2, 1, 1, 1, "ramp", 0.5, "neighbour", api_name="/build")
+    strip = json.loads(strip["plot"])
+    assert strip["data"][0]["z"] == [[1, 1, 0.5, 0, 0, 0, 0.5, 1]]
+    assert "**Built.** b=2, u=1, tb=1, tu=1" in plan_md
+
+    data = find_mgsm_dir()
+    if data is not None:
+        prompt, *answers = client.predict("sw", 3, "", 24, api_name="/ask")
+        assert "Swali: James anaamua" in prompt and "Gold answer: 540" in prompt
+    else:
+        prompt, *answers = client.predict("en", None, "What is 2 + 3?", 24, api_name="/ask")
+        assert "Question: What is 2 + 3?" in prompt
+    assert len(answers) == 3
+    for name, a in zip(("math expert", "language expert", "merged model"), answers):
+        assert a.startswith(f"**{name}** · transformers") and "flexible:" in a
+
+
+def test_user_errors_show_the_fix(client):
+    with pytest.raises(AppError, match="exceeds the model's 8 layers; reduce them so the sum is at most 8"):
+        client.predict(7, 1, 1, 1, "flat", 0.5, "neighbour", api_name="/build")
+    with pytest.raises(AppError, match="no such directory"):
+        client.predict("", "/nonexistent/math", "/nonexistent/lang", api_name="/load")
+
+
+def test_heatmap_switch_and_export(client, tmp_path):
+    base, math, lang = _demo_paths(client)
+    client.predict(base, math, lang, api_name="/load")
+    fig = json.loads(client.predict("language expert", api_name="/heatmap")["plot"])
+    assert len(fig["data"]) == 1 and "language expert" in fig["layout"]["title"]["text"]
+    client.predict(1, 1, 0, 0, "flat", 0.5, "math", api_name="/build")
+    msg, dl = client.predict(str(tmp_path / "merged"), False, api_name="/export")
+    assert "Wrote" in msg and (tmp_path / "merged" / "model.safetensors").exists()
+    assert dl["visible"] and Path(dl["value"]).suffix == ".zip"
+    prov = json.loads((tmp_path / "merged" / "layerswap.json").read_text())
+    assert prov["plan"]["non_layer"] == "math" and prov["layer_weights_lang"] == [1, 0, 0, 0, 0, 0, 0, 1]

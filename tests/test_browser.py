@@ -1,0 +1,61 @@
+"""A real browser (Debian chromium via Playwright) clicks through the main flow."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+pytestmark = pytest.mark.browser
+
+
+def _chromium() -> str | None:
+    return os.environ.get("LAYERSWAP_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    exe = _chromium()
+    if exe is None:
+        if os.environ.get("LAYERSWAP_REQUIRE_BROWSER") == "1":
+            pytest.fail("LAYERSWAP_REQUIRE_BROWSER=1 but no chromium found (apt-get install chromium)")
+        pytest.skip("no chromium on this machine (apt-get install chromium) ")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=exe,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"],
+        )
+        yield b
+        b.close()
+
+
+def test_main_flow_in_browser(browser, app_url):
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_url, wait_until="load")
+    expect(page.locator("#demo-label")).to_contain_text("demo")
+    page.locator("#load").click()
+    expect(page.locator("#report")).to_contain_text("compatible: LlamaForCausalLM, 8 layers", timeout=120_000)
+    expect(page.locator("#heatmap .js-plotly-plot")).to_be_visible(timeout=120_000)
+
+    page.locator("#b input[type=range]").fill("3")
+    expect(page.locator("#b input[type=number]")).to_have_value("3")
+    page.locator("#build").click()
+    expect(page.locator("#plan")).to_contain_text("Built. b=3", timeout=120_000)
+    expect(page.locator("#strip .js-plotly-plot")).to_be_visible(timeout=60_000)
+
+    page.locator("#free textarea").fill("Tom has 3 apples and buys 4 more. How many apples does he have?")
+    page.locator("#ask").click()
+    for role in ("math", "lang", "merged"):
+        expect(page.locator(f"#answer-{role}")).to_contain_text("flexible:", timeout=120_000)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "app.png"), full_page=True)
+    assert (ARTIFACTS / "app.png").stat().st_size > 10_000
+    page.close()

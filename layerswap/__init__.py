@@ -12,10 +12,11 @@ __version__ = "0.1.0"
 
 from .checkpoints import Checkpoint, CompatReport, check_compatible, classify  # noqa: E402
 from .errors import UserError  # noqa: E402
-from .merging import blend, export_merge, merge_state_dicts, tensor_weights  # noqa: E402
+from .merging import blend, export_merge, merge_in_memory, tensor_weights  # noqa: E402
+from .methods import METHODS, MethodConfig  # noqa: E402
 from .plans import Plan, default_plan  # noqa: E402
 
 __all__ = [
-    "Checkpoint", "CompatReport", "Plan", "UserError", "blend", "check_compatible", "classify",
-    "default_plan", "export_merge", "merge_state_dicts", "tensor_weights", "__version__",
+    "METHODS", "Checkpoint", "CompatReport", "MethodConfig", "Plan", "UserError", "blend", "check_compatible",
+    "classify", "default_plan", "export_merge", "merge_in_memory", "tensor_weights", "__version__",
 ]

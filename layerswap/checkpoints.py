@@ -227,18 +227,27 @@ class Checkpoint:
     path: Path
     config: dict
     tensors: dict[str, TensorInfo]
+    adapter: str | None = None  # the PEFT adapter this checkpoint was merged from, if any
     _handles: dict = field(default_factory=dict, repr=False)
+    _fds: dict = field(default_factory=dict, repr=False)
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def open(cls, ref: str | os.PathLike) -> "Checkpoint":
+    def open(cls, ref: str | os.PathLike, adapter_base: str | os.PathLike | None = None) -> "Checkpoint":
+        """Open a model folder or Hub id. A PEFT (LoRA) adapter is merged into its base first.
+
+        `adapter_base` overrides the adapter's ``base_model_name_or_path``.
+        """
         path = resolve(ref)
         cfg_path = path / "config.json"
-        if (path / "adapter_config.json").exists() and not cfg_path.exists():
-            raise UserError(
-                f"{ref} is a PEFT adapter, not a full model: merge it into its base first "
-                "(peft: PeftModel.from_pretrained(base, adapter).merge_and_unload().save_pretrained(out))."
-            )
+        if (path / "adapter_config.json").exists() and not (path / "model.safetensors").exists() \
+                and not (path / "model.safetensors.index.json").exists():
+            from .adapters import merge_adapter
+
+            merged = merge_adapter(path, adapter_base)
+            ck = cls.open(merged)
+            ck.ref, ck.adapter = str(ref), str(path)
+            return ck
         if not cfg_path.exists():
             raise UserError(f"{ref} has no config.json: pass a Hugging Face model directory.")
         try:
@@ -349,8 +358,33 @@ class Checkpoint:
         for name in names or list(self.tensors):
             yield name, self.get(name, device)
 
+    def read(self, name: str, start: int = 0, count: int | None = None) -> torch.Tensor:
+        """Elements ``start .. start+count`` of a tensor (flattened), read with pread into fresh memory.
+
+        Unlike `get` this maps nothing, so streaming over a large model keeps resident memory at
+        the size of what is being read. Returns the full tensor, shaped, when no range is given.
+        """
+        info = self.tensors[name]
+        dtype, size = DTYPES[info.dtype]
+        n = info.numel - start if count is None else count
+        fd = self._fds.get(info.file)
+        if fd is None:
+            fd = self._fds[info.file] = os.open(info.file, os.O_RDONLY)
+        buf = bytearray(n * size)
+        view, got, offset = memoryview(buf), 0, info.start + start * size
+        while got < len(buf):
+            k = os.preadv(fd, [view[got:]], offset + got)
+            if k <= 0:
+                raise UserError(f"{info.file} ended early while reading {name}: the file is truncated.")
+            got += k
+        t = torch.frombuffer(buf, dtype=dtype) if n else torch.empty(0, dtype=dtype)
+        return t.reshape(info.shape) if start == 0 and count is None else t
+
     def close(self) -> None:
         self._handles.clear()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def _text_config(config: dict) -> dict:
@@ -463,3 +497,64 @@ def check_compatible(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None
         n_tensors=len(ref.tensors),
         mismatches=mism,
     )
+
+
+# ---- do the experts share the base? ------------------------------------------------------------
+
+BASE_DISTANCE_THRESHOLD = 0.5
+
+
+def _sample_names(ck: Checkpoint, n_layers: int = 6) -> list[str]:
+    """A few 2-D tensors spread over depth (attention and MLP), plus the embeddings."""
+    L = ck.num_layers
+    layers = sorted({round(i * (L - 1) / max(n_layers - 1, 1)) for i in range(n_layers)})
+    names = []
+    for layer in layers:
+        for t in ck.layer_tensors(layer):
+            if len(t.shape) == 2 and t.ptype in ("q_proj", "down_proj"):
+                names.append(t.name)
+    names += [t.name for t in ck.tensors.values() if t.ptype == "embed" and len(t.shape) == 2]
+    return names
+
+
+def sampled_distance(a: Checkpoint, b: Checkpoint, rows: int = 32) -> float:
+    """‖a − b‖ / ‖b‖ over the first `rows` rows of a sample of tensors (reads a few MB at most)."""
+    num = den = 0.0
+    for name in _sample_names(b):
+        info = b.tensors[name]
+        n = min(rows, info.shape[0]) * math.prod(info.shape[1:])
+        xa, xb = a.read(name, 0, n).to(torch.float64), b.read(name, 0, n).to(torch.float64)
+        num += float(torch.sum((xa - xb) ** 2))
+        den += float(torch.sum(xb ** 2))
+    return (num ** 0.5) / (den ** 0.5) if den else float("nan")
+
+
+@dataclass
+class Pairing:
+    """Sampled distances that tell whether two experts were fine-tuned from the same base."""
+
+    distances: dict[str, float]  # "math-base", "lang-base", or "math-lang" when no base is given
+    threshold: float
+
+    @property
+    def suspicious(self) -> dict[str, float]:
+        limit = lambda k: self.threshold * (2 ** 0.5 if k == "math-lang" else 1)  # noqa: E731
+        return {k: v for k, v in self.distances.items() if not v <= limit(k)}
+
+    def message(self) -> str:
+        d = ", ".join(f"{k} {v:.3f}" for k, v in self.distances.items())
+        if not self.suspicious:
+            return f"shared base: sampled relative distances {d} (threshold {self.threshold})"
+        return (f"the experts may not share a base: sampled relative distances {d} exceed the threshold "
+                f"{self.threshold} (light fine-tunes of one base are usually far below it; unrelated models are "
+                "near 1.4). Merging models of different bases rarely works; pass --force to run it anyway")
+
+
+def check_pairing(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None = None,
+                  threshold: float = BASE_DISTANCE_THRESHOLD) -> Pairing:
+    """Distance of each expert from the base on sampled tensors (or between experts without one)."""
+    if base is not None:
+        d = {"math-base": sampled_distance(math, base), "lang-base": sampled_distance(lang, base)}
+    else:
+        d = {"math-lang": sampled_distance(math, lang)}
+    return Pairing(d, threshold)

@@ -1,9 +1,16 @@
-"""Merging: the blend itself, in-memory merges, and streaming export to an HF-format folder.
+"""Merging: in-memory merges, and streaming export to an HF-format folder.
 
-Every output tensor gets a weight ``w`` from the plan. ``w == 0`` and ``w == 1`` copy the math
-or language expert's tensor exactly (in memory: the same tensor object; on disk: the same
-bytes, no dtype round trip). Anything in between is computed in float32 as
-``(1-w)*math + w*lang`` and cast back to the checkpoint dtype.
+Every output tensor gets a recipe. With layer swapping (and any per-layer map), a tensor with
+weight ``w == 0`` or ``w == 1`` is a copy of the math or language expert's tensor (in memory:
+the same tensor object; on disk: the same bytes, no dtype round trip). A tensor in between is
+``(1-w)*math + w*lang`` in float32 (`methods.linear`, bit-identical to mergekit's ``linear``),
+cast back to the checkpoint dtype. Other methods (soup, task arithmetic, TIES, DARE) compute
+every tensor with their function from `methods`.
+
+Export streams: copies go file to file (``copy_file_range``); computed tensors are read with
+``pread`` in slices of `CHUNK_ELEMS` elements (whole tensors for TIES/DARE, whose trim or
+random mask needs the full tensor), merged on the chosen device, and written at once. Peak
+memory is a few slices (or the largest tensor for TIES/DARE), whatever the model size.
 """
 
 from __future__ import annotations
@@ -21,12 +28,15 @@ from typing import Callable, Mapping
 import torch
 
 from . import __version__
-from .checkpoints import DTYPES, Checkpoint, TensorInfo, check_compatible
+from .checkpoints import (DTYPES, BASE_DISTANCE_THRESHOLD, Checkpoint, Pairing, TensorInfo, check_compatible,
+                          check_pairing, classify)
 from .errors import UserError
+from .methods import MethodConfig, linear
 from .plans import Plan, source_label
 
 ProgressFn = Callable[[float, str], None]
 DEFAULT_SHARD_BYTES = 5 * 10**9
+CHUNK_ELEMS = 1 << 23  # elements per slice when merging a large tensor in pieces
 
 
 def blend(math: torch.Tensor, lang: torch.Tensor, w: float) -> torch.Tensor:
@@ -35,12 +45,43 @@ def blend(math: torch.Tensor, lang: torch.Tensor, w: float) -> torch.Tensor:
         return math
     if w == 1.0:
         return lang
-    w_lang = torch.tensor(w, dtype=torch.float32, device=math.device)
-    w_math = torch.tensor(1.0 - w, dtype=torch.float32, device=math.device)
-    # two separate products then a sum (no fused multiply-add), so CPU and GPU agree bit for bit
-    out = torch.mul(math.to(torch.float32), w_math)
-    out = out.add_(torch.mul(lang.to(torch.float32), w_lang))
-    return out.to(math.dtype)
+    return linear([math, lang.to(math.device)], [1.0 - w, w]).to(math.dtype)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one output tensor is made: ``copy`` (from `role`), ``blend`` (weight `w`) or ``method``."""
+
+    kind: str
+    role: str | None = None
+    w: float | None = None
+
+    def label(self, method: MethodConfig) -> str:
+        if self.kind == "copy":
+            return "math expert" if self.role == "math" else "language expert"
+        if self.kind == "blend":
+            return source_label(self.w)
+        return method.spec.title
+
+
+def _recipe(w: float) -> Recipe:
+    if w == 0.0:
+        return Recipe("copy", "math")
+    if w == 1.0:
+        return Recipe("copy", "lang")
+    return Recipe("blend", w=w)
+
+
+def recipes_for(names: list[str], num_layers: int, plan: Plan | None, method: MethodConfig | None = None
+                ) -> dict[str, Recipe]:
+    """The recipe of every tensor name, from the plan (layer swapping) or the method."""
+    method = method or MethodConfig()
+    method.validate()
+    if not method.spec.uses_plan:
+        return {n: Recipe("method") for n in names}
+    plan = plan or Plan()
+    lw = plan.layer_weights(num_layers)
+    return {n: _recipe(plan.tensor_weight(*classify(n, num_layers), lw)) for n in names}
 
 
 def tensor_weights(ck: Checkpoint, plan: Plan) -> dict[str, float]:
@@ -49,23 +90,27 @@ def tensor_weights(ck: Checkpoint, plan: Plan) -> dict[str, float]:
     return {n: plan.tensor_weight(t.layer, t.ptype, lw) for n, t in ck.tensors.items()}
 
 
-def weights_for_names(names: list[str], num_layers: int, plan: Plan) -> dict[str, float]:
-    """Same as `tensor_weights` for a plain list of names (e.g. a loaded model's state dict)."""
-    from .checkpoints import classify
-
-    lw = plan.layer_weights(num_layers)
-    return {n: plan.tensor_weight(*classify(n, num_layers), lw) for n in names}
-
-
-def merge_state_dicts(math: Mapping[str, torch.Tensor], lang: Mapping[str, torch.Tensor],
-                      weights: Mapping[str, float], device: str | None = None) -> dict[str, torch.Tensor]:
-    """Merge two state dicts in memory. Tensors with w in {0, 1} are shared, not copied."""
+def merge_in_memory(math: Mapping[str, torch.Tensor], lang: Mapping[str, torch.Tensor], num_layers: int,
+                    plan: Plan | None = None, method: MethodConfig | None = None,
+                    base: Callable[[str], torch.Tensor] | None = None,
+                    progress: ProgressFn | None = None) -> dict[str, torch.Tensor]:
+    """Merge loaded state dicts with any method; `base(name)` supplies base tensors when needed."""
+    method = method or MethodConfig()
+    recipes = recipes_for(list(math), num_layers, plan, method)
+    if method.spec.needs_base and base is None:
+        raise UserError(f"{method.spec.title} needs the base model: load a base as well.")
     out = {}
-    for name, w in weights.items():
-        a, b = math[name], lang[name]
-        if device is not None and w not in (0.0, 1.0):
-            a, b = a.to(device), b.to(device)
-        out[name] = blend(a, b, w)
+    for i, (name, r) in enumerate(recipes.items()):
+        m, l = math[name], lang[name]
+        if r.kind == "copy":
+            out[name] = m if r.role == "math" else l
+        elif r.kind == "blend":
+            out[name] = blend(m, l, r.w)
+        else:
+            b = base(name).to(m.device) if method.spec.needs_base else None
+            out[name] = method.spec.fn(method, name, b, [m, l.to(m.device)]).to(m.dtype)
+        if progress and i % 16 == 0:
+            progress(i / len(recipes), name)
     return out
 
 
@@ -77,31 +122,43 @@ class MergeSummary:
     n_blended: int
     bytes_written: int
     shards: int
-    layer_weights: list[float]
+    layer_weights: list[float] | None
+    pairing: Pairing | None = None
 
 
-def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan, out: str | os.PathLike, *,
-                 base: Checkpoint | None = None, device: str = "cpu",
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False,
+def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str | os.PathLike, *,
+                 method: MethodConfig | None = None, base: Checkpoint | None = None, device: str = "cpu",
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False, force: bool = False,
+                 base_distance_threshold: float = BASE_DISTANCE_THRESHOLD,
                  progress: ProgressFn | None = None) -> MergeSummary:
     """Stream the merge to an HF folder: config, tokenizer, safetensors shards, model card.
 
-    Memory stays at about one tensor (plus the OS page cache). Output is written to a temporary
-    sibling folder and renamed into place, so a failure leaves nothing half-written.
+    Checks run before any weights are read in bulk: headers (architecture, layers, names,
+    shapes, dtypes), the plan, and sampled distances from the base (refused above the threshold
+    unless `force`). Output goes to a temporary sibling folder renamed into place at the end, so
+    a failure leaves nothing half-written.
     """
     out = Path(out).expanduser()
+    method = method or MethodConfig()
+    method.validate()
     check_compatible(math, lang, base).raise_if_bad()
-    plan.validate(math.num_layers)
+    if method.spec.needs_base and base is None:
+        raise UserError(f"{method.spec.title} works on task vectors: pass --base (the model both experts were "
+                        "fine-tuned from).")
+    plan = plan if plan is not None else Plan()
+    recipes = recipes_for(list(math.tensors), math.num_layers, plan, method)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for, but no CUDA GPU is visible to torch; use --device cpu.")
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} already exists; choose a new folder or pass --overwrite.")
-    weights = tensor_weights(math, plan)
+    pairing = check_pairing(math, lang, base, base_distance_threshold)
+    if pairing.suspicious and not force:
+        raise UserError(pairing.message() + ".")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        shards = _plan_shards([math.tensors[n] for n in math.tensors], shard_bytes)
+        shards = _plan_shards(list(math.tensors.values()), shard_bytes)
         total = sum(t.nbytes for t in math.tensors.values())
         done = 0
         names_to_file: dict[str, str] = {}
@@ -110,42 +167,67 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan, out: str | os.P
             with open(tmp / fname, "wb") as f:
                 _write_header(f, shard)
                 for info in shard:
-                    w = weights[info.name]
-                    if w in (0.0, 1.0):
-                        src = math.tensors[info.name] if w == 0.0 else lang.tensors[info.name]
-                        _copy_bytes(src, f)
+                    r = recipes[info.name]
+                    if r.kind == "copy":
+                        _copy_bytes((math if r.role == "math" else lang).tensors[info.name], f)
                     else:
-                        t = blend(math.get(info.name, device), lang.get(info.name, device), w)
-                        f.write(_tensor_bytes(t))
+                        _write_computed(f, info, r, math, lang, base, method, device)
                     names_to_file[info.name] = fname
                     done += info.nbytes
                     if progress:
-                        progress(done / total, f"{info.name} ({source_label(w)})")
+                        progress(done / total, f"{info.name} ({r.label(method)})")
         if len(shards) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(names_to_file.items()))}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         _copy_side_files(math, tmp)
-        lw = plan.layer_weights(math.num_layers)
+        lw = plan.layer_weights(math.num_layers) if method.spec.uses_plan else None
         provenance = {
             "layerswap_version": __version__,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "method": "layer_swap",
-            "plan": plan.to_dict(),
+            "method": method.to_dict(),
+            "plan": plan.to_dict() if method.spec.uses_plan else None,
             "layer_weights_lang": lw,
             "non_layer_weights_lang": {
-                n: w for n, w in weights.items() if math.tensors[n].layer is None
+                n: (r.w if r.kind == "blend" else float(r.role == "lang")) for n, r in recipes.items()
+                if math.tensors[n].layer is None and r.kind != "method"
             },
             "sources": {"math": math.ref, "lang": lang.ref, **({"base": base.ref} if base else {})},
+            "adapters": {k: ck.adapter for k, ck in (("math", math), ("lang", lang)) if ck.adapter},
             "fingerprints": {"math": math.fingerprint(), "lang": lang.fingerprint()},
+            "base_distance": {"sampled": pairing.distances, "threshold": pairing.threshold,
+                              "forced": bool(pairing.suspicious and force)},
         }
         (tmp / "layerswap.json").write_text(json.dumps(provenance, indent=2))
-        (tmp / "README.md").write_text(model_card(math, lang, plan, lw, provenance))
+        (tmp / "README.md").write_text(model_card(math, lang, plan, method, lw, provenance))
         _atomic_replace(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    n_copied = sum(1 for w in weights.values() if w in (0.0, 1.0))
-    return MergeSummary(out, len(weights), n_copied, len(weights) - n_copied, total, len(shards), lw)
+    n_copied = sum(1 for r in recipes.values() if r.kind == "copy")
+    return MergeSummary(out, len(recipes), n_copied, len(recipes) - n_copied, total, len(shards), lw, pairing)
+
+
+def _write_computed(f, info: TensorInfo, r: Recipe, math: Checkpoint, lang: Checkpoint, base: Checkpoint | None,
+                    method: MethodConfig, device: str) -> None:
+    """Merge one tensor slice by slice (or whole, for TIES/DARE) and append its bytes to `f`."""
+    spec = method.spec
+    whole = r.kind == "method" and not spec.chunkable
+    step = info.numel if whole else max(1, CHUNK_ELEMS)
+    for start in range(0, max(info.numel, 1), step):
+        n = min(step, info.numel - start)
+        if whole:
+            m, l = math.read(info.name), lang.read(info.name)
+        else:
+            m, l = math.read(info.name, start, n), lang.read(info.name, start, n)
+        m, l = m.to(device), l.to(device)
+        if r.kind == "blend":
+            t = linear([m, l], [1.0 - r.w, r.w])
+        else:
+            b = None
+            if spec.needs_base:
+                b = (base.read(info.name) if whole else base.read(info.name, start, n)).to(device)
+            t = spec.fn(method, info.name, b, [m, l])
+        f.write(_tensor_bytes(t.to(m.dtype)))
 
 
 def _plan_shards(infos: list[TensorInfo], shard_bytes: int) -> list[list[TensorInfo]]:
@@ -224,9 +306,30 @@ def _atomic_replace(tmp: Path, out: Path, overwrite: bool) -> None:
         tmp.rename(out)
 
 
-def model_card(math: Checkpoint, lang: Checkpoint, plan: Plan, lw: list[float], provenance: dict) -> str:
-    rows = "\n".join(f"| {i} | {w:.4g} | {source_label(w)} |" for i, w in enumerate(lw))
-    nl = "\n".join(f"| `{n}` | {w:.4g} |" for n, w in provenance["non_layer_weights_lang"].items())
+def model_card(math: Checkpoint, lang: Checkpoint, plan: Plan, method: MethodConfig, lw: list[float] | None,
+               provenance: dict) -> str:
+    if method.spec.uses_plan:
+        rows = "\n".join(f"| {i} | {w:.4g} | {source_label(w)} |" for i, w in enumerate(lw))
+        nl = "\n".join(f"| `{n}` | {w:.4g} |" for n, w in provenance["non_layer_weights_lang"].items())
+        how = f"""- **Plan**: {plan.title()}
+
+Each tensor is `w*lang + (1-w)*math`, computed in float32 (mergekit's `linear` arithmetic) and
+cast back to the checkpoint dtype; w = 0 or 1 copies the expert's tensor byte for byte.
+
+{plan.describe(len(lw))}
+
+| layer | w (language) | source |
+|---|---|---|
+{rows}
+
+| non-layer tensor | w (language) |
+|---|---|
+{nl}
+"""
+    else:
+        how = f"- **Method**: {method.describe()}: {method.spec.description}\n"
+    base = provenance["sources"].get("base")
+    dist = ", ".join(f"{k} {v:.4f}" for k, v in provenance["base_distance"]["sampled"].items())
     return f"""---
 library_name: transformers
 tags:
@@ -238,30 +341,16 @@ base_model:
 - {lang.ref}
 ---
 
-# Layer-swapped merge
+# {method.spec.title} merge
 
-Built with [layerswap](https://github.com/layerswap/layerswap) {provenance['layerswap_version']} on {provenance['created']}
-by layer swapping (Bandarkar et al., "Layer Swapping for Zero-Shot Cross-Lingual Transfer in
+Built with layerswap {provenance['layerswap_version']} on {provenance['created']}
+(layer swapping: Bandarkar et al., "Layer Swapping for Zero-Shot Cross-Lingual Transfer in
 Large Language Models", ICLR 2025).
 
-- **Math expert** (kept in the middle): `{math.ref}`
-- **Language expert** (swapped into the outer layers): `{lang.ref}`
-- **Plan**: b={plan.b}, u={plan.u}, tb={plan.tb}, tu={plan.tu}, transition={plan.transition}
-  (weight {plan.transition_weight}), non-layer tensors: {plan.non_layer}
-
-Each tensor is `w*lang + (1-w)*math`, computed in float32 and cast back to the checkpoint
-dtype; w = 0 or 1 copies the expert's tensor byte for byte.
-
-{plan.describe(len(lw))}
-
-| layer | w (language) | source |
-|---|---|---|
-{rows}
-
-| non-layer tensor | w (language) |
-|---|---|
-{nl}
-
-The tokenizer and config are the math expert's. This model has not been evaluated by the
-merge itself: run `layerswap eval` on it before drawing conclusions.
+- **Math expert**: `{math.ref}`{f" (PEFT adapter merged into its base)" if math.adapter else ""}
+- **Language expert**: `{lang.ref}`{f" (PEFT adapter merged into its base)" if lang.adapter else ""}
+- **Base**: {f"`{base}`" if base else "not given"}; sampled relative distances: {dist}
+{how}
+The tokenizer and config are the math expert's. The merge itself says nothing about quality:
+evaluate it (`layerswap eval`) before drawing conclusions.
 """

@@ -1,7 +1,8 @@
 """Layer-swap plans: which layer comes from which expert.
 
 A plan compiles to one weight per transformer layer, ``w_lang[i]`` in [0, 1]
-(1 = language expert, 0 = math expert). For L layers and a plan (b, u, tb, tu):
+(1 = language expert, 0 = math expert). The default kind, ``swap``, is the paper's recipe.
+For L layers and a plan (b, u, tb, tu):
 
     layers 0 .. b-1 and L-u .. L-1          1.0   (swapped in from the language expert)
     layers b+tb .. L-u-tu-1                  0.0   (kept from the math expert)
@@ -13,12 +14,24 @@ Tensors outside the blocks follow ``non_layer``:
                          non-layer tensor) take layer L-1's
     math / lang / avg    0.0 / 1.0 / 0.5
 
+Other kinds of map, for ablations (one plan type carries them all, so strip plots, export
+and mergekit YAML work for every one):
+    weights       explicit ``weights`` (one per layer)
+    middle        the middle ``k`` layers from the language expert
+    random        ``k`` layers drawn with ``random.Random(seed)``
+    alternating   every other layer from the language expert, starting at layer ``offset``
+
+``modules`` applies a map to part of each layer only: ``attention`` (q, k, v, o and the
+attention norm) or ``mlp`` (gate, up, down and the MLP norm); the other part stays with the
+math expert.
+
 The paper (Bandarkar et al., 2025) leaves the treatment of embeddings, lm_head and the
 transition weights unverified in the public text; these options make the choice explicit.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
@@ -26,9 +39,26 @@ from .errors import UserError
 
 Transition = Literal["flat", "ramp"]
 NonLayer = Literal["neighbour", "math", "lang", "avg"]
+Kind = Literal["swap", "weights", "middle", "random", "alternating"]
+Modules = Literal["all", "attention", "mlp"]
 TRANSITIONS = ("flat", "ramp")
 NON_LAYER_OPTIONS = ("neighbour", "math", "lang", "avg")
+KINDS = ("swap", "weights", "middle", "random", "alternating")
+MODULES = ("all", "attention", "mlp")
 _FIXED = {"math": 0.0, "lang": 1.0, "avg": 0.5}
+ATTENTION_PTYPES = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "input_layernorm"}
+MLP_PTYPES = {"gate_proj", "up_proj", "down_proj", "post_attention_layernorm", "pre_feedforward_layernorm",
+              "post_feedforward_layernorm"}
+
+
+def module_group(ptype: str) -> str | None:
+    """``attention`` or ``mlp`` for a per-layer parameter type (Llama naming), else None."""
+    base = ptype.split(".")[0]
+    if base in ATTENTION_PTYPES:
+        return "attention"
+    if base in MLP_PTYPES:
+        return "mlp"
+    return None
 
 
 @dataclass(frozen=True)
@@ -42,9 +72,37 @@ class Plan:
     transition: Transition = "flat"
     transition_weight: float = 0.5
     non_layer: NonLayer = "neighbour"
+    kind: Kind = "swap"
+    weights: tuple[float, ...] | None = None
+    k: int = 0
+    seed: int = 0
+    offset: int = 0
+    modules: Modules = "all"
 
     def validate(self, num_layers: int) -> None:
         """Raise UserError with the limit when the plan cannot apply to `num_layers` layers."""
+        if self.kind not in KINDS:
+            raise UserError(f"kind must be one of {', '.join(KINDS)} (got {self.kind!r}).")
+        if self.modules not in MODULES:
+            raise UserError(f"modules must be one of {', '.join(MODULES)} (got {self.modules!r}).")
+        if self.non_layer not in NON_LAYER_OPTIONS:
+            raise UserError(f"non_layer must be one of {', '.join(NON_LAYER_OPTIONS)} (got {self.non_layer!r}).")
+        if self.kind == "weights":
+            if self.weights is None or len(self.weights) != num_layers:
+                n = "none" if self.weights is None else len(self.weights)
+                raise UserError(f"kind 'weights' needs one weight per layer: {num_layers} for this model (got {n}).")
+            bad = [w for w in self.weights if not 0.0 <= float(w) <= 1.0]
+            if bad:
+                raise UserError(f"layer weights must lie in [0, 1] (got {bad[0]}).")
+            return
+        if self.kind in ("middle", "random"):
+            if not isinstance(self.k, int) or not 0 <= self.k <= num_layers:
+                raise UserError(f"k must be a whole number from 0 to the model's {num_layers} layers (got {self.k!r}).")
+            return
+        if self.kind == "alternating":
+            if self.offset not in (0, 1):
+                raise UserError(f"offset must be 0 or 1 (got {self.offset!r}).")
+            return
         for k in ("b", "u", "tb", "tu"):
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -59,13 +117,22 @@ class Plan:
             raise UserError(f"transition must be one of {', '.join(TRANSITIONS)} (got {self.transition!r}).")
         if not (0.0 <= float(self.transition_weight) <= 1.0):
             raise UserError(f"transition_weight must lie in [0, 1] (got {self.transition_weight}).")
-        if self.non_layer not in NON_LAYER_OPTIONS:
-            raise UserError(f"non_layer must be one of {', '.join(NON_LAYER_OPTIONS)} (got {self.non_layer!r}).")
 
     def layer_weights(self, num_layers: int) -> list[float]:
         """``w_lang`` for every layer (1 = language expert, 0 = math expert)."""
         self.validate(num_layers)
-        L, b, u, tb, tu = num_layers, self.b, self.u, self.tb, self.tu
+        L = num_layers
+        if self.kind == "weights":
+            return [float(w) for w in self.weights]
+        if self.kind == "middle":
+            start = (L - self.k) // 2
+            return [1.0 if start <= i < start + self.k else 0.0 for i in range(L)]
+        if self.kind == "random":
+            chosen = set(random.Random(self.seed).sample(range(L), self.k))
+            return [1.0 if i in chosen else 0.0 for i in range(L)]
+        if self.kind == "alternating":
+            return [1.0 if i % 2 == self.offset else 0.0 for i in range(L)]
+        b, u, tb, tu = self.b, self.u, self.tb, self.tu
         w = [0.0] * L
         for i in range(b):
             w[i] = 1.0
@@ -84,26 +151,52 @@ class Plan:
         return _FIXED[self.non_layer]
 
     def tensor_weight(self, layer: int | None, ptype: str, layer_weights: list[float]) -> float:
-        return layer_weights[layer] if layer is not None else self.non_layer_weight(ptype, layer_weights)
+        """The weight of one tensor, from its layer (None outside the blocks) and parameter type."""
+        if layer is None:
+            return self.non_layer_weight(ptype, layer_weights)
+        if self.modules != "all" and module_group(ptype) != self.modules:
+            return 0.0
+        return layer_weights[layer]
+
+    def title(self) -> str:
+        """Short name of the map, e.g. ``swap b=5 u=2 tb=1 tu=1`` or ``middle k=4``."""
+        head = {
+            "swap": f"swap b={self.b} u={self.u} tb={self.tb} tu={self.tu}"
+                    + (f" ({self.transition}" + (f" {self.transition_weight})" if self.transition == "flat" else ")")
+                       if self.tb or self.tu else ""),
+            "weights": "explicit per-layer weights",
+            "middle": f"middle k={self.k}",
+            "random": f"random k={self.k} seed={self.seed}",
+            "alternating": f"alternating from layer {self.offset}",
+        }[self.kind]
+        mods = "" if self.modules == "all" else f", {self.modules} only"
+        return f"{head}{mods}, non-layer={self.non_layer}"
 
     def describe(self, num_layers: int) -> str:
         """One line per contiguous run of equal weights, e.g. ``layers 0-4: language expert``."""
         w = self.layer_weights(num_layers)
+        part = "" if self.modules == "all" else f" ({self.modules} only; the rest from the math expert)"
         runs, start = [], 0
         for i in range(1, num_layers + 1):
             if i == num_layers or w[i] != w[start]:
                 runs.append((start, i - 1, w[start]))
                 start = i
         return "\n".join(
-            f"layers {a}-{b}: {source_label(x)}" if a != b else f"layer {a}: {source_label(x)}" for a, b, x in runs
+            (f"layers {a}-{b}: " if a != b else f"layer {a}: ") + source_label(x) + (part if x else "")
+            for a, b, x in runs
         )
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["weights"] is not None:
+            d["weights"] = list(d["weights"])
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        if known.get("weights") is not None:
+            known["weights"] = tuple(float(w) for w in known["weights"])
         return cls(**known)
 
     def with_(self, **changes) -> "Plan":

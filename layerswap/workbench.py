@@ -19,10 +19,11 @@ from typing import Callable
 
 from . import mgsm
 from .analysis import DiffResult, diff_vs_base
-from .checkpoints import Checkpoint, CompatReport, check_compatible
-from .engines import TransformersEngine, load_tokenizer, model_from_state_dict, resolve_device
+from .checkpoints import Checkpoint, CompatReport, Pairing, check_compatible, check_pairing
+from .engines import TransformersEngine, load_model, load_tokenizer, model_from_state_dict, resolve_device
 from .errors import UserError
-from .merging import MergeSummary, export_merge, merge_state_dicts, weights_for_names
+from .merging import MergeSummary, export_merge, merge_in_memory
+from .methods import MethodConfig
 from .plans import Plan
 
 Progress = Callable[[float, str], None]
@@ -51,33 +52,40 @@ class Workbench:
         self.checkpoints: dict[str, Checkpoint] = {}
         self.engines: dict[str, TransformersEngine] = {}
         self.report: CompatReport | None = None
+        self.pairing: Pairing | None = None
         self.plan: Plan | None = None
+        self.method: MethodConfig = MethodConfig()
         self.layer_weights: list[float] | None = None
         self._diffs: dict[tuple[str, str], DiffResult] = {}
 
     # ---- loading ----------------------------------------------------------------------
-    def load(self, math: str, lang: str, base: str | None = None, progress: Progress | None = None) -> CompatReport:
-        """Open and check the checkpoints (headers only), then load both experts for generation.
+    def load(self, math: str, lang: str, base: str | None = None, progress: Progress | None = None,
+             force: bool = False) -> CompatReport:
+        """Open and check the checkpoints, then load both experts for generation.
 
-        Returns the compatibility report; raises UserError (with the report's first problem) if
-        the models cannot be merged, before any weights are read.
+        Checks headers (architecture, layers, names, shapes, dtypes) and sampled distances from
+        the base; raises UserError before loading any model if they cannot be merged (the
+        distance check is waived with `force`). PEFT adapters are merged into their base first
+        (the base given here, or the adapter's own).
         """
         p = progress or (lambda f, d: None)
         p(0.0, "reading checkpoint headers")
-        cks = {"math": Checkpoint.open(math), "lang": Checkpoint.open(lang)}
+        cks = {"math": Checkpoint.open(math, adapter_base=base or None),
+               "lang": Checkpoint.open(lang, adapter_base=base or None)}
         if base:
             cks["base"] = Checkpoint.open(base)
         report = check_compatible(cks["math"], cks["lang"], cks.get("base"))
+        self.report = report
         if not report.ok:
-            self.report = report
             raise UserError(report.summary().replace("\n", " | "))
+        pairing = check_pairing(cks["math"], cks["lang"], cks.get("base"))
+        if pairing.suspicious and not force:
+            raise UserError(pairing.message() + ".")
         self.close()
-        self.checkpoints, self.report = cks, report
+        self.checkpoints, self.report, self.pairing = cks, report, pairing
         tok = load_tokenizer(cks["math"].path)
         for i, role in enumerate(("math", "lang")):
             p(0.1 + 0.4 * i, f"loading the {ROLE_NAMES[role]}")
-            from .engines import load_model
-
             self.engines[role] = TransformersEngine(load_model(cks[role].path, self.device), tok,
                                                     batch_size=self.batch_size)
         p(1.0, "loaded")
@@ -86,7 +94,8 @@ class Workbench:
     def close(self) -> None:
         self.engines.clear()
         self.checkpoints.clear()
-        self.plan = self.layer_weights = None
+        self.plan = self.layer_weights = self.pairing = None
+        self.method = MethodConfig()
         self._diffs.clear()
 
     def _need(self, *roles: str) -> None:
@@ -104,16 +113,28 @@ class Workbench:
         return self.checkpoints["math"].num_layers
 
     # ---- merging ----------------------------------------------------------------------
-    def build(self, plan: Plan, progress: Progress | None = None) -> list[float]:
-        """Merge in memory with `plan` and (re)point the merged engine at the result."""
+    def build(self, plan: Plan | None = None, method: MethodConfig | None = None,
+              progress: Progress | None = None) -> list[float] | None:
+        """Merge in memory and (re)point the merged engine at the result.
+
+        Layer swapping (the default method) uses `plan`; tensors taken whole from an expert are
+        shared with it, so only blended layers take memory. Returns the per-layer weights (None
+        for methods without a plan).
+        """
         self._need("math", "lang")
         p = progress or (lambda f, d: None)
+        method = method or MethodConfig()
+        plan = plan or Plan()
         L = self.num_layers
-        lw = plan.layer_weights(L)  # validates
+        lw = plan.layer_weights(L) if method.spec.uses_plan else None  # validates
+        if method.spec.needs_base:
+            self._need("base")
         p(0.1, "merging")
         math_sd, lang_sd = self.engines["math"].state_dict(), self.engines["lang"].state_dict()
-        weights = weights_for_names(list(math_sd), L, plan)
-        merged = merge_state_dicts(math_sd, lang_sd, weights)
+        base = self.checkpoints.get("base")
+        merged = merge_in_memory(math_sd, lang_sd, L, plan, method,
+                                 base=(lambda n: base.get(n)) if base is not None else None,
+                                 progress=lambda f, d: p(0.1 + 0.6 * f, d))
         p(0.7, "refreshing the merged model")
         if "merged" in self.engines:
             self.engines["merged"].load_state_dict(merged)
@@ -121,7 +142,7 @@ class Workbench:
             m = self.engines["math"].model
             model = model_from_state_dict(m.config, merged, m.generation_config)
             self.engines["merged"] = TransformersEngine(model, self.engines["math"].tokenizer, batch_size=self.batch_size)
-        self.plan, self.layer_weights = plan, lw
+        self.plan, self.method, self.layer_weights = plan, method, lw
         p(1.0, "built")
         return lw
 
@@ -133,7 +154,8 @@ class Workbench:
             raise UserError("Build the merge first, then export it.")
         kw = {"shard_bytes": shard_bytes} if shard_bytes else {}
         return export_merge(self.checkpoints["math"], self.checkpoints["lang"], self.plan, out,
-                            base=self.checkpoints.get("base"), device=self.device, overwrite=overwrite,
+                            method=self.method, base=self.checkpoints.get("base"), device=self.device,
+                            overwrite=overwrite, force=bool(self.pairing and self.pairing.suspicious),
                             progress=progress, **kw)
 
     # ---- analysis ---------------------------------------------------------------------

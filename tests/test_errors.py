@@ -130,7 +130,7 @@ def test_failure_midway_leaves_nothing(trio, tmp_path, monkeypatch):
     import layerswap.merging as merging
 
     calls = {"n": 0}
-    real = merging.blend
+    real = merging.linear
 
     def flaky(*a, **k):
         calls["n"] += 1
@@ -138,7 +138,7 @@ def test_failure_midway_leaves_nothing(trio, tmp_path, monkeypatch):
             raise RuntimeError("disk full")
         return real(*a, **k)
 
-    monkeypatch.setattr(merging, "blend", flaky)
+    monkeypatch.setattr(merging, "linear", flaky)
     with pytest.raises(RuntimeError):
         export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), Plan(b=1, u=1, tb=2, tu=2),
                      tmp_path / "o")

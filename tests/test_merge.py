@@ -56,12 +56,16 @@ def expected_weight(name: str, plan: Plan, L: int) -> float:
 
 
 def expected_tensor(m: torch.Tensor, l: torch.Tensor, w: float) -> torch.Tensor:
+    """(1-w)*math + w*lang in float32, evaluated as mergekit's linear kernel does:
+    zeros, then a fused multiply-add of math*(1-w), then of lang*w; cast to the checkpoint dtype."""
     if w == 0.0:
         return m
     if w == 1.0:
         return l
-    wl, wm = torch.tensor(w, dtype=torch.float32), torch.tensor(1.0 - w, dtype=torch.float32)
-    return (wl * l.float() + wm * m.float()).to(m.dtype)
+    acc = torch.zeros(m.shape, dtype=torch.float32)
+    acc.addcmul_(m, torch.tensor([1.0 - w], dtype=torch.float32))
+    acc.addcmul_(l, torch.tensor([w], dtype=torch.float32))
+    return acc.to(m.dtype)
 
 
 def read_dir(d: Path) -> dict[str, torch.Tensor]:
@@ -135,7 +139,7 @@ def test_export_is_a_loadable_hf_model_with_card(trio, tmp_path):
     tok = AutoTokenizer.from_pretrained(tmp_path / "m")
     assert model.config.num_hidden_layers == 6 and len(tok) == model.config.vocab_size
     card = (tmp_path / "m" / "README.md").read_text()
-    assert "b=1, u=1, tb=1, tu=1" in card and str(trio["math"]) in card and str(trio["lang"]) in card
+    assert "swap b=1 u=1 tb=1 tu=1" in card and str(trio["math"]) in card and str(trio["lang"]) in card
     prov = json.loads((tmp_path / "m" / "layerswap.json").read_text())
     assert prov["layer_weights_lang"] == expected_layer_weights(plan, 6)
     # the merged model generates like the exported tensors say

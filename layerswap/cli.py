@@ -13,7 +13,8 @@ import textwrap
 from pathlib import Path
 
 from .errors import UserError
-from .plans import NON_LAYER_OPTIONS, TRANSITIONS, Plan, default_plan
+from .methods import METHODS, MethodConfig
+from .plans import KINDS, MODULES, NON_LAYER_OPTIONS, TRANSITIONS, Plan, default_plan
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,19 +52,73 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--non-layer", choices=NON_LAYER_OPTIONS, default="neighbour",
                    help="embeddings / final norm / lm_head: neighbour (embeddings follow layer 0, norm and "
                         "lm_head follow the last layer), math, lang or avg (default neighbour)")
+    g = p.add_argument_group("other layer maps (ablations)")
+    g.add_argument("--map", choices=KINDS, default="swap",
+                   help="swap (b/u/tb/tu, default), weights (--layer-weights), middle / random (--k), alternating")
+    g.add_argument("--layer-weights", metavar="W0,W1,...", help="language-expert weight of every layer (--map weights)")
+    g.add_argument("--k", type=int, default=0, help="number of layers from the language expert (--map middle/random)")
+    g.add_argument("--offset", type=int, default=0, choices=[0, 1], help="first language layer (--map alternating)")
+    g.add_argument("--modules", choices=MODULES, default="all",
+                   help="apply the map to attention only or MLP only; the rest stays with the math expert")
+    g.add_argument("--seed", type=int, default=0, help="seed for --map random and DARE (default 0)")
 
 
-def _plan_from(args, num_layers: int) -> Plan:
+def _method_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("merge method (default layer_swap; the others are the paper's baselines)")
+    g.add_argument("--method", choices=list(METHODS), default="layer_swap")
+    g.add_argument("--weight", type=float, default=0.5, help="soup: language expert's share (default 0.5)")
+    g.add_argument("--expert-weights", default="1,1", metavar="WM,WL",
+                   help="task arithmetic / TIES / DARE: weights of the math and language task vectors (default 1,1)")
+    g.add_argument("--lambda", dest="lam", type=float, default=1.0, help="task-vector scale (default 1.0)")
+    g.add_argument("--density", type=float, default=0.2, help="TIES: fraction of each task vector kept (default 0.2)")
+    g.add_argument("--drop-rate", type=float, default=0.9, help="DARE: drop probability (default 0.9)")
+
+
+def _floats(s: str, what: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in s.split(","))
+    except ValueError:
+        raise UserError(f"{what} takes comma-separated numbers, e.g. 1,1,0.5,0 (got {s!r}).") from None
+
+
+def _plan_from(args, num_layers: int, validate: bool = True) -> Plan:
     d = default_plan(num_layers)
     counts = {k: getattr(args, k) for k in ("b", "u", "tb", "tu")}
     if all(v is None for v in counts.values()):
         counts = {k: getattr(d, k) for k in counts}
     else:
         counts = {k: (v if v is not None else getattr(d, k)) for k, v in counts.items()}
+    kind = getattr(args, "map", "swap")
+    weights = _floats(args.layer_weights, "--layer-weights") if getattr(args, "layer_weights", None) else None
+    if weights is not None and kind == "swap":
+        kind = "weights"
     plan = Plan(**counts, transition=args.transition, transition_weight=args.transition_weight,
-                non_layer=args.non_layer)
-    plan.validate(num_layers)
+                non_layer=args.non_layer, kind=kind, weights=weights, k=getattr(args, "k", 0),
+                seed=getattr(args, "seed", 0), offset=getattr(args, "offset", 0),
+                modules=getattr(args, "modules", "all"))
+    if validate:
+        plan.validate(num_layers)
     return plan
+
+
+def _method_from(args) -> MethodConfig:
+    ew = _floats(args.expert_weights, "--expert-weights")
+    if len(ew) != 2:
+        raise UserError("--expert-weights takes two numbers: math, language (e.g. 1,1).")
+    m = MethodConfig(name=args.method, weight=args.weight, expert_weights=ew, lam=args.lam, density=args.density,
+                     drop_rate=args.drop_rate, seed=args.seed)
+    m.validate()
+    return m
+
+
+def _pairing_args(p: argparse.ArgumentParser, force: bool = True) -> None:
+    from .checkpoints import BASE_DISTANCE_THRESHOLD
+
+    p.add_argument("--base-distance-threshold", type=float, default=BASE_DISTANCE_THRESHOLD,
+                   help="largest sampled relative distance of an expert from the base before the pair is "
+                        f"treated as not sharing it (default {BASE_DISTANCE_THRESHOLD})")
+    if force:
+        p.add_argument("--force", action="store_true", help="merge even if the experts seem not to share the base")
 
 
 def _open(ref: str | None):
@@ -74,28 +129,69 @@ def _open(ref: str | None):
 
 # ---- commands --------------------------------------------------------------------------------
 
-def cmd_inspect(args) -> int:
-    from .checkpoints import check_compatible
+def _open_trio(args):
+    """Open base first, so adapters given as experts merge into it."""
+    base = _open(args.base)
+    from .checkpoints import Checkpoint
 
-    rep = check_compatible(_open(args.math), _open(args.lang), _open(args.base))
+    return (Checkpoint.open(args.math, adapter_base=args.base), Checkpoint.open(args.lang, adapter_base=args.base),
+            base)
+
+
+def cmd_inspect(args) -> int:
+    from .checkpoints import check_compatible, check_pairing
+
+    math, lang, base = _open_trio(args)
+    rep = check_compatible(math, lang, base)
     print(rep.summary())
-    return 0 if rep.ok else 1
+    if rep.ok:
+        pairing = check_pairing(math, lang, base, args.base_distance_threshold)
+        print(("  warning: " if pairing.suspicious else "  ") + pairing.message())
+        return 1 if pairing.suspicious else 0
+    return 1
 
 
 def cmd_merge(args) -> int:
     from .merging import export_merge
 
-    math, lang, base = _open(args.math), _open(args.lang), _open(args.base)
-    plan = _plan_from(args, math.num_layers)
-    print(f"plan: b={plan.b} u={plan.u} tb={plan.tb} tu={plan.tu} transition={plan.transition} "
-          f"non-layer={plan.non_layer} ({math.num_layers} layers)")
-    print(textwrap.indent(plan.describe(math.num_layers), "  "))
+    math, lang, base = _open_trio(args)
+    method = _method_from(args)
+    plan = _plan_from(args, math.num_layers, validate=method.spec.uses_plan)
+    _print_recipe(plan, method, math.num_layers)
     bar = _ProgressLine(enabled=not args.quiet)
-    s = export_merge(math, lang, plan, args.out, base=base, device=args.device, overwrite=args.overwrite,
-                     shard_bytes=parse_size(args.out_shard_size), progress=bar)
+    s = export_merge(math, lang, plan, args.out, method=method, base=base, device=args.device,
+                     overwrite=args.overwrite, shard_bytes=parse_size(args.out_shard_size), force=args.force,
+                     base_distance_threshold=args.base_distance_threshold, progress=bar)
     bar.done()
-    print(f"wrote {s.out} ({s.n_tensors} tensors: {s.n_copied} copied, {s.n_blended} blended; "
+    if s.pairing is not None and s.pairing.suspicious:
+        print("warning (--force): " + s.pairing.message().replace("; pass --force to run it anyway", ""))
+    print(f"wrote {s.out} ({s.n_tensors} tensors: {s.n_copied} copied, {s.n_blended} computed; "
           f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard{'s' if s.shards > 1 else ''})")
+    return 0
+
+
+def _print_recipe(plan: Plan, method: MethodConfig, num_layers: int) -> None:
+    if method.spec.uses_plan:
+        print(f"plan: {plan.title()} ({num_layers} layers)")
+        print(textwrap.indent(plan.describe(num_layers), "  "))
+    else:
+        print(f"method: {method.describe()}")
+
+
+def cmd_export_yaml(args) -> int:
+    from .checkpoints import check_compatible
+    from .interop import mergekit_yaml
+
+    math, lang, base = _open_trio(args)
+    check_compatible(math, lang, base).raise_if_bad()
+    method = _method_from(args)
+    plan = _plan_from(args, math.num_layers, validate=method.spec.uses_plan)
+    text = mergekit_yaml(math, lang, plan, method)
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out} (run: mergekit-yaml {args.out} OUT_DIR)")
     return 0
 
 
@@ -135,16 +231,17 @@ def cmd_ask(args) -> int:
     if (args.question is None) == (args.index is None):
         raise UserError("Give either --question \"...\" or --mgsm-lang XX --index N.")
     wb = Workbench(device=args.device)
-    wb.load(args.math, args.lang, args.base)
-    plan = _plan_from(args, wb.num_layers)
-    wb.build(plan)
+    method = _method_from(args)
+    wb.load(args.math, args.lang, args.base, force=args.force)
+    plan = _plan_from(args, wb.num_layers, validate=method.spec.uses_plan)
+    wb.build(plan, method)
     kw = dict(source=args.mgsm_dir, shots=args.shots, max_new_tokens=args.max_new_tokens)
     if args.question is not None:
         answers = wb.ask_question(args.question, args.mgsm_lang, **kw)
     else:
         answers = wb.ask_mgsm(args.mgsm_lang, args.index, **kw)
-    print(f"plan: b={plan.b} u={plan.u} tb={plan.tb} tu={plan.tu} ({wb.num_layers} layers); "
-          f"engine: {answers[0].engine}")
+    _print_recipe(plan, method, wb.num_layers)
+    print(f"engine: {answers[0].engine}")
     print("prompt:\n" + textwrap.indent(answers[0].prompt, "  | "))
     if answers[0].gold is not None:
         print(f"gold answer: {answers[0].gold}")
@@ -179,19 +276,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"layerswap {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
-    s = sub.add_parser("inspect", help="compatibility report (headers only, no weights read)")
+    s = sub.add_parser("inspect", help="compatibility report (headers, plus a few MB of sampled weights)")
     _models(s)
+    _pairing_args(s, force=False)
     s.set_defaults(fn=cmd_inspect)
 
-    s = sub.add_parser("merge", help="build the layer-swapped model and write it as an HF folder")
+    s = sub.add_parser("merge", help="build the layer-swapped (or baseline) model and write it as an HF folder")
     _models(s)
     _plan_args(s)
+    _method_args(s)
+    _pairing_args(s)
     s.add_argument("--device", default="cpu", help="where blended tensors are computed: cpu or cuda")
     s.add_argument("-o", "--out", required=True, help="output folder (must not exist, unless --overwrite)")
     s.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     s.add_argument("--out-shard-size", default="5GB", help="maximum bytes per safetensors shard (default 5GB)")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(fn=cmd_merge)
+
+    s = sub.add_parser("export-yaml", help="the plan as a mergekit config (linear method) that reproduces the merge")
+    _models(s)
+    _plan_args(s)
+    _method_args(s)
+    s.add_argument("-o", "--out", default="-", help="YAML file (default: stdout)")
+    s.set_defaults(fn=cmd_export_yaml)
 
     s = sub.add_parser("diff", help="heatmaps of how far each expert moved from the base")
     _models(s, base_required=True)
@@ -203,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("ask", help="the same question to math expert, language expert and merged model")
     _models(s)
     _plan_args(s)
+    _method_args(s)
+    _pairing_args(s)
     s.add_argument("--question", help="free-text question (prompted in --mgsm-lang's MGSM format)")
     s.add_argument("--mgsm-lang", default="en", help="MGSM language code (default en)")
     s.add_argument("--index", type=int, help="MGSM question number (0-based) in --mgsm-lang")

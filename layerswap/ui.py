@@ -17,7 +17,8 @@ import gradio as gr
 
 from . import mgsm
 from .errors import UserError
-from .plans import NON_LAYER_OPTIONS, Plan, default_plan
+from .methods import METHODS, MethodConfig
+from .plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan, default_plan
 from .plots import combined_diff_figure, diff_heatmap, layer_strip
 from .workbench import ROLE_NAMES, Answer, Workbench
 
@@ -79,8 +80,21 @@ class App:
             return []
         return [(f"{it.index}: {it.question[:90]}{'…' if len(it.question) > 90 else ''}", it.index) for it in items]
 
-    def _plan(self, b, u, tb, tu, transition, tw, non_layer) -> Plan:
-        return Plan(int(b), int(u), int(tb), int(tu), transition, float(tw), non_layer)
+    def _recipe(self, b, u, tb, tu, transition, tw, non_layer, kind="swap", layer_weights="", k=0, seed=0,
+                offset=0, modules="all", method="layer_swap", weight=0.5, lam=1.0, density=0.2,
+                drop_rate=0.9) -> tuple[Plan, MethodConfig]:
+        weights = None
+        if kind == "weights":
+            try:
+                weights = tuple(float(x) for x in str(layer_weights).replace(" ", "").split(",") if x)
+            except ValueError:
+                raise UserError("Layer weights: comma-separated numbers in [0, 1], one per layer.") from None
+        plan = Plan(int(b), int(u), int(tb), int(tu), transition, float(tw), non_layer, kind=kind, weights=weights,
+                    k=int(k), seed=int(seed), offset=int(offset), modules=modules)
+        m = MethodConfig(method, weight=float(weight), lam=float(lam), density=float(density),
+                         drop_rate=float(drop_rate), seed=int(seed))
+        m.validate()
+        return plan, m
 
     def _models_md(self) -> str:
         if not self.wb.report:
@@ -106,14 +120,14 @@ class App:
     def current(self):
         """Page open: show what the shared workbench holds (no reload)."""
         L = self.wb.num_layers if "math" in self.wb.engines else None
-        strip = layer_strip(self.wb.layer_weights) if self.wb.layer_weights else None
+        strip = _strip(self.wb.layer_weights, self.wb.method, L) if self.wb.plan is not None else None
         return [self._models_md(), *self._slider_updates(L), strip]
 
-    def load(self, base: str, math: str, lang: str, progress=gr.Progress()):
+    def load(self, base: str, math: str, lang: str, force: bool = False, progress=gr.Progress()):
         progress(0, desc="reading headers")
         try:
             self.wb.load(math.strip(), lang.strip(), base.strip() or None,
-                         progress=lambda f, d: progress(f * 0.8, desc=d))
+                         progress=lambda f, d: progress(f * 0.8, desc=d), force=bool(force))
         except UserError:
             if self.wb.report and not self.wb.report.ok:
                 raise UserError("The models cannot be merged:\n" + self.wb.report.summary())
@@ -124,23 +138,33 @@ class App:
             heat = self._heatmap("both")
         return [self._models_md(), *self._slider_updates(self.wb.num_layers), heat]
 
-    def preview(self, b, u, tb, tu, transition, tw, non_layer):
-        """Plan strip for the current slider values (no merge)."""
+    def preview(self, *values):
+        """Plan strip for the current controls (no merge)."""
         if "math" not in self.wb.engines:
             return None, "Load models to see the plan."
         L = self.wb.num_layers
-        plan = self._plan(b, u, tb, tu, transition, tw, non_layer)
         try:
-            lw = plan.layer_weights(L)
+            plan, method = self._recipe(*values)
+            lw = plan.layer_weights(L) if method.spec.uses_plan else None
         except UserError as e:
             return None, f"**Invalid plan:** {e}"
-        return layer_strip(lw), _plan_md(plan, L, built=False)
+        return _strip(lw, method, L), _plan_md(plan, method, L, built=False)
 
-    def build(self, b, u, tb, tu, transition, tw, non_layer, progress=gr.Progress()):
-        plan = self._plan(b, u, tb, tu, transition, tw, non_layer)
+    def build(self, *values, progress=gr.Progress()):
+        plan, method = self._recipe(*values)
         progress(0, desc="merging")
-        lw = self.wb.build(plan, progress=lambda f, d: progress(f, desc=d))
-        return layer_strip(lw), _plan_md(plan, self.wb.num_layers, built=True)
+        lw = self.wb.build(plan, method, progress=lambda f, d: progress(f, desc=d))
+        return _strip(lw, method, self.wb.num_layers), _plan_md(plan, method, self.wb.num_layers, built=True)
+
+    def export_yaml(self):
+        from .interop import mergekit_yaml
+
+        if self.wb.plan is None:
+            raise UserError("Build the merge first, then export its mergekit config.")
+        text = mergekit_yaml(self.wb.checkpoints["math"], self.wb.checkpoints["lang"], self.wb.plan, self.wb.method)
+        path = Path(tempfile.mkdtemp(prefix="layerswap-")) / "layerswap-mergekit.yml"
+        path.write_text(text)
+        return gr.update(value=str(path), visible=True)
 
     def heatmap(self, which: str, progress=gr.Progress()):
         if "base" not in self.wb.checkpoints:
@@ -204,7 +228,10 @@ class App:
                     base = gr.Textbox(d.base, label="Base model (optional; needed for heatmaps)", elem_id="base")
                     math = gr.Textbox(d.math, label="Math expert (folder or Hub id)", elem_id="math")
                     lang = gr.Textbox(d.lang, label="Language expert (folder or Hub id)", elem_id="lang")
-                load_btn = gr.Button("Load", variant="primary", elem_id="load")
+                with gr.Row():
+                    force = gr.Checkbox(False, label="Force: load even if the experts seem not to share the base",
+                                        scale=3)
+                    load_btn = gr.Button("Load", variant="primary", elem_id="load", scale=1)
                 report = gr.Markdown("No models loaded yet.", elem_id="report")
             with gr.Group():
                 gr.Markdown("### 2 · Plan")
@@ -220,6 +247,25 @@ class App:
                     non_layer = gr.Dropdown(list(NON_LAYER_OPTIONS), value="neighbour",
                                             label="Embeddings, final norm, lm_head",
                                             info="neighbour: embeddings follow layer 0, norm and lm_head the last layer")
+                with gr.Accordion("Other layer maps (ablations) and baseline methods", open=False):
+                    with gr.Row():
+                        kind = gr.Radio(list(KINDS), value="swap", label="Layer map",
+                                        info="swap uses b/u/tb/tu; middle/random use k; weights uses the list")
+                        modules = gr.Radio(list(MODULES), value="all", label="Modules",
+                                           info="apply the map to attention or MLP only")
+                    with gr.Row():
+                        k = gr.Slider(0, MAX_SLIDER, 4, step=1, label="k: layers from the language expert")
+                        seed = gr.Number(0, precision=0, label="Seed (random map, DARE)")
+                        offset = gr.Radio([0, 1], value=0, label="Alternating: first language layer")
+                    layer_weights = gr.Textbox("", label="Per-layer language weights (comma-separated, one per layer)")
+                    with gr.Row():
+                        method = gr.Dropdown(list(METHODS), value="layer_swap", label="Merge method",
+                                             info="layer_swap uses the map; the others are the paper's baselines",
+                                             elem_id="method")
+                        weight = gr.Slider(0, 1, 0.5, step=0.05, label="Soup: language share")
+                        lam = gr.Number(1.0, label="Task-vector scale (lambda)")
+                        density = gr.Slider(0.01, 1, 0.2, step=0.01, label="TIES density")
+                        drop_rate = gr.Slider(0, 0.99, 0.9, step=0.01, label="DARE drop rate")
                 build_btn = gr.Button("Build merge", variant="primary", elem_id="build")
                 strip = gr.Plot(label="Layer sources", elem_id="strip")
                 plan_md = gr.Markdown(elem_id="plan")
@@ -251,13 +297,18 @@ class App:
                     out_dir = gr.Textbox(str(Path("exports") / "layerswap-merge"), label="Output folder (on the server)",
                                          scale=3)
                     overwrite = gr.Checkbox(False, label="Overwrite")
-                export_btn = gr.Button("Export merged model", elem_id="export")
+                with gr.Row():
+                    export_btn = gr.Button("Export merged model", elem_id="export")
+                    yaml_btn = gr.Button("mergekit YAML", elem_id="export-yaml")
                 export_md = gr.Markdown()
-                download = gr.DownloadButton("Download .zip", visible=False)
+                with gr.Row():
+                    download = gr.DownloadButton("Download .zip", visible=False)
+                    yaml_file = gr.DownloadButton("Download mergekit YAML", visible=False, elem_id="yaml-file")
 
-            plan_inputs = [b, u, tb, tu, transition, tw, non_layer]
+            plan_inputs = [b, u, tb, tu, transition, tw, non_layer, kind, layer_weights, k, seed, offset, modules,
+                           method, weight, lam, density, drop_rate]
             demo.load(self.current, outputs=[report, b, u, tb, tu, strip], api_visibility="private")
-            load_btn.click(_errors_as_gradio(self.load), [base, math, lang], [report, b, u, tb, tu, heat],
+            load_btn.click(_errors_as_gradio(self.load), [base, math, lang, force], [report, b, u, tb, tu, heat],
                            api_name="load", **model_q)
             # preview skips the queue, so a Build queued after it always has the last word
             gr.on([c.change for c in plan_inputs], self.preview, plan_inputs, [strip, plan_md],
@@ -269,14 +320,21 @@ class App:
                           api_name="ask", **model_q)
             export_btn.click(_errors_as_gradio(self.export), [out_dir, overwrite], [export_md, download],
                              api_name="export", **model_q)
+            yaml_btn.click(_errors_as_gradio(self.export_yaml), None, [yaml_file], api_name="export_yaml")
         return demo
 
 
-def _plan_md(plan: Plan, L: int, built: bool) -> str:
+def _strip(lw: list[float] | None, method: MethodConfig, L: int):
+    """The layer-source strip; methods without a plan touch every layer alike (shown as blends)."""
+    return layer_strip(lw if lw is not None else [0.5] * L)
+
+
+def _plan_md(plan: Plan, method: MethodConfig, L: int, built: bool) -> str:
     state = "**Built.**" if built else "*Preview — not built yet.*"
+    if not method.spec.uses_plan:
+        return f"{state} {method.describe()} on every tensor ({L} layers). {method.spec.description}"
     lines = plan.describe(L).replace("\n", "  \n")
-    return (f"{state} b={plan.b}, u={plan.u}, tb={plan.tb}, tu={plan.tu}, transition={plan.transition}, "
-            f"non-layer={plan.non_layer} ({L} layers)  \n{lines}")
+    return f"{state} {plan.title()} ({L} layers)  \n{lines}"
 
 
 def _answer_md(a: Answer) -> str:

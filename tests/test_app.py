@@ -37,7 +37,7 @@ def test_load_build_ask_side_by_side(client):
     strip, plan_md = client.predict(2, 1, 1, 1, "ramp", 0.5, "neighbour", api_name="/build")
     strip = json.loads(strip["plot"])
     assert strip["data"][0]["z"] == [[1, 1, 0.5, 0, 0, 0, 0.5, 1]]
-    assert "**Built.** b=2, u=1, tb=1, tu=1" in plan_md
+    assert "**Built.** swap b=2 u=1 tb=1 tu=1 (ramp)" in plan_md
 
     data = find_mgsm_dir()
     if data is not None:
@@ -69,3 +69,20 @@ def test_heatmap_switch_and_export(client, tmp_path):
     assert dl["visible"] and Path(dl["value"]).suffix == ".zip"
     prov = json.loads((tmp_path / "merged" / "layerswap.json").read_text())
     assert prov["plan"]["non_layer"] == "math" and prov["layer_weights_lang"] == [1, 0, 0, 0, 0, 0, 0, 1]
+
+
+def test_baseline_method_and_mergekit_yaml(client):
+    base, math, lang = _demo_paths(client)
+    client.predict(base, math, lang, api_name="/load")
+    strip, md = client.predict(1, 1, 0, 0, "flat", 0.5, "neighbour", "middle", "", 2, 0, 0, "attention",
+                               "layer_swap", 0.5, 1.0, 0.2, 0.9, api_name="/build")
+    assert json.loads(strip["plot"])["data"][0]["z"] == [[0, 0, 0, 1, 1, 0, 0, 0]]
+    assert "middle k=2, attention only" in md
+    yml = client.predict(api_name="/export_yaml")
+    text = Path(yml["value"]).read_text()
+    assert "merge_method: linear" in text and "filter: self_attn" in text
+    _, md = client.predict(1, 1, 0, 0, "flat", 0.5, "neighbour", "swap", "", 2, 0, 0, "all",
+                           "ties", 0.5, 1.0, 0.3, 0.9, api_name="/build")
+    assert "TIES" in md and "density=0.3" in md
+    with pytest.raises(AppError, match="does not claim a mergekit equivalent"):
+        client.predict(api_name="/export_yaml")

@@ -48,7 +48,7 @@ def test_main_flow_in_browser(browser, app_url):
     page.locator("#b input[type=range]").fill("3")
     expect(page.locator("#b input[type=number]")).to_have_value("3")
     page.locator("#build").click()
-    expect(page.locator("#plan")).to_contain_text("Built. b=3", timeout=120_000)
+    expect(page.locator("#plan")).to_contain_text("Built. swap b=3", timeout=120_000)
     expect(page.locator("#strip .js-plotly-plot")).to_be_visible(timeout=60_000)
 
     page.locator("#free textarea").fill("Tom has 3 apples and buys 4 more. How many apples does he have?")

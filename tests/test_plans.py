@@ -61,3 +61,46 @@ def test_describe():
     assert Plan(b=1, u=1, tb=1, tu=0).describe(4).splitlines() == [
         "layer 0: language expert", "layer 1: blend 0.50 lang / 0.50 math", "layer 2: math expert",
         "layer 3: language expert"]
+
+
+def test_other_map_kinds():
+    assert Plan(kind="middle", k=2).layer_weights(6) == [0, 0, 1, 1, 0, 0]
+    assert Plan(kind="middle", k=3).layer_weights(6) == [0, 1, 1, 1, 0, 0]
+    assert Plan(kind="alternating").layer_weights(5) == [1, 0, 1, 0, 1]
+    assert Plan(kind="alternating", offset=1).layer_weights(4) == [0, 1, 0, 1]
+    r = Plan(kind="random", k=3, seed=5).layer_weights(10)
+    assert sum(r) == 3 and r == Plan(kind="random", k=3, seed=5).layer_weights(10)
+    import random
+
+    assert {i for i, w in enumerate(r) if w} == set(random.Random(5).sample(range(10), 3))
+    assert Plan(kind="weights", weights=(0.1, 0.2, 1.0)).layer_weights(3) == [0.1, 0.2, 1.0]
+
+
+def test_per_module_weights():
+    p = Plan(b=1, u=1, tb=0, tu=0, modules="attention")
+    lw = p.layer_weights(4)
+    assert p.tensor_weight(0, "q_proj", lw) == 1 and p.tensor_weight(0, "input_layernorm", lw) == 1
+    assert p.tensor_weight(0, "gate_proj", lw) == 0 and p.tensor_weight(0, "post_attention_layernorm", lw) == 0
+    assert p.tensor_weight(0, "q_proj.bias", lw) == 1
+    q = p.with_(modules="mlp")
+    assert q.tensor_weight(3, "down_proj", lw) == 1 and q.tensor_weight(3, "v_proj", lw) == 0
+    assert "attention only" in p.describe(4) and "attention only" in p.title()
+
+
+@pytest.mark.parametrize("plan, msg", [
+    (Plan(kind="weights", weights=(1.0, 0.0)), "needs one weight per layer: 4 for this model (got 2)"),
+    (Plan(kind="weights", weights=(1.0, 0.0, 2.0, 0.0)), "layer weights must lie in [0, 1]"),
+    (Plan(kind="middle", k=9), "k must be a whole number from 0 to the model's 4 layers"),
+    (Plan(kind="alternating", offset=2), "offset must be 0 or 1"),
+    (Plan(kind="zigzag"), "kind must be one of"),
+    (Plan(modules="embeddings"), "modules must be one of"),
+])
+def test_invalid_maps(plan, msg):
+    with pytest.raises(UserError) as e:
+        plan.layer_weights(4)
+    assert msg in str(e.value)
+
+
+def test_plan_roundtrip():
+    p = Plan(kind="weights", weights=(0.5, 1.0), modules="mlp", non_layer="avg")
+    assert Plan.from_dict(p.to_dict()) == p

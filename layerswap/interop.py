@@ -1,0 +1,105 @@
+"""mergekit interoperability: any layer-swap or per-layer-map plan as a mergekit YAML config.
+
+The config uses mergekit's ``linear`` method with ``normalize: false`` and one output slice per
+run of layers with equal weights: a single source with weight 1 where a layer is copied, both
+experts with weights ``1-w`` and ``w`` where it is blended, and per-module filters when a plan
+covers only attention or only the MLP. Zero-length slices at both ends pin the embeddings
+(first slice) and the final norm / lm_head (last slice) to the plan's non-layer weights; both
+always list the two experts, because mergekit takes the number of inputs of the post-weights
+from the first slice. layerswap's blend uses mergekit's linear arithmetic, so running mergekit
+on this file reproduces layerswap's merge bit for bit (up to the sign of exact zeros).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .checkpoints import Checkpoint, _looks_like_hub_id
+from .errors import UserError
+from .methods import MethodConfig
+from .plans import Plan
+
+_ATTN_FILTERS = ("self_attn", "input_layernorm")
+_MLP_FILTERS = ("mlp", "post_attention_layernorm", "feedforward_layernorm")
+_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+def _ref(ck: Checkpoint) -> str:
+    """Hub ids stay ids; local models (and merged adapters) are written as absolute paths."""
+    is_hub = _looks_like_hub_id(ck.ref) and not Path(ck.ref).exists()
+    return ck.ref if is_hub and not ck.adapter else str(ck.path)
+
+
+def _weight(value_attn: float, value_mlp: float):
+    """A scalar, or mergekit's filtered parameter list when attention and MLP differ."""
+    if value_attn == value_mlp:
+        return value_attn
+    rows = [{"filter": f, "value": value_attn} for f in _ATTN_FILTERS]
+    rows += [{"filter": f, "value": value_mlp} for f in _MLP_FILTERS]
+    return rows
+
+
+def _sources(math: str, lang: str, w_attn: float, w_mlp: float, w_other: float, length: tuple[int, int],
+             both: bool = False) -> list[dict]:
+    if not both and w_attn == w_mlp == w_other and w_attn in (0.0, 1.0):
+        return [{"model": lang if w_attn == 1.0 else math, "layer_range": list(length), "parameters": {"weight": 1.0}}]
+    wm = _weight(1.0 - w_attn, 1.0 - w_mlp)
+    wl = _weight(w_attn, w_mlp)
+    if isinstance(wm, list):  # tensors in neither group keep the `w_other` split
+        wm.append({"value": 1.0 - w_other})
+        wl.append({"value": w_other})
+    return [
+        {"model": math, "layer_range": list(length), "parameters": {"weight": wm}},
+        {"model": lang, "layer_range": list(length), "parameters": {"weight": wl}},
+    ]
+
+
+def mergekit_config(math: Checkpoint, lang: Checkpoint, plan: Plan, method: MethodConfig | None = None) -> dict:
+    """The mergekit YAML config (as a dict) that reproduces `plan` (or a soup) with ``linear``."""
+    method = method or MethodConfig()
+    L = math.num_layers
+    m, lg = _ref(math), _ref(lang)
+    dtypes = {t.dtype for t in math.tensors.values()}
+    dtype = _DTYPE_NAMES.get(next(iter(dtypes)), "float32") if len(dtypes) == 1 else "float32"
+    if method.name == "soup":  # every tensor, non-layer ones included, at the same weight
+        plan = Plan(kind="weights", weights=(method.weight,) * L)
+    elif not method.spec.uses_plan:
+        raise UserError(
+            f"export-yaml writes mergekit's linear method (layer-swap plans, per-layer maps, soups). "
+            f"{method.spec.title} is implemented differently across tools, so layerswap does not claim a "
+            "mergekit equivalent; use mergekit's own method config for it."
+        )
+    lw = plan.layer_weights(L)
+
+    def layer_key(i: int) -> tuple[float, float, float]:  # attention, MLP, anything else in the layer
+        return (plan.tensor_weight(i, "q_proj", lw), plan.tensor_weight(i, "gate_proj", lw),
+                plan.tensor_weight(i, "other", lw))
+
+    slices = [{"sources": _sources(m, lg, *[plan.non_layer_weight("embed", lw)] * 3, (0, 0), both=True)}]
+    start = 0
+    for i in range(1, L + 1):
+        if i == L or layer_key(i) != layer_key(start):
+            slices.append({"sources": _sources(m, lg, *layer_key(start), (start, i))})
+            start = i
+    wh = plan.non_layer_weight("lm_head", lw)
+    slices.append({"sources": _sources(m, lg, wh, wh, wh, (L, L), both=True)})
+    return {
+        "merge_method": "linear",
+        "base_model": m,
+        "slices": slices,
+        "parameters": {"normalize": False},
+        "dtype": dtype,
+        "out_dtype": dtype,
+    }
+
+
+def mergekit_yaml(math: Checkpoint, lang: Checkpoint, plan: Plan, method: MethodConfig | None = None) -> str:
+    import yaml
+
+    cfg = mergekit_config(math, lang, plan, method)
+    method = method or MethodConfig()
+    what = plan.title() if method.spec.uses_plan else method.describe()
+    head = (f"# mergekit config written by layerswap for: {what}\n"
+            "# run: mergekit-yaml this.yml OUT_DIR   (reproduces layerswap's merge bit for bit)\n")
+    return head + yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None, width=120)
+

@@ -36,7 +36,7 @@ from .plans import Plan, source_label
 
 ProgressFn = Callable[[float, str], None]
 DEFAULT_SHARD_BYTES = 5 * 10**9
-CHUNK_ELEMS = 1 << 23  # elements per slice when merging a large tensor in pieces
+CHUNK_ELEMS = 1 << 20  # elements per slice when merging a large tensor in pieces (cache-sized)
 
 
 def blend(math: torch.Tensor, lang: torch.Tensor, w: float) -> torch.Tensor:
@@ -164,18 +164,22 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
         names_to_file: dict[str, str] = {}
         for i, shard in enumerate(shards):
             fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            with open(tmp / fname, "wb") as f:
-                _write_header(f, shard)
-                for info in shard:
-                    r = recipes[info.name]
-                    if r.kind == "copy":
-                        _copy_bytes((math if r.role == "math" else lang).tensors[info.name], f)
-                    else:
-                        _write_computed(f, info, r, math, lang, base, method, device)
-                    names_to_file[info.name] = fname
-                    done += info.nbytes
-                    if progress:
-                        progress(done / total, f"{info.name} ({r.label(method)})")
+
+            def compute(info: TensorInfo, write) -> None:
+                _write_computed(write, info, recipes[info.name], math, lang, base, method, device)
+
+            def source(info: TensorInfo) -> TensorInfo | None:
+                r = recipes[info.name]
+                return (math if r.role == "math" else lang).tensors[info.name] if r.kind == "copy" else None
+
+            def tick(info: TensorInfo) -> None:
+                nonlocal done
+                done += info.nbytes
+                if progress:
+                    progress(done / total, f"{info.name} ({recipes[info.name].label(method)})")
+
+            _write_shard(tmp / fname, shard, source, compute, tick)
+            names_to_file.update({info.name: fname for info in shard})
         if len(shards) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(names_to_file.items()))}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
@@ -207,9 +211,9 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
     return MergeSummary(out, len(recipes), n_copied, len(recipes) - n_copied, total, len(shards), lw, pairing)
 
 
-def _write_computed(f, info: TensorInfo, r: Recipe, math: Checkpoint, lang: Checkpoint, base: Checkpoint | None,
-                    method: MethodConfig, device: str) -> None:
-    """Merge one tensor slice by slice (or whole, for TIES/DARE) and append its bytes to `f`."""
+def _write_computed(write: Callable[[memoryview], None], info: TensorInfo, r: Recipe, math: Checkpoint,
+                    lang: Checkpoint, base: Checkpoint | None, method: MethodConfig, device: str) -> None:
+    """Merge one tensor slice by slice (or whole, for TIES/DARE), passing its bytes to `write` in order."""
     spec = method.spec
     whole = r.kind == "method" and not spec.chunkable
     step = info.numel if whole else max(1, CHUNK_ELEMS)
@@ -227,7 +231,44 @@ def _write_computed(f, info: TensorInfo, r: Recipe, math: Checkpoint, lang: Chec
             if spec.needs_base:
                 b = (base.read(info.name) if whole else base.read(info.name, start, n)).to(device)
             t = spec.fn(method, info.name, b, [m, l])
-        f.write(_tensor_bytes(t.to(m.dtype)))
+        write(_tensor_bytes(t.to(m.dtype)))
+
+
+def _write_shard(path: Path, shard: list[TensorInfo], source: Callable[[TensorInfo], TensorInfo | None],
+                 compute: Callable, tick: Callable[[TensorInfo], None]) -> None:
+    """Write one safetensors file. Every tensor's place is known from the header, so copies run
+    in background threads (kernel-side `copy_file_range`) while computed tensors are produced
+    and written at their offsets here."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    header = _header_bytes(shard)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.pwrite(fd, header, 0)
+        os.ftruncate(fd, len(header) + sum(t.nbytes for t in shard))
+        offset = len(header)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            pending = []
+            for info in shard:
+                src = source(info)
+                if src is not None:
+                    pending.append((pool.submit(_copy_range, src, fd, offset), info))
+                else:
+                    pos = offset
+
+                    def write(buf: memoryview) -> None:
+                        nonlocal pos
+                        _pwrite_all(fd, buf, pos)
+                        pos += len(buf)
+
+                    compute(info, write)
+                    tick(info)
+                offset += info.nbytes
+            for fut, info in pending:
+                fut.result()
+                tick(info)
+    finally:
+        os.close(fd)
 
 
 def _plan_shards(infos: list[TensorInfo], shard_bytes: int) -> list[list[TensorInfo]]:
@@ -243,7 +284,7 @@ def _plan_shards(infos: list[TensorInfo], shard_bytes: int) -> list[list[TensorI
     return [sorted(s, key=lambda t: -DTYPES[t.dtype][1]) for s in shards]
 
 
-def _write_header(f, shard: list[TensorInfo]) -> None:
+def _header_bytes(shard: list[TensorInfo]) -> bytes:
     header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
     for t in shard:
@@ -251,34 +292,37 @@ def _write_header(f, shard: list[TensorInfo]) -> None:
         offset += t.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    f.write(struct.pack("<Q", len(raw)))
-    f.write(raw)
+    return struct.pack("<Q", len(raw)) + raw
 
 
-def _copy_bytes(info: TensorInfo, dst) -> None:
-    """Copy a tensor's raw bytes from its safetensors file into `dst` (kernel-side when possible)."""
-    dst.flush()
-    with open(info.file, "rb") as src:
+def _pwrite_all(fd: int, buf, offset: int) -> None:
+    view = memoryview(buf).cast("B")
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def _copy_range(info: TensorInfo, out_fd: int, out_offset: int) -> None:
+    """Copy a tensor's raw bytes into `out_fd` at `out_offset` (in the kernel when it can)."""
+    src = os.open(info.file, os.O_RDONLY)
+    try:
         offset, remaining = info.start, info.nbytes
-        out_fd = dst.fileno()
         try:
             while remaining:
-                n = os.copy_file_range(src.fileno(), out_fd, remaining, offset)
+                n = os.copy_file_range(src, out_fd, remaining, offset, out_offset)
                 if n == 0:
                     break
-                offset += n
-                remaining -= n
-        except (AttributeError, OSError):
+                offset, out_offset, remaining = offset + n, out_offset + n, remaining - n
+        except (AttributeError, OSError):  # old kernels, other platforms: plain reads and writes
             pass
-        src.seek(offset)
         while remaining:
-            chunk = src.read(min(remaining, 64 * 2**20))
+            chunk = os.pread(src, min(remaining, 64 * 2**20), offset)
             if not chunk:
                 raise UserError(f"{info.file} ended early while copying {info.name}: the file is truncated.")
-            dst.write(chunk)
-            remaining -= len(chunk)
-    # copy_file_range advanced the fd offset without telling the Python file object
-    dst.seek(0, os.SEEK_END)
+            _pwrite_all(out_fd, chunk, out_offset)
+            offset, out_offset, remaining = offset + len(chunk), out_offset + len(chunk), remaining - len(chunk)
+    finally:
+        os.close(src)
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:

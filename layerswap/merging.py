@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import struct
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,24 +161,25 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
     try:
         shards = _plan_shards(list(math.tensors.values()), shard_bytes)
         total = sum(t.nbytes for t in math.tensors.values())
-        done = 0
+        done, lock = 0, threading.Lock()
         names_to_file: dict[str, str] = {}
-        for i, shard in enumerate(shards):
-            fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
 
-            def compute(info: TensorInfo, write) -> None:
-                _write_computed(write, info, recipes[info.name], math, lang, base, method, device)
+        def compute(info: TensorInfo, write) -> None:
+            _write_computed(write, info, recipes[info.name], math, lang, base, method, device)
 
-            def source(info: TensorInfo) -> TensorInfo | None:
-                r = recipes[info.name]
-                return (math if r.role == "math" else lang).tensors[info.name] if r.kind == "copy" else None
+        def source(info: TensorInfo) -> TensorInfo | None:
+            r = recipes[info.name]
+            return (math if r.role == "math" else lang).tensors[info.name] if r.kind == "copy" else None
 
-            def tick(info: TensorInfo) -> None:
-                nonlocal done
+        def tick(info: TensorInfo) -> None:  # called from copy threads too
+            nonlocal done
+            with lock:
                 done += info.nbytes
                 if progress:
                     progress(done / total, f"{info.name} ({recipes[info.name].label(method)})")
 
+        for i, shard in enumerate(shards):
+            fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             _write_shard(tmp / fname, shard, source, compute, tick)
             names_to_file.update({info.name: fname for info in shard})
         if len(shards) > 1:
@@ -252,7 +254,9 @@ def _write_shard(path: Path, shard: list[TensorInfo], source: Callable[[TensorIn
             for info in shard:
                 src = source(info)
                 if src is not None:
-                    pending.append((pool.submit(_copy_range, src, fd, offset), info))
+                    fut = pool.submit(_copy_range, src, fd, offset)
+                    fut.add_done_callback(lambda f, info=info: f.exception() is None and tick(info))
+                    pending.append(fut)
                 else:
                     pos = offset
 
@@ -264,9 +268,8 @@ def _write_shard(path: Path, shard: list[TensorInfo], source: Callable[[TensorIn
                     compute(info, write)
                     tick(info)
                 offset += info.nbytes
-            for fut, info in pending:
+            for fut in pending:
                 fut.result()
-                tick(info)
     finally:
         os.close(fd)
 

@@ -99,7 +99,10 @@ class App:
     def _models_md(self) -> str:
         if not self.wb.report:
             return "No models loaded yet."
-        return self.wb.report.markdown()
+        md = self.wb.report.markdown()
+        if self.wb.pairing is not None:
+            md += ("\n- **warning** " if self.wb.pairing.suspicious else "\n- ") + self.wb.pairing.message()
+        return md
 
     def _slider_updates(self, L: int | None):
         if L is None:

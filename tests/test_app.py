@@ -29,6 +29,7 @@ def test_load_build_ask_side_by_side(client):
     assert "demo" in base
     report, b, u, tb, tu, heat = client.predict(base, math, lang, api_name="/load")
     assert "compatible: LlamaForCausalLM, 8 layers" in report
+    assert "shared base: sampled relative distances math-base 0.0" in report
     assert b["maximum"] == 8 and b["value"] + u["value"] + tb["value"] + tu["value"] <= 8
     fig = json.loads(heat["plot"])
     assert fig["data"][0]["type"] == "heatmap" and len(fig["data"]) == 2  # math and language panels

@@ -16,27 +16,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-import torch
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from .errors import UserError
 from .hub import hub_reachable
 
-# safetensors dtype code -> (torch dtype, bytes per element)
-DTYPES: dict[str, tuple[torch.dtype, int]] = {
-    "F64": (torch.float64, 8),
-    "F32": (torch.float32, 4),
-    "F16": (torch.float16, 2),
-    "BF16": (torch.bfloat16, 2),
-    "I64": (torch.int64, 8),
-    "I32": (torch.int32, 4),
-    "I16": (torch.int16, 2),
-    "I8": (torch.int8, 1),
-    "U8": (torch.uint8, 1),
-    "BOOL": (torch.bool, 1),
-    "F8_E4M3": (torch.float8_e4m3fn, 1),
-    "F8_E5M2": (torch.float8_e5m2, 1),
+if TYPE_CHECKING:
+    import torch
+
+# safetensors dtype code -> (torch dtype name, bytes per element). torch is imported only when a
+# tensor is materialised, so reading headers, checking and copying start without it.
+_DTYPE_TABLE = {
+    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
+    "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1),
+    "BOOL": ("bool", 1), "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
 }
-TORCH_TO_CODE = {dt: code for code, (dt, _) in DTYPES.items()}
+ITEMSIZE = {code: size for code, (_, size) in _DTYPE_TABLE.items()}
+
+
+def torch_dtype(code: str) -> "torch.dtype":
+    import torch
+
+    return getattr(torch, _DTYPE_TABLE[code][0])
+
+
+def __getattr__(name: str):
+    """``DTYPES`` (code -> (torch dtype, itemsize)) and ``TORCH_TO_CODE``, built on first use."""
+    if name == "DTYPES":
+        return {code: (torch_dtype(code), size) for code, size in ITEMSIZE.items()}
+    if name == "TORCH_TO_CODE":
+        return {torch_dtype(code): code for code in ITEMSIZE}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 HUB_PATTERNS = [
@@ -134,8 +146,8 @@ class TensorInfo:
         return math.prod(self.shape)
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype][0]
+    def torch_dtype(self) -> "torch.dtype":
+        return torch_dtype(self.dtype)
 
 
 def read_safetensors_header(path: Path) -> tuple[dict, int]:
@@ -169,9 +181,9 @@ def read_safetensors_header(path: Path) -> tuple[dict, int]:
             dtype, shape, (b, end) = e["dtype"], tuple(int(s) for s in e["shape"]), e["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise UserError(f"{bad} (entry {name!r} is malformed); {fix}.") from None
-        if dtype not in DTYPES:
+        if dtype not in ITEMSIZE:
             raise UserError(f"{path}: tensor {name!r} has unsupported dtype {dtype}.")
-        expected = math.prod(shape) * DTYPES[dtype][1]
+        expected = math.prod(shape) * ITEMSIZE[dtype]
         if not (0 <= b <= end <= data_len) or end - b != expected:
             raise UserError(
                 f"{bad} (tensor {name!r} claims bytes {b}..{end} but the file holds {data_len} data bytes "
@@ -342,7 +354,7 @@ class Checkpoint:
         return h.hexdigest()[:20]
 
     # ---- lazy tensor access -------------------------------------------------------------
-    def get(self, name: str, device: str | torch.device = "cpu") -> torch.Tensor:
+    def get(self, name: str, device: "str | torch.device" = "cpu") -> "torch.Tensor":
         """Load one tensor (memory-mapped read) onto `device`."""
         from safetensors import safe_open
 
@@ -354,18 +366,14 @@ class Checkpoint:
         t = handle.get_tensor(name)
         return t if str(device) == "cpu" else t.to(device)
 
-    def iter_tensors(self, names: list[str] | None = None, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_tensors(self, names: list[str] | None = None, device: str = "cpu") -> "Iterator[tuple[str, torch.Tensor]]":
         for name in names or list(self.tensors):
             yield name, self.get(name, device)
 
-    def read(self, name: str, start: int = 0, count: int | None = None) -> torch.Tensor:
-        """Elements ``start .. start+count`` of a tensor (flattened), read with pread into fresh memory.
-
-        Unlike `get` this maps nothing, so streaming over a large model keeps resident memory at
-        the size of what is being read. Returns the full tensor, shaped, when no range is given.
-        """
+    def read_bytes(self, name: str, start: int = 0, count: int | None = None) -> bytearray:
+        """Raw bytes of elements ``start .. start+count`` of a tensor, read with pread (nothing mapped)."""
         info = self.tensors[name]
-        dtype, size = DTYPES[info.dtype]
+        size = ITEMSIZE[info.dtype]
         n = info.numel - start if count is None else count
         fd = self._fds.get(info.file)
         if fd is None:
@@ -377,14 +385,40 @@ class Checkpoint:
             if k <= 0:
                 raise UserError(f"{info.file} ended early while reading {name}: the file is truncated.")
             got += k
-        t = torch.frombuffer(buf, dtype=dtype) if n else torch.empty(0, dtype=dtype)
+        return buf
+
+    def read(self, name: str, start: int = 0, count: int | None = None) -> "torch.Tensor":
+        """Elements ``start .. start+count`` of a tensor (flattened), read with pread into fresh memory.
+
+        Unlike `get` this maps nothing, so streaming over a large model keeps resident memory at
+        the size of what is being read. Returns the full tensor, shaped, when no range is given.
+        """
+        import torch
+
+        info = self.tensors[name]
+        dtype = torch_dtype(info.dtype)
+        buf = self.read_bytes(name, start, count)
+        t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
         return t.reshape(info.shape) if start == 0 and count is None else t
+
+    def read_float64(self, name: str, start: int = 0, count: int | None = None) -> np.ndarray:
+        """Floating-point elements as a float64 NumPy array (no torch needed)."""
+        return _to_float64(self.read_bytes(name, start, count), self.tensors[name].dtype)
 
     def close(self) -> None:
         self._handles.clear()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+def _to_float64(buf: bytes, code: str) -> np.ndarray:
+    if code == "BF16":  # bfloat16 is the top half of a float32
+        return (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    kinds = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
+    if code not in kinds:
+        raise UserError(f"Cannot compare tensors of dtype {code} numerically.")
+    return np.frombuffer(buf, dtype=kinds[code]).astype(np.float64)
 
 
 def _text_config(config: dict) -> dict:
@@ -523,9 +557,9 @@ def sampled_distance(a: Checkpoint, b: Checkpoint, rows: int = 32) -> float:
     for name in _sample_names(b):
         info = b.tensors[name]
         n = min(rows, info.shape[0]) * math.prod(info.shape[1:])
-        xa, xb = a.read(name, 0, n).to(torch.float64), b.read(name, 0, n).to(torch.float64)
-        num += float(torch.sum((xa - xb) ** 2))
-        den += float(torch.sum(xb ** 2))
+        xa, xb = a.read_float64(name, 0, n), b.read_float64(name, 0, n)
+        num += float(np.sum((xa - xb) ** 2))
+        den += float(np.sum(xb ** 2))
     return (num ** 0.5) / (den ** 0.5) if den else float("nan")
 
 

@@ -24,23 +24,24 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
-
-import torch
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from . import __version__
-from .checkpoints import (DTYPES, BASE_DISTANCE_THRESHOLD, Checkpoint, Pairing, TensorInfo, check_compatible,
+from .checkpoints import (BASE_DISTANCE_THRESHOLD, ITEMSIZE, Checkpoint, Pairing, TensorInfo, check_compatible,
                           check_pairing, classify)
 from .errors import UserError
 from .methods import MethodConfig, linear
 from .plans import Plan, source_label
+
+if TYPE_CHECKING:  # torch loads only when a tensor is computed: copies and checks start without it
+    import torch
 
 ProgressFn = Callable[[float, str], None]
 DEFAULT_SHARD_BYTES = 5 * 10**9
 CHUNK_ELEMS = 1 << 20  # elements per slice when merging a large tensor in pieces (cache-sized)
 
 
-def blend(math: torch.Tensor, lang: torch.Tensor, w: float) -> torch.Tensor:
+def blend(math: "torch.Tensor", lang: "torch.Tensor", w: float) -> "torch.Tensor":
     """``(1-w)*math + w*lang`` in float32, cast to math's dtype; w=0/1 return the input itself."""
     if w == 0.0:
         return math
@@ -91,10 +92,10 @@ def tensor_weights(ck: Checkpoint, plan: Plan) -> dict[str, float]:
     return {n: plan.tensor_weight(t.layer, t.ptype, lw) for n, t in ck.tensors.items()}
 
 
-def merge_in_memory(math: Mapping[str, torch.Tensor], lang: Mapping[str, torch.Tensor], num_layers: int,
+def merge_in_memory(math: Mapping[str, "torch.Tensor"], lang: Mapping[str, "torch.Tensor"], num_layers: int,
                     plan: Plan | None = None, method: MethodConfig | None = None,
-                    base: Callable[[str], torch.Tensor] | None = None,
-                    progress: ProgressFn | None = None) -> dict[str, torch.Tensor]:
+                    base: Callable[[str], "torch.Tensor"] | None = None,
+                    progress: ProgressFn | None = None) -> dict[str, "torch.Tensor"]:
     """Merge loaded state dicts with any method; `base(name)` supplies base tensors when needed."""
     method = method or MethodConfig()
     recipes = recipes_for(list(math), num_layers, plan, method)
@@ -148,8 +149,11 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
                         "fine-tuned from).")
     plan = plan if plan is not None else Plan()
     recipes = recipes_for(list(math.tensors), math.num_layers, plan, method)
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for, but no CUDA GPU is visible to torch; use --device cpu.")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda was asked for, but no CUDA GPU is visible to torch; use --device cpu.")
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} already exists; choose a new folder or pass --overwrite.")
     pairing = check_pairing(math, lang, base, base_distance_threshold)
@@ -244,30 +248,35 @@ def _write_shard(path: Path, shard: list[TensorInfo], source: Callable[[TensorIn
     from concurrent.futures import ThreadPoolExecutor
 
     header = _header_bytes(shard)
+    offsets, pos = [], len(header)
+    for info in shard:
+        offsets.append(pos)
+        pos += info.nbytes
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.pwrite(fd, header, 0)
-        os.ftruncate(fd, len(header) + sum(t.nbytes for t in shard))
-        offset = len(header)
-        with ThreadPoolExecutor(max_workers=2) as pool:
+        os.ftruncate(fd, pos)
+        # every copy is queued first: the kernel copies while this thread computes (and, the
+        # first time, imports torch); one copier is as fast as several on one file
+        with ThreadPoolExecutor(max_workers=1) as pool:
             pending = []
-            for info in shard:
+            for info, off in zip(shard, offsets):
                 src = source(info)
                 if src is not None:
-                    fut = pool.submit(_copy_range, src, fd, offset)
+                    fut = pool.submit(_copy_range, src, fd, off)
                     fut.add_done_callback(lambda f, info=info: f.exception() is None and tick(info))
                     pending.append(fut)
-                else:
-                    pos = offset
+            for info, off in zip(shard, offsets):
+                if source(info) is None:
+                    cursor = off
 
                     def write(buf: memoryview) -> None:
-                        nonlocal pos
-                        _pwrite_all(fd, buf, pos)
-                        pos += len(buf)
+                        nonlocal cursor
+                        _pwrite_all(fd, buf, cursor)
+                        cursor += len(buf)
 
                     compute(info, write)
                     tick(info)
-                offset += info.nbytes
             for fut in pending:
                 fut.result()
     finally:
@@ -284,7 +293,7 @@ def _plan_shards(infos: list[TensorInfo], shard_bytes: int) -> list[list[TensorI
         shards[-1].append(t)
         size += t.nbytes
     # widest dtypes first inside a shard keeps every tensor aligned to its element size
-    return [sorted(s, key=lambda t: -DTYPES[t.dtype][1]) for s in shards]
+    return [sorted(s, key=lambda t: -ITEMSIZE[t.dtype]) for s in shards]
 
 
 def _header_bytes(shard: list[TensorInfo]) -> bytes:
@@ -328,7 +337,9 @@ def _copy_range(info: TensorInfo, out_fd: int, out_offset: int) -> None:
         os.close(src)
 
 
-def _tensor_bytes(t: torch.Tensor) -> memoryview:
+def _tensor_bytes(t: "torch.Tensor") -> memoryview:
+    import torch
+
     t = t.detach().to("cpu").contiguous().reshape(-1)
     return memoryview(t.view(torch.uint8).numpy())
 

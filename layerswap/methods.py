@@ -22,27 +22,39 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .errors import UserError
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:  # torch is imported by the functions, so the registry and configs load without it
+    import torch
+    from torch import Tensor
 
 
 # ---- pure tensor functions ------------------------------------------------------------------
 
 def linear(tensors: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
-    """``sum_i weights[i] * tensors[i]`` in float32 (no normalisation)."""
-    out = torch.zeros(tensors[0].shape, dtype=torch.float32, device=tensors[0].device)
-    for t, w in zip(tensors, weights):
-        out.addcmul_(t, torch.tensor([w], dtype=torch.float32, device=t.device))
+    """``sum_i weights[i] * tensors[i]`` in float32 (no normalisation).
+
+    Bit-identical to mergekit's ``linear`` kernel, which starts from zeros and adds one fused
+    multiply-add per input: the first product is exact-rounded either way, and ``+ 0.0`` turns a
+    ``-0.0`` product into ``+0.0`` as adding it to a zero accumulator does. Inputs are widened to
+    float32 first (exact), which is faster than mixed-dtype kernels.
+    """
+    import torch
+
+    dev = tensors[0].device
+    out = tensors[0].to(torch.float32) * torch.tensor(weights[0], dtype=torch.float32, device=dev)
+    out.add_(0.0)
+    for t, w in zip(tensors[1:], weights[1:]):
+        out.addcmul_(t.to(device=dev, dtype=torch.float32), torch.tensor([w], dtype=torch.float32, device=dev))
     return out
 
 
 def task_arithmetic(base: Tensor, tensors: Sequence[Tensor], weights: Sequence[float], lam: float = 1.0) -> Tensor:
     """``base + lam * sum_i w_i (t_i - base)``."""
+    import torch
+
     b = base.to(torch.float32)
     delta = sum(w * (t.to(torch.float32) - b) for t, w in zip(tensors, weights))
     return b + lam * delta
@@ -53,6 +65,8 @@ def magnitude_prune(tau: Tensor, density: float) -> Tensor:
 
     Entries tied with the threshold are all kept.
     """
+    import torch
+
     if density >= 1.0:
         return tau
     n = tau.numel()
@@ -66,6 +80,8 @@ def magnitude_prune(tau: Tensor, density: float) -> Tensor:
 
 def random_drop(tau: Tensor, drop_rate: float, generator: torch.Generator, rescale: bool = True) -> Tensor:
     """DARE: zero each entry with probability `drop_rate`; rescale survivors by ``1/(1-drop_rate)``."""
+    import torch
+
     if drop_rate <= 0.0:
         return tau
     keep = torch.rand(tau.shape, generator=generator, dtype=torch.float32) >= drop_rate
@@ -75,12 +91,16 @@ def random_drop(tau: Tensor, drop_rate: float, generator: torch.Generator, resca
 
 def elect_sign(weighted: Sequence[Tensor]) -> Tensor:
     """Per-entry sign of the summed (weighted, trimmed) task vectors ("total" rule); 0 counts as +."""
+    import torch
+
     total = torch.stack(list(weighted)).sum(dim=0)
     return torch.where(total >= 0, 1.0, -1.0).to(total.dtype)
 
 
 def disjoint_mean(weighted: Sequence[Tensor], sign: Tensor) -> Tensor:
     """Mean of the non-zero entries whose sign agrees with `sign` (0 where none agree)."""
+    import torch
+
     stacked = torch.stack(list(weighted))
     agree = (torch.sign(stacked) == sign) & (stacked != 0)
     count = agree.sum(dim=0).clamp(min=1)
@@ -89,6 +109,8 @@ def disjoint_mean(weighted: Sequence[Tensor], sign: Tensor) -> Tensor:
 
 def ties(base: Tensor, tensors: Sequence[Tensor], weights: Sequence[float], density: float = 0.2,
          lam: float = 1.0) -> Tensor:
+    import torch
+
     b = base.to(torch.float32)
     trimmed = [w * magnitude_prune(t.to(torch.float32) - b, density) for t, w in zip(tensors, weights)]
     return b + lam * disjoint_mean(trimmed, elect_sign(trimmed))
@@ -97,6 +119,8 @@ def ties(base: Tensor, tensors: Sequence[Tensor], weights: Sequence[float], dens
 def dare(base: Tensor, tensors: Sequence[Tensor], weights: Sequence[float], drop_rate: float,
          generators: Sequence[torch.Generator], combine: str = "linear", lam: float = 1.0,
          rescale: bool = True) -> Tensor:
+    import torch
+
     b = base.to(torch.float32)
     dropped = [w * random_drop(t.to(torch.float32) - b, drop_rate, g, rescale)
                for t, w, g in zip(tensors, weights, generators)]
@@ -109,6 +133,8 @@ def dare(base: Tensor, tensors: Sequence[Tensor], weights: Sequence[float], drop
 
 def tensor_generator(seed: int, name: str, index: int) -> torch.Generator:
     """A CPU generator seeded from (seed, tensor name, expert index): order- and device-independent."""
+    import torch
+
     return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode()) * 31 + index) % 2**63)
 
 
@@ -170,7 +196,7 @@ class MethodConfig:
 
 
 # A tensor function gets (config, tensor name, base or None, [math, lang]) and returns float32.
-TensorFn = Callable[[MethodConfig, str, "Tensor | None", Sequence[Tensor]], Tensor]
+TensorFn = Callable[[MethodConfig, str, "Tensor | None", "Sequence[Tensor]"], "Tensor"]
 
 
 @dataclass(frozen=True)

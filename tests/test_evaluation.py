@@ -197,3 +197,15 @@ def test_kv_cache_space_env_is_honoured(vllm_trio, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
     est = estimate(Checkpoint.open(vllm_trio["math"]), 1, VLLMSettings(), "cpu", available=64 * GiB)
     assert est.kv_bytes == 3 * GiB
+
+
+def test_running_engines_count_as_available(vllm_trio):
+    from layerswap import Checkpoint
+    from layerswap.serving import estimate, plan_serving
+
+    ck = Checkpoint.open(vllm_trio["math"])
+    s = VLLMSettings(kv_cache_gib=0.5)
+    per = estimate(ck, 1, s, "cpu", available=0).per_engine
+    tight = int(1.5 * per / 0.9)  # one more engine fits, not three
+    assert plan_serving(ck, "auto", s, "cpu", available=tight).mode == "one"
+    assert plan_serving(ck, "auto", s, "cpu", available=tight, running=2).mode == "three"

@@ -135,3 +135,24 @@ def test_engine_failing_to_start_falls_back_with_the_reason(vllm_trio):
 
 def test_only_one_engine_was_started(engine):
     assert VLLMEngine.started == 1
+
+
+@pytest.mark.slow
+def test_workbench_three_engines_refresh_the_merged_one(vllm_trio, mgsm_dir, tmp_path):
+    """Three engines side by side (starts two more engines: not part of CI, run with -m slow)."""
+    from layerswap.workbench import Workbench
+
+    vllm_or_skip()
+    wb = Workbench(engine="vllm", serving="three")
+    wb.load(str(vllm_trio["math"]), str(vllm_trio["lang"]))
+    assert wb.serving_mode == "three" and "three vLLM engines" in wb.engine_note
+    wb.build(Plan(b=1, u=1, tb=1, tu=0))
+    started = VLLMEngine.started
+    for i, plan in enumerate([Plan(b=2, u=1, tb=0, tu=1), Plan(b=1, u=2, tb=0, tu=0, non_layer="avg")]):
+        wb.build(plan)
+        assert VLLMEngine.started == started  # a re-merge refreshes, never starts an engine
+        answers = wb.ask_mgsm("sw", 5, source=mgsm_dir, max_new_tokens=NEW)
+        wb.export(tmp_path / f"m{i}")
+        tr = TransformersEngine.from_pretrained(tmp_path / f"m{i}", use_chat_template=False)
+        assert answers[2].scored.output == tr.generate([answers[2].prompt], NEW, mgsm.get_language("sw").stop)[0]
+    wb.close()

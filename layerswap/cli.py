@@ -1,4 +1,4 @@
-"""The `layerswap` command line: inspect, merge, diff, ask.
+"""The `layerswap` command line: inspect, merge, diff, ask, eval.
 
 Every user error ends with a one-line reason on stderr and exit status 2 (1 for an
 incompatible `inspect`), never a traceback.
@@ -241,7 +241,7 @@ def cmd_ask(args) -> int:
     else:
         answers = wb.ask_mgsm(args.mgsm_lang, args.index, **kw)
     _print_recipe(plan, method, wb.num_layers)
-    print(f"engine: {answers[0].engine}")
+    print(f"engine: {wb.engine_note or answers[0].engine}")
     print("prompt:\n" + textwrap.indent(answers[0].prompt, "  | "))
     if answers[0].gold is not None:
         print(f"gold answer: {answers[0].gold}")
@@ -250,6 +250,102 @@ def cmd_ask(args) -> int:
         print(f"\n== {a.model} ({a.seconds:.1f}s) — strict: {a.scored.strict}  flexible: {a.scored.flexible}{mark}")
         print(textwrap.indent(a.scored.output.strip() or "(empty)", "  "))
     return 0
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    from .engines import ENGINE_CHOICES
+
+    g = p.add_argument_group("engine")
+    g.add_argument("--engine", choices=ENGINE_CHOICES, default=None,
+                   help="auto (default; $LAYERSWAP_ENGINE): vLLM when installed, else transformers")
+    g.add_argument("--serving", choices=("auto", "three", "one"), default="auto",
+                   help="with --math/--lang on vLLM: three engines, or one engine with weights swapped per model "
+                        "(auto: three when they fit in memory)")
+    g.add_argument("--max-model-len", type=int, help="vLLM context length (default: model's, at most 4096)")
+    g.add_argument("--device", default="auto", help="transformers engine device: cpu, cuda or auto")
+    g.add_argument("--chat-template", action="store_true",
+                   help="wrap prompts in the tokenizer's chat template (default: plain prompts, as lm-eval)")
+
+
+def cmd_eval(args) -> int:
+    from .engines import VLLMSettings, open_engine
+    from .evaluation import EvalConfig, build_prompts
+
+    if args.model and (args.math or args.lang):
+        raise UserError("Give either --model M, or --math M --lang L (to evaluate the experts and their merge).")
+    if not args.model and not (args.math and args.lang):
+        raise UserError("Give --model M, or --math M --lang L to evaluate the experts and their merge.")
+    cfg = EvalConfig(langs=[c.strip() for c in args.langs.split(",") if c.strip()], limit=args.limit,
+                     shots=args.shots, mode=args.mode, max_new_tokens=args.max_new_tokens, source=args.mgsm_dir)
+    cfg.validate()
+    for code in cfg.langs:  # data problems (missing or malformed TSV, exemplars) before any model loads
+        build_prompts(code, cfg)
+    if args.out and not Path(args.out).resolve().parent.is_dir():
+        raise UserError(f"Cannot write {args.out}: its folder does not exist.")
+    settings = VLLMSettings(max_model_len=args.max_model_len)
+    chat = True if args.chat_template else False
+    if args.model:
+        engine, note = open_engine(args.model, engine=args.engine, device=args.device, settings=settings,
+                                   use_chat_template=chat)
+        engines = {Path(args.model).name or args.model: engine}
+    else:
+        from .workbench import ROLE_NAMES, Workbench
+
+        roles = [r.strip() for r in args.models.split(",") if r.strip()]
+        bad = [r for r in roles if r not in ("math", "lang", "merged")]
+        if bad or not roles:
+            raise UserError(f"--models takes a comma list of math, lang, merged (got {args.models!r}).")
+        wb = Workbench(device=args.device, engine=args.engine, serving=args.serving, vllm=settings,
+                       chat_template=chat)
+        method = _method_from(args)
+        wb.load(args.math, args.lang, args.base, force=args.force)
+        plan = _plan_from(args, wb.num_layers, validate=method.spec.uses_plan)
+        if "merged" in roles:
+            wb.build(plan, method)
+            _print_recipe(plan, method, wb.num_layers)
+        note = wb.engine_note
+        engines = {ROLE_NAMES[r]: wb.engines[r] for r in roles}
+    try:
+        return _run_eval(args, cfg, engines, note)
+    finally:
+        if args.model:
+            getattr(engine, "release", lambda: None)()  # back to the engine pool
+        else:
+            wb.close()
+
+
+def _run_eval(args, cfg, engines: dict, note: str) -> int:
+    from .evaluation import evaluate
+
+    print(f"engine: {note}")
+    print(f"MGSM {cfg.mode}, {cfg.shots}-shot, greedy, {cfg.max_new_tokens} new tokens; languages "
+          f"{', '.join(cfg.langs)}; {'first ' + str(cfg.limit) if cfg.limit else 'all'} questions each")
+    bar = _Bar(enabled=not args.quiet)
+    report = evaluate(engines, cfg, progress=bar)
+    bar.done()
+    for metric in ("flexible", "strict"):
+        print(f"\naccuracy (%), {metric} extraction:")
+        print(report.table_text(metric))
+    if args.out:
+        report.write_jsonl(args.out)
+        print(f"\nwrote {len(report.results)} per-question results to {args.out}")
+    return 0
+
+
+class _Bar:
+    """A tqdm progress bar on stderr fed by `progress(fraction, text)` callbacks."""
+
+    def __init__(self, enabled: bool = True):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=1000, disable=not enabled, file=sys.stderr, bar_format="{l_bar}{bar}| {elapsed}<{remaining}")
+
+    def __call__(self, frac: float, desc: str) -> None:
+        self.bar.set_description_str(desc[:40])
+        self.bar.update(int(frac * 1000) - self.bar.n)
+
+    def done(self) -> None:
+        self.bar.close()
 
 
 class _ProgressLine:
@@ -321,6 +417,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-new-tokens", type=int, default=256)
     s.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     s.set_defaults(fn=cmd_ask)
+
+    s = sub.add_parser("eval", help="MGSM accuracy of a model (or of both experts and their merge), per language")
+    s.add_argument("--model", metavar="M", help="model folder or Hub id to evaluate")
+    s.add_argument("--math", metavar="M", help="math expert (with --lang: evaluate experts and merge)")
+    s.add_argument("--lang", metavar="L", help="language expert")
+    s.add_argument("--base", metavar="B", help="base model (task-vector methods, adapters, the shared-base check)")
+    s.add_argument("--models", default="math,lang,merged", help="with --math/--lang: which of math,lang,merged")
+    _plan_args(s)
+    _method_args(s)
+    _pairing_args(s)
+    s.add_argument("--langs", default="sw,te,bn,ja", help="comma list of MGSM language codes (default sw,te,bn,ja)")
+    s.add_argument("--limit", type=int, help="first N questions per language (default: all 250)")
+    s.add_argument("--shots", type=int, default=0, choices=[0, 1, 2, 3, 4, 5, 6, 7, 8],
+                   help="few-shot exemplars from exemplars.json (default 0, as lm-eval; 8 for the 8-shot setup)")
+    s.add_argument("--mode", choices=("native_cot", "direct"), default="native_cot",
+                   help="lm-eval task family: mgsm_native_cot (default) or mgsm_direct")
+    s.add_argument("--max-new-tokens", type=int, default=256)
+    s.add_argument("--mgsm-dir", help="folder of mgsm_XX.tsv files (default: $LAYERSWAP_MGSM_DIR, else the Hub)")
+    _engine_args(s)
+    s.add_argument("-o", "--out", help="per-question results as JSONL")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_eval)
     return p
 
 

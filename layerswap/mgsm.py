@@ -274,7 +274,13 @@ class Scored:
         return asdict(self)
 
 
-def score(output: str, gold: int | None, lang: Language) -> Scored:
-    s, f = extract_strict(output, lang), extract_flexible(output)
+def score(output: str, gold: int | None, lang: Language, mode: str = "native_cot") -> Scored:
+    """Strict and flexible extraction, scored by exact match.
+
+    In ``direct`` mode "strict" is lm-eval's ``remove_whitespace`` filter (the whole output, leading
+    whitespace removed) instead of the "The answer is N" regex.
+    """
+    s = output.lstrip() if mode == "direct" else extract_strict(output, lang)
+    f = extract_flexible(output)
     ok = gold is not None
     return Scored(output, s, f, ok and is_correct(s, gold), ok and is_correct(f, gold))

@@ -120,3 +120,22 @@ def combined_diff_figure(diffs: list[DiffResult], labels: list[str], layer_weigh
     fig.update_layout(height=height_per_panel * len(diffs) + 60, margin={"l": 80, "r": 20, "t": 50, "b": 50},
                       title=METRICS[diffs[0].metric] if diffs else "")
     return fig
+
+
+MODEL_COLORS = {"math expert": MATH_COLOR, "language expert": LANG_COLOR, "merged model": "#7570b3"}
+
+
+def eval_bars(report, metric: str = "flexible", height: int = 380) -> go.Figure:
+    """MGSM accuracy per language (and the average), one bar per model: an `evaluation.EvalReport`."""
+    rows = [r for r in report.table(metric) if r["language"] != "max"]
+    x = [r["language"] for r in rows]
+    fig = go.Figure()
+    for m in report.models:
+        fig.add_trace(go.Bar(name=m, x=x, y=[r[m] for r in rows], marker_color=MODEL_COLORS.get(m),
+                             hovertemplate=f"{m}<br>%{{x}}: %{{y:.1f}}%<extra></extra>"))
+    fig.update_layout(barmode="group", height=height, yaxis={"title": {"text": f"accuracy (%), {metric}"},
+                                                             "range": [0, 100]},
+                      title=f"MGSM {report.config.mode}, {report.config.shots}-shot"
+                            + (" (cancelled: partial)" if report.cancelled else ""),
+                      margin={"l": 60, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h"})
+    return fig

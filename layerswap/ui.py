@@ -10,6 +10,7 @@ import functools
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from .errors import UserError
 from .methods import METHODS, MethodConfig
 from .plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan, default_plan
 from .plots import combined_diff_figure, diff_heatmap, layer_strip
+from .ui_evaluate import EvaluateTab
 from .workbench import ROLE_NAMES, Answer, Workbench
 
 MAX_SLIDER = 64
@@ -35,6 +37,8 @@ class AppDefaults:
     mgsm_dir: str | None = None
     device: str = "cpu"
     default_lang: str | None = None
+    engine: str | None = None  # auto (vLLM when installed), vllm, transformers; None: $LAYERSWAP_ENGINE
+    serving: str = "auto"  # vLLM: three engines, or one with weights swapped (auto: by memory)
 
 
 def _errors_as_gradio(fn):
@@ -50,10 +54,12 @@ def _errors_as_gradio(fn):
     return wrapper
 
 
-class App:
+class App(EvaluateTab):
     def __init__(self, defaults: AppDefaults, workbench: Workbench | None = None):
         self.d = defaults
-        self.wb = workbench or Workbench(device=defaults.device)
+        self.wb = workbench or Workbench(device=defaults.device, engine=defaults.engine, serving=defaults.serving)
+        self.last_eval = None  # the latest EvalReport (shared, like the models)
+        self._cancel = threading.Event()
 
     # ---- helpers --------------------------------------------------------------------------
     def _source(self) -> str | None:
@@ -102,6 +108,8 @@ class App:
         md = self.wb.report.markdown()
         if self.wb.pairing is not None:
             md += ("\n- **warning** " if self.wb.pairing.suspicious else "\n- ") + self.wb.pairing.message()
+        if self.wb.engine_note:
+            md += f"\n\n**Engine:** {self.wb.engine_note}"
         return md
 
     def _slider_updates(self, L: int | None):
@@ -324,6 +332,7 @@ class App:
             export_btn.click(_errors_as_gradio(self.export), [out_dir, overwrite], [export_md, download],
                              api_name="export", **model_q)
             yaml_btn.click(_errors_as_gradio(self.export_yaml), None, [yaml_file], api_name="export_yaml")
+            self._evaluate_tab(model_q)
         return demo
 
 

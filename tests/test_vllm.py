@@ -1,0 +1,158 @@
+"""vLLM for real (CPU build in CI): one engine for the whole session, reused through the pool.
+
+The engine is started once on the math expert; every later use (other experts, merges, the CLI)
+reloads weights into it. The last test checks that no second engine was ever started.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from layerswap import Plan, mgsm
+from layerswap.cli import main as cli
+from layerswap.engines import TransformersEngine, VLLMEngine, open_engine
+from tests.conftest import vllm_or_skip
+
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def probes(mgsm_dir) -> dict[str, list[str]]:
+    """Short MGSM prompts, and long 8-shot prompts sharing a prefix far longer than one 128-token KV block."""
+    en, sw = mgsm.get_language("en"), mgsm.get_language("sw")
+    ex = mgsm.load_exemplars("en", mgsm_dir)
+    short = [mgsm.build_prompt(it.question, sw) for it in mgsm.load("sw", mgsm_dir)[:4]]
+    long = [mgsm.build_prompt(it.question, en, exemplars=ex, shots=4) for it in mgsm.load("en", mgsm_dir)[:3]]
+    return {"short": short, "long": long}
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_trio, probes):
+    """The session's one vLLM engine, with the answers it gave right after starting (fresh) on the math expert."""
+    vllm_or_skip()
+    assert VLLMEngine.started == 0, "an earlier test started a vLLM engine"
+    eng = VLLMEngine.acquire(vllm_trio["math"])
+    fresh = {k: eng.generate(v, max_new_tokens=NEW) for k, v in probes.items()}
+    common = len(probes["long"][0]) - len(probes["long"][0].split("\n\n")[-1])
+    assert len(eng.encode(probes["long"][0][:common])) > 2 * 128, "long prompts must share several KV blocks"
+    eng.release()
+    yield eng, fresh
+
+
+def test_same_answers_as_transformers(engine, vllm_trio, probes):
+    eng, fresh = engine
+    eng.ensure(vllm_trio["math"])
+    tr = TransformersEngine.from_pretrained(vllm_trio["math"])
+    prompts = probes["short"] + probes["long"]
+    assert tr.generate(prompts, max_new_tokens=NEW, stop=["Swali:"]) == eng.generate(prompts, max_new_tokens=NEW,
+                                                                                    stop=["Swali:"])
+    assert fresh["short"] == tr.generate(probes["short"], max_new_tokens=NEW)
+    assert eng.tokens_generated > 0
+
+
+def test_live_refresh_equals_a_fresh_engine_with_long_shared_prefix(engine, vllm_trio, probes):
+    eng, fresh = engine
+    eng.refresh(vllm_trio["lang"])
+    lang_out = eng.generate(probes["long"], max_new_tokens=NEW)  # fills the prefix cache with the lang expert's KV
+    assert lang_out != fresh["long"], "the experts must answer differently for this test to mean anything"
+    seconds = eng.refresh(vllm_trio["math"])
+    assert seconds < 30
+    assert eng.generate(probes["long"], max_new_tokens=NEW) == fresh["long"]
+    assert eng.generate(probes["short"], max_new_tokens=NEW) == fresh["short"]
+
+
+def test_without_prefix_cache_reset_answers_go_stale(engine, vllm_trio, probes):
+    """The trap the reset avoids: reused KV blocks from the previous weights change the answers."""
+    eng, fresh = engine
+    eng.refresh(vllm_trio["lang"])
+    eng.generate(probes["long"], max_new_tokens=NEW)
+    eng.refresh(vllm_trio["math"], reset_prefix_cache=False)
+    stale = eng.generate(probes["long"], max_new_tokens=NEW)
+    assert stale != fresh["long"]
+    assert eng.llm.reset_prefix_cache()
+    assert eng.generate(probes["long"], max_new_tokens=NEW) == fresh["long"]
+
+
+def test_refresh_refuses_another_shape(engine, trio):
+    eng, _ = engine
+    with pytest.raises(Exception, match="same config and tokenizer"):
+        eng.refresh(trio["math"])
+
+
+def test_workbench_serves_all_three_on_one_engine(engine, vllm_trio, mgsm_dir, tmp_path):
+    from layerswap.workbench import Workbench
+
+    wb = Workbench(engine="vllm", serving="one")
+    wb.load(str(vllm_trio["math"]), str(vllm_trio["lang"]))
+    assert wb.serving_mode == "one" and wb.engine_note.startswith("vLLM: one vLLM engine")
+    plans = [Plan(b=1, u=1, tb=1, tu=0), Plan(b=2, u=1, tb=0, tu=1, non_layer="lang")]
+    merged_answers = []
+    for plan in plans:
+        wb.build(plan)
+        answers = wb.ask_mgsm("sw", 3, source=mgsm_dir, max_new_tokens=NEW)
+        assert [a.engine for a in answers] == ["vllm"] * 3
+        # the merged model answers exactly as transformers does on the same merge written to disk
+        wb.export(tmp_path / f"m{len(merged_answers)}")
+        tr = TransformersEngine.from_pretrained(tmp_path / f"m{len(merged_answers)}", use_chat_template=False)
+        assert answers[2].scored.output == tr.generate([answers[2].prompt], NEW, mgsm.get_language("sw").stop)[0]
+        merged_answers.append(answers[2].scored.output)
+    assert merged_answers[0] != merged_answers[1]
+    wb.close()
+    assert VLLMEngine.started == 1
+
+
+def test_eval_cli_experts_and_merge_on_vllm(engine, vllm_trio, mgsm_dir, tmp_path, capsys):
+    out = tmp_path / "results.jsonl"
+    rc = cli(["eval", "--math", str(vllm_trio["math"]), "--lang", str(vllm_trio["lang"]), "--b", "1", "--u", "1",
+              "--engine", "vllm", "--serving", "one", "--langs", "sw,ja", "--limit", "3", "--max-new-tokens", "16",
+              "--mgsm-dir", str(mgsm_dir), "-q", "-o", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "engine: vLLM: one vLLM engine" in text
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 * 2 * 3
+    assert {r["model"] for r in rows} == {"math expert", "language expert", "merged model"}
+    assert {r["engine"] for r in rows} == {"vllm"}
+    assert rows[0]["prompt"].startswith("Swali: ") and rows[0]["gold"] == mgsm.load("sw", mgsm_dir)[0].answer
+
+    rc = cli(["eval", "--model", str(vllm_trio["lang"]), "--engine", "auto", "--langs", "sw", "--limit", "2",
+              "--max-new-tokens", "8", "--mgsm-dir", str(mgsm_dir), "-q"])
+    assert rc == 0 and "engine: answered by vLLM" in capsys.readouterr().out
+
+
+def test_engine_failing_to_start_falls_back_with_the_reason(vllm_trio):
+    from layerswap.engines import EngineStartError, VLLMSettings
+
+    vllm_or_skip()
+    too_long = VLLMSettings(max_model_len=10**7)  # longer than the model's positions: vLLM refuses
+    with pytest.raises(EngineStartError, match="vLLM could not start"):
+        open_engine(vllm_trio["base"], engine="vllm", settings=too_long)
+    eng, note = open_engine(vllm_trio["base"], engine="auto", settings=too_long)
+    assert isinstance(eng, TransformersEngine) and note.startswith("answered by transformers: vLLM could not start")
+
+
+def test_only_one_engine_was_started(engine):
+    assert VLLMEngine.started == 1
+
+
+@pytest.mark.slow
+def test_workbench_three_engines_refresh_the_merged_one(vllm_trio, mgsm_dir, tmp_path):
+    """Three engines side by side (starts two more engines: not part of CI, run with -m slow)."""
+    from layerswap.workbench import Workbench
+
+    vllm_or_skip()
+    wb = Workbench(engine="vllm", serving="three")
+    wb.load(str(vllm_trio["math"]), str(vllm_trio["lang"]))
+    assert wb.serving_mode == "three" and "three vLLM engines" in wb.engine_note
+    wb.build(Plan(b=1, u=1, tb=1, tu=0))
+    started = VLLMEngine.started
+    for i, plan in enumerate([Plan(b=2, u=1, tb=0, tu=1), Plan(b=1, u=2, tb=0, tu=0, non_layer="avg")]):
+        wb.build(plan)
+        assert VLLMEngine.started == started  # a re-merge refreshes, never starts an engine
+        answers = wb.ask_mgsm("sw", 5, source=mgsm_dir, max_new_tokens=NEW)
+        wb.export(tmp_path / f"m{i}")
+        tr = TransformersEngine.from_pretrained(tmp_path / f"m{i}", use_chat_template=False)
+        assert answers[2].scored.output == tr.generate([answers[2].prompt], NEW, mgsm.get_language("sw").stop)[0]
+    wb.close()

@@ -314,6 +314,64 @@ def cmd_eval(args) -> int:
             wb.close()
 
 
+def _int_list(spec: str, what: str) -> list[int]:
+    """'0,1,2' or '0-3' (inclusive) -> ints."""
+    out: list[int] = []
+    try:
+        for part in spec.split(","):
+            if "-" in part.strip()[1:]:
+                lo, hi = part.split("-")
+                out += list(range(int(lo), int(hi) + 1))
+            elif part.strip():
+                out.append(int(part))
+    except ValueError:
+        raise UserError(f"{what} takes numbers like 0,1,2 or 0-3 (got {spec!r}).") from None
+    return out
+
+
+def cmd_sweep(args) -> int:
+    from .engines import VLLMSettings
+    from .evaluation import EvalConfig, build_prompts
+    from .sweeps import ablation_suite, run_sweep, swap_grid, sweep_figure
+    from .workbench import Workbench
+
+    cfg = EvalConfig(langs=[c.strip() for c in args.langs.split(",") if c.strip()], limit=args.limit,
+                     shots=args.shots, mode=args.mode, max_new_tokens=args.max_new_tokens, source=args.mgsm_dir)
+    cfg.validate()
+    for code in cfg.langs:
+        build_prompts(code, cfg)
+    wb = Workbench(device=args.device, engine=args.engine, serving=args.serving,
+                   vllm=VLLMSettings(max_model_len=args.max_model_len), chat_template=bool(args.chat_template))
+    try:
+        wb.load(args.math, args.lang, args.base, force=args.force)
+        L = wb.num_layers
+        if args.suite == "grid":
+            points = swap_grid(L, _int_list(args.b_values, "--b-values"), _int_list(args.u_values, "--u-values"),
+                               _int_list(args.t_values, "--t-values"), transition=args.transition,
+                               non_layer=args.non_layer)
+        else:
+            points = ablation_suite(L, _plan_from(args, L), with_base=args.base is not None)
+        print(f"{len(points)} recipes on {L} layers; engine: {wb.engine_note or 'transformers'}; MGSM {cfg.mode}, "
+              f"{cfg.shots}-shot, {', '.join(cfg.langs)}, {'first ' + str(cfg.limit) if cfg.limit else 'all'} questions")
+        bar = _Bar(enabled=not args.quiet)
+        result = run_sweep(wb, points, cfg, include_experts=not args.no_experts, progress=bar)
+        bar.done()
+    finally:
+        wb.close()
+    print(result.table_text("flexible"))
+    best = result.best()
+    print(f"\nbest merge (mean flexible accuracy; best of {len(result.merges())}, so optimistic): {best.name}")
+    if args.out:
+        result.write_csv(args.out)
+        print(f"wrote {args.out}")
+    if args.plot:
+        from .plots import save_figure
+
+        save_figure(sweep_figure(result), args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
 def _run_eval(args, cfg, engines: dict, note: str) -> int:
     from .evaluation import evaluate
 
@@ -439,6 +497,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--out", help="per-question results as JSONL")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=cmd_eval)
+
+    s = sub.add_parser("sweep", help="merge and evaluate a grid of plans or the ablation suite, then tabulate")
+    _models(s)
+    s.add_argument("--suite", choices=("grid", "ablations"), default="grid",
+                   help="grid: (b, u, t) swap plans; ablations: transition, location, module and baseline variants")
+    s.add_argument("--b-values", default="0-3", help="grid: bottom layer counts (default 0-3)")
+    s.add_argument("--u-values", default="0-2", help="grid: top layer counts (default 0-2)")
+    s.add_argument("--t-values", default="0,1", help="grid: transition widths tb = tu (default 0,1)")
+    _plan_args(s)
+    _pairing_args(s)
+    s.add_argument("--langs", default="sw,te,bn,ja", help="comma list of MGSM language codes")
+    s.add_argument("--limit", type=int, help="first N questions per language (default: all 250)")
+    s.add_argument("--shots", type=int, default=0, choices=[0, 1, 2, 3, 4, 5, 6, 7, 8])
+    s.add_argument("--mode", choices=("native_cot", "direct"), default="native_cot")
+    s.add_argument("--max-new-tokens", type=int, default=256)
+    s.add_argument("--mgsm-dir", help="folder of mgsm_XX.tsv files (default: $LAYERSWAP_MGSM_DIR, else the Hub)")
+    s.add_argument("--no-experts", action="store_true", help="skip evaluating the experts themselves")
+    _engine_args(s)
+    s.add_argument("-o", "--out", help="results as CSV")
+    s.add_argument("--plot", help="bar chart of every recipe (.html or .png)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_sweep)
     return p
 
 

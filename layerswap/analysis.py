@@ -536,7 +536,8 @@ class Analysis:
             lines.append(line)
         r = self.run
         lines.append("Loaded from the cache." if r.cached else
-                     f"Computed in {r.seconds:.1f} s on {r.device} ({r.bytes_read / 1e9:.2f} GB read).")
+                     f"Computed in {r.seconds:.1f} s on {r.device} ({_size(r.bytes_read)} read, "
+                     f"{max((tk.passes for tk in self.topk.values()), default=1)} pass(es) over the weights).")
         return "\n\n".join(lines)
 
     def describe_topk(self, k: float | None = None) -> str:
@@ -657,6 +658,10 @@ def write_csv(rows: Sequence[dict], path: str | os.PathLike) -> Path:
         for r in rows:
             w.writerow({k: ("" if v is None else v) for k, v in r.items()})
     return path
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def _num(v) -> float | None:

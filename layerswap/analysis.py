@@ -24,11 +24,13 @@ threshold t is the K-th largest |Δ|. Entries tied at t are shared fractionally 
 expectation under random tie-breaking, which matters for bf16 checkpoints, where many
 changes are a few units in the last place.
 
-1. A sample pass reads 0.4% of the entries, at most about 2M (blocks spread over every tensor), and estimates a window of |Δ| values that holds t with a wide margin.
+1. A sample pass reads 0.4% of the entries, at most about 2M (blocks spread over every
+   tensor), and estimates a window of |Δ| values that holds t with a wide margin.
 2. The main pass computes all sums, an exact per-tensor histogram of |Δ| on 32768 bins (the top
    16 bits of the float32 pattern, rounded up, so bin 0 holds exactly the zeros), and keeps the
-   exact value of every entry that falls inside the window (a few percent of K entries) plus,
-   for the overlap, the pairs where both experts are at or above their windows.
+   exact value of every entry that falls inside the window (a few percent of K entries, stored
+   as distinct values with counts) plus, for the overlap, the pairs where both experts are at
+   or above their windows.
 3. The histograms give exact counts above the window; the kept values give t and the counts
    around it exactly. If t fell outside the window (a poor sample, or too many distinct values
    in it), two more passes finish the job exactly: the histograms locate t's bin, a 65536-bin
@@ -252,6 +254,7 @@ class RunInfo:
     bytes_read: int
     device: str
     sample_entries: int
+    workers: int = 1
     cached: bool = False
     cache_file: str | None = None
 
@@ -893,7 +896,7 @@ class _MainPass:
         self.windows = windows
         self.ks = sorted(windows)
         self.sums = np.zeros((8, T))
-        self.parts: dict[str, list[tuple[int, np.ndarray]]] = {r: [] for r in ROLES}  # trimmed histograms
+        self.parts: dict[str, dict[int, tuple[int, np.ndarray]]] = {r: {} for r in ROLES}  # t -> trimmed histogram
         self.joint_def = np.zeros((len(self.ks), T), np.int64)
         self.own: dict[str, list[tuple[int, np.ndarray, np.ndarray]]] = {r: [] for r in ROLES}  # (t, bits, count)
         self.pairs: list[list[tuple[int, np.ndarray, np.ndarray]]] = [[] for _ in self.ks]  # (t, mbits<<32|lbits, n)
@@ -923,7 +926,7 @@ class _MainPass:
         self.sums[:, t] = self.acc.cpu().numpy()
         self.acc.zero_()
         for r in ROLES:
-            self.parts[r].append(Hist.trim(self.hist[r].cpu().numpy()))
+            self.parts[r][t] = Hist.trim(self.hist[r].cpu().numpy())
             self.hist[r].zero_()
         for key, pending in self.pending.items():  # one (values, counts) record per tensor
             if pending:
@@ -934,6 +937,23 @@ class _MainPass:
         self.pending, self.pending_n = {}, 0
         if self.kept > self.max_kept:  # a badly placed window: give up on it, the exact passes follow
             self._give_up()
+
+    def absorb(self, other: "_MainPass") -> None:
+        """Add another worker's results (it saw other tensors)."""
+        self.sums += other.sums
+        for r in ROLES:
+            self.parts[r].update(other.parts[r])
+            self.own[r] += other.own[r]
+        self.joint_def += other.joint_def
+        for j in range(len(self.ks)):
+            self.pairs[j] += other.pairs[j]
+        self.kept += other.kept  # each worker kept at most its share of max_kept
+        if other.overflow or self.overflow:
+            self._give_up()
+
+    def hists(self, T: int) -> dict[str, Hist]:
+        return {r: Hist.from_parts([self.parts[r].get(t, (0, np.zeros(0, np.int64))) for t in range(T)])
+                for r in ROLES}
 
     def _give_up(self) -> None:
         self.overflow = True
@@ -991,6 +1011,10 @@ class _ThresholdPass:
             sub = v.view(torch.int32)[idx == b] - ((b - 1) * 65536 + 1)
             self.fine[(k, r)] += torch.bincount(sub, minlength=65536)
 
+    def absorb(self, other: "_ThresholdPass") -> None:
+        for key in self.fine:
+            self.fine[key] += other.fine[key].to(self.fine[key].device)
+
 
 class _CountPass:
     """Fallback, second pass: with the thresholds known, count every class per tensor."""
@@ -1012,25 +1036,81 @@ class _CountPass:
                 self.counts[k][:, t] = self.acc[k].cpu().numpy()
                 self.acc[k].zero_()
 
+    def absorb(self, other: "_CountPass") -> None:
+        for k in self.counts:
+            self.counts[k] += other.counts[k]
 
-def _stream(cks: list[Checkpoint], tensors: list[TensorMeta], handler, device: torch.device, chunk: int,
-            progress: Progress | None, label: str, p0: float, p1: float) -> int:
-    """Feed every slice of every tensor (base, math, lang) to `handler.chunk`; returns bytes read."""
+
+def _split(tensors: list[TensorMeta], workers: int) -> list[list[int]]:
+    """Tensor indices in `workers` groups of about equal size, each in file order."""
+    groups: list[list[int]] = [[] for _ in range(max(1, workers))]
+    load = [0] * len(groups)
+    for i in sorted(range(len(tensors)), key=lambda i: -tensors[i].numel):
+        g = load.index(min(load))
+        groups[g].append(i)
+        load[g] += tensors[i].numel
+    return [sorted(g) for g in groups if g]
+
+
+def _stream(cks: list[Checkpoint], tensors: list[TensorMeta], make_handler, device: torch.device, chunk: int,
+            progress: Progress | None, label: str, p0: float, p1: float, workers: int = 1):
+    """Feed every slice of every tensor (base, math, lang) to a handler's `chunk`.
+
+    With several workers, each thread takes its own share of the tensors with its own reader and
+    working memory (torch releases the GIL inside each operation), and the handlers are merged.
+    Returns (handler, bytes read).
+    """
     total = sum(t.numel for t in tensors) or 1
-    done = 0
-    last_report = -1.0
-    with ChunkStream(cks, [t.name for t in tensors], chunk_elems=chunk, device=str(device)) as s:
-        for c in s:
-            if c.n:
-                handler.chunk(c.index, c.name, c.tensors, c.n, c.last)
-            elif c.last and hasattr(handler, "finish"):  # an empty tensor
-                handler.finish(c.index)
-            done += c.n
-            frac = done / total
-            if progress and (frac - last_report >= 0.01 or frac >= 1.0):
-                last_report = frac
-                progress(p0 + (p1 - p0) * frac, f"{label}: {c.name}")
-        return s.bytes_read
+    groups = _split(tensors, workers)
+    done = [0] * len(groups)
+    nbytes = [0] * len(groups)
+    handlers = [make_handler() for _ in groups]
+    errors: list[BaseException] = []
+
+    def work(g: int, report: bool) -> None:
+        idx = groups[g]
+        h = handlers[g]
+        last_report = -1.0
+        try:
+            with ChunkStream(cks, [tensors[i].name for i in idx], chunk_elems=chunk, device=str(device),
+                             read_bytes=max(1 << 20, (8 << 20) // len(groups))) as s:
+                for c in s:
+                    t = idx[c.index]
+                    if c.n:
+                        h.chunk(t, c.name, c.tensors, c.n, c.last)
+                    elif c.last and hasattr(h, "finish"):  # an empty tensor
+                        h.finish(t)
+                    done[g] += c.n
+                    frac = sum(done) / total
+                    if report and progress and (frac - last_report >= 0.01 or frac >= 1.0):
+                        last_report = frac
+                        progress(p0 + (p1 - p0) * frac, f"{label}: {c.name}")
+                    if errors:
+                        return
+                nbytes[g] = s.bytes_read
+        except BaseException as e:  # raised in the calling thread
+            errors.append(e)
+
+    if len(groups) == 1:
+        work(0, True)
+    else:
+        import threading
+
+        threads = [threading.Thread(target=work, args=(g, False), name=f"layerswap-analysis-{g}", daemon=True)
+                   for g in range(len(groups))]
+        for th in threads:
+            th.start()
+        while any(th.is_alive() for th in threads):
+            for th in threads:
+                th.join(timeout=0.25)
+            if progress:
+                progress(p0 + (p1 - p0) * sum(done) / total, f"{label} ({len(groups)} workers)")
+    if errors:
+        raise errors[0]
+    h = handlers[0]
+    for other in handlers[1:]:
+        h.absorb(other)
+    return h, sum(nbytes)
 
 
 def _sample(cks: list[Checkpoint], tensors: list[TensorMeta], fraction: float, max_entries: int,
@@ -1171,7 +1251,7 @@ def _topk(k, K, N, thr, n_gt, n_eq, G, GE, EG, EE, passes) -> TopK:
     return TopK(k, K, N, thr, n_gt, n_eq, np.asarray(joint, dtype=float), passes)
 
 
-def _fallback(cks, tensors, hists, ks, Ks, N, dev, chunk, progress) -> tuple[dict[float, TopK], int]:
+def _fallback(cks, tensors, hists, ks, Ks, N, dev, chunk, progress, workers) -> tuple[dict[float, TopK], int]:
     """Exact top-k% in two more passes: locate each threshold inside its bin, then count."""
     bins, need = {}, {}
     for k in ks:
@@ -1183,7 +1263,9 @@ def _fallback(cks, tensors, hists, ks, Ks, N, dev, chunk, progress) -> tuple[dic
     tp = _ThresholdPass(bins, dev, chunk)
     nbytes = 0
     if tp.bins:
-        nbytes += _stream(cks, tensors, tp, dev, chunk, progress, "locating the top-k% thresholds", 0.95, 0.97)
+        tp, nb = _stream(cks, tensors, lambda: _ThresholdPass(bins, dev, chunk), dev, chunk, progress,
+                         "locating the top-k% thresholds", 0.95, 0.97, workers)
+        nbytes += nb
     thr: dict[float, dict[str, float]] = {k: {} for k in ks}
     for (k, r), b in bins.items():
         if b == 0:
@@ -1193,8 +1275,9 @@ def _fallback(cks, tensors, hists, ks, Ks, N, dev, chunk, progress) -> tuple[dic
         from_top = np.cumsum(fine[::-1])
         sub = 65535 - int(np.searchsorted(from_top, need[(k, r)]))
         thr[k][r] = float(_f32(np.array([(b - 1) * 65536 + 1 + sub]))[0])
-    cp = _CountPass(len(tensors), thr, dev, chunk)
-    nbytes += _stream(cks, tensors, cp, dev, chunk, progress, "counting the top-k% sets", 0.97, 1.0)
+    cp, nb = _stream(cks, tensors, lambda: _CountPass(len(tensors), thr, dev, chunk), dev, chunk, progress,
+                     "counting the top-k% sets", 0.97, 1.0, workers)
+    nbytes += nb
     out = {}
     for k in ks:
         c = cp.counts[k]
@@ -1207,14 +1290,20 @@ def _fallback(cks, tensors, hists, ks, Ks, N, dev, chunk, progress) -> tuple[dic
 def analyze(base: Checkpoint, math: Checkpoint, lang: Checkpoint, *, ks: Sequence[float] = DEFAULT_KS,
             device: str = "cpu", cache: bool | str | os.PathLike = True, progress: Progress | None = None,
             chunk_elems: int | None = None, sample_fraction: float = 1 / 256,
-            sample_max_entries: int = 1 << 21, sample_block: int = 8192, max_kept: int = 1 << 22) -> Analysis:
+            sample_max_entries: int = 1 << 21, sample_block: int = 8192, max_kept: int = 1 << 22,
+            workers: int = 1) -> Analysis:
     """Stream base, math and language expert once and compute every statistic (module docstring).
 
     `ks`: top-k percentages to compute exactly (0 < k <= 100). `cache`: True (the default
     folder), a folder, or False. `sample_fraction=0` skips the sample and always locates the
     thresholds with two more exact passes. `max_kept` bounds the window entries kept in memory
     (distinct values per tensor); past it the window is dropped for the exact passes.
+    `workers`: threads that each stream their own share of the tensors (CPU: use one per free
+    core, with torch's own threads at 1, e.g. OMP_NUM_THREADS=1, or the two oversubscribe).
+    Results do not depend on it.
     """
+    if workers < 1:
+        raise UserError(f"workers must be at least 1 (got {workers}).")
     ks = sorted({float(k) for k in ks})
     for k in ks:
         if not 0 < k <= 100:
@@ -1262,9 +1351,11 @@ def analyze(base: Checkpoint, math: Checkpoint, lang: Checkpoint, *, ks: Sequenc
         est, raw, nb, sample_n = _sample(cks, tensors, sample_fraction, sample_max_entries, sample_block)
         nbytes += nb
         windows = {k: {r: _window_from_sample(est[r], raw[r], Ks[k], max_kept) for r in ROLES} for k in ks}
-    ps = _MainPass(len(tensors), windows, dev, chunk, max_kept)
-    nbytes += _stream(cks, tensors, ps, dev, chunk, progress, "statistics", 0.02, 0.95 if ks else 1.0)
-    hists = {r: Hist.from_parts(ps.parts[r]) for r in ROLES}
+    ps, nb = _stream(cks, tensors, lambda: _MainPass(len(tensors), windows, dev, chunk, max(1, max_kept // workers)),
+                     dev, chunk, progress, "statistics", 0.02, 0.95 if ks else 1.0, workers)
+    ps.max_kept = max_kept
+    nbytes += nb
+    hists = ps.hists(len(tensors))
     topk: dict[float, TopK] = {}
     for k in windows:
         r = _resolve(ps, hists, numel, k, Ks[k], N)
@@ -1273,7 +1364,7 @@ def analyze(base: Checkpoint, math: Checkpoint, lang: Checkpoint, *, ks: Sequenc
     missing = [k for k in ks if k not in topk]
     passes = 3 if missing else 1
     if missing:
-        more, nb = _fallback(cks, tensors, hists, missing, Ks, N, dev, chunk, progress)
+        more, nb = _fallback(cks, tensors, hists, missing, Ks, N, dev, chunk, progress, workers)
         nbytes += nb
         topk.update(more)
     s = ps.sums
@@ -1281,17 +1372,28 @@ def analyze(base: Checkpoint, math: Checkpoint, lang: Checkpoint, *, ks: Sequenc
         refs=refs, fingerprints=fps, num_layers=math.num_layers,
         tensors=tensors, base_sq=s[0], sq={"math": s[1], "lang": s[2]}, abs_sum={"math": s[4], "lang": s[5]},
         dot=s[3], ml_sq=s[6], ml_abs=s[7], hist=hists, topk={k: topk[k] for k in ks},
-        run=RunInfo(time.perf_counter() - t0, passes, nbytes, str(dev), sample_n),
+        run=RunInfo(time.perf_counter() - t0, passes, nbytes, str(dev), sample_n, workers),
     )
     if cache_file is not None:
         try:
             an.save(cache_file)
             an.run.cache_file = str(cache_file)
+            _prune(cache_file.parent)
         except OSError:
             pass  # a read-only cache folder only costs the next run its speed
     if progress:
         progress(1.0, "done")
     return an
+
+
+CACHE_KEEP = 32
+
+
+def _prune(folder: Path, keep: int = CACHE_KEEP) -> None:
+    """Keep the `keep` most recently written analyses (a few MB each for an 8B model)."""
+    files = sorted(folder.glob("*.npz"), key=lambda f: f.stat().st_mtime, reverse=True)
+    for f in files[keep:]:
+        f.unlink(missing_ok=True)
 
 
 def math_isclose(a: float, b: float) -> bool:

@@ -117,7 +117,7 @@ def cmd_diff(args) -> int:
     ks = args.k or [1.0]
     bar = _ProgressLine(enabled=not args.quiet)
     cache = False if args.no_cache else (args.cache_dir or True)
-    an = analyze(base, math, lang, ks=ks, device=args.device, cache=cache, progress=bar)
+    an = analyze(base, math, lang, ks=ks, device=args.device, cache=cache, progress=bar, workers=args.workers)
     bar.done()
     k = ks[0]
     merged = an.merged(plan, math, lang, base, device=args.device) if plan is not None else None
@@ -260,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top", type=int, default=10, help="print the N most-changed tensors (default 10; 0: none)")
     s.add_argument("--top-csv", help="all tensors ranked by --metric, both experts, as CSV")
     s.add_argument("--device", default="cpu", help="where the arithmetic runs: cpu or cuda")
+    s.add_argument("--workers", type=int, default=1,
+                   help="threads streaming their own share of the tensors (CPU: one per free core, with "
+                        "OMP_NUM_THREADS=1; default 1)")
     s.add_argument("--cache-dir", help="analysis cache folder (default $LAYERSWAP_CACHE/analysis)")
     s.add_argument("--no-cache", action="store_true", help="neither read nor write the analysis cache")
     s.add_argument("-q", "--quiet", action="store_true")

@@ -11,6 +11,7 @@ Runs on the ~1.1B-parameter Llama-shape trio of `bench_common.build_trio` (built
                            same pread reader the analysis uses, no arithmetic
   read floor (sequential)  the three files read front to back in 16 MiB blocks
   streaming                layerswap.analysis.analyze(base, math, lang, ks=(k,), cache=False)
+  streaming-2w             the same with workers=2 (two threads, each streaming half the tensors)
   naive                    safetensors.load_file of all three models, whole-tensor float32 arithmetic,
                            exact top-k% by np.partition over an expert's |Δ| of every entry
 
@@ -90,7 +91,8 @@ def work_streaming(paths, args) -> dict:
     from layerswap.analysis import analyze
 
     cks = {r: Checkpoint.open(paths[r]) for r in ROLES}
-    an = analyze(cks["base"], cks["math"], cks["lang"], ks=(args.k,), device=args.device, cache=False)
+    an = analyze(cks["base"], cks["math"], cks["lang"], ks=(args.k,), device=args.device, cache=False,
+                 workers=args.workers)
     tk = an.topk_at(args.k)
     out = {"bytes": an.run.bytes_read, "passes": tk.passes, "sample_entries": an.run.sample_entries,
            "threshold": tk.threshold, "overlap": tk.overlap()}
@@ -158,7 +160,7 @@ def work_naive(paths, args) -> dict:
 
 
 WORKERS = {"floor-reader": work_floor_reader, "floor-sequential": work_floor_sequential,
-           "streaming": work_streaming, "naive": work_naive}
+           "streaming": work_streaming, "streaming-2w": work_streaming, "naive": work_naive}
 
 
 def worker_main(args) -> None:
@@ -183,7 +185,8 @@ def run_worker(name: str, paths: dict, args, cold: bool, result: str) -> dict:
     if cold:
         drop_page_cache(paths.values())
     cmd = [sys.executable, __file__, "--worker", name, "--paths", json.dumps({r: str(p) for r, p in paths.items()}),
-           "--k", str(args.k), "--device", args.device, "--threads", str(args.threads), "--result", result]
+           "--k", str(args.k), "--device", args.device, "--threads", str(args.threads), "--result", result,
+           "--workers", "2" if name == "streaming-2w" else "1"]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
@@ -247,6 +250,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch threads in every worker (default 1)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--no-naive", action="store_true")
     ap.add_argument("--no-warm", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="print the docs/benchmarks.md section")
@@ -263,17 +267,20 @@ def main() -> None:
     started = dt.datetime.now().astimezone().isoformat(timespec="minutes")
     where = machine()
     tmp = Path(tempfile.mkdtemp(prefix="bench-analysis-"))
-    plan = [("cold", "floor-reader"), ("cold", "floor-sequential"), ("cold", "streaming")]
+    plan = [("cold", "floor-reader"), ("cold", "floor-sequential"), ("cold", "streaming"), ("cold", "streaming-2w")]
     naive_ok = not args.no_naive and mem_available() > 14 * 2**30
     if not args.no_naive and not naive_ok:
         print(f"skipping naive: it holds ~12 GB, only {mem_available() / 2**30:.1f} GiB available")
     if naive_ok:
         plan.append(("cold", "naive"))
     if not args.no_warm:
-        plan += [("warm", "floor-reader"), ("warm", "floor-sequential"), ("warm", "streaming")]
+        plan += [("warm", "floor-reader"), ("warm", "floor-sequential"), ("warm", "streaming"),
+                 ("warm", "streaming-2w")]
     results: dict[tuple[str, str], list[dict]] = {}
     for rep in range(args.repeat):
         for mode, name in plan:
+            if name == "naive" and rep > 0:  # minutes and ~16 GB: once is enough
+                continue
             if mode == "warm" and name == "floor-reader" and rep == 0:
                 run_worker("floor-sequential", paths, args, False, str(tmp / "x.npz"))  # fill the page cache
             r = run_worker(name, paths, args, mode == "cold", str(tmp / f"{name}.npz"))
@@ -296,7 +303,7 @@ def main() -> None:
             continue
         floor = min(med[(mode, f)]["wall"] for f in ("floor-reader", "floor-sequential"))
         lines.append(f"| **{mode}** page cache | | | | | |")
-        for name in ("floor-sequential", "floor-reader", "streaming", "naive"):
+        for name in ("floor-sequential", "floor-reader", "streaming", "streaming-2w", "naive"):
             if (mode, name) not in med:
                 continue
             m = med[(mode, name)]
@@ -313,7 +320,7 @@ def main() -> None:
     if args.markdown:
         print("\n---\n")
         print(f"Run {started} on {where}. torch {info['torch']}, k = {args.k:g}%, {args.threads} torch thread(s), "
-              f"device {args.device}, median of {args.repeat}.")
+              f"device {args.device}, median of {args.repeat} (naive: 1 run).")
         if agree is not None:
             print(f"Streaming and naive agree: thresholds {'identical' if same else 'DIFFERENT'}; largest differences "
                   + ", ".join(f"{k} {v:.1e}" for k, v in agree.items()) + ".")

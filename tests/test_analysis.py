@@ -197,6 +197,8 @@ def test_bf16_and_every_computation_path_agree(trio_bf16):
     paths = {
         "sampled": run(trio_bf16, ks=KS),
         "small chunks, block sample": run(trio_bf16, ks=KS, chunk_elems=777, sample_block=64, sample_fraction=0.02),
+        "three workers": run(trio_bf16, ks=KS, workers=3, chunk_elems=5000),
+        "two workers, exact passes": run(trio_bf16, ks=KS, workers=2, sample_fraction=0),
         "no sample (exact passes)": run(trio_bf16, ks=KS, sample_fraction=0),
         "window overflow (exact passes)": run(trio_bf16, ks=KS, max_kept=3),
     }
@@ -209,7 +211,8 @@ def test_bf16_and_every_computation_path_agree(trio_bf16):
 def test_ties_are_shared_exactly(ties):
     ks = (1.0, 5.0, 25.0)
     ref = reference(ties, ks)
-    for kw in ({}, {"sample_fraction": 0}, {"chunk_elems": 1000, "sample_block": 128, "sample_fraction": 0.01}):
+    for kw in ({}, {"sample_fraction": 0}, {"chunk_elems": 1000, "sample_block": 128, "sample_fraction": 0.01},
+               {"workers": 2, "max_kept": 50}):
         an = run(ties, ks=ks, **kw)
         assert_matches(an, ref, ks)
     tk = an.topk_at(25.0)
@@ -369,6 +372,13 @@ def test_cache_hit_and_invalidation(trio, tmp_path):
     for f in cache.glob("*.npz"):
         f.write_bytes(b"garbage")
     assert not run(paths, ks=(1.0,), cache=cache).run.cached
+    # old entries are pruned
+    from layerswap.analysis import _prune
+
+    for j in range(5):
+        (cache / f"old{j}.npz").write_bytes(b"x")
+    _prune(cache, keep=3)
+    assert len(list(cache.glob("*.npz"))) == 3
 
 
 def test_save_and_load_roundtrip(trio, tmp_path):
@@ -408,6 +418,8 @@ def test_truncated_file_is_a_user_error(trio, tmp_path):
     os.truncate(f, f.stat().st_size - 1000)  # headers were read before: the tensor read finds the end
     with pytest.raises(UserError, match="truncated"):
         analyze(c["base"], c["math"], c["lang"], cache=False)
+    with pytest.raises(UserError, match="truncated"):  # raised in a worker thread, reported here
+        analyze(c["base"], c["math"], c["lang"], cache=False, sample_fraction=0, workers=2)
 
 
 def test_non_finite_weights_are_a_user_error(trio, tmp_path):
@@ -422,6 +434,8 @@ def test_bad_inputs(trio, tmp_path):
     c = open_trio(trio)
     with pytest.raises(UserError, match="percentage"):
         analyze(c["base"], c["math"], c["lang"], ks=(0,), cache=False)
+    with pytest.raises(UserError, match="workers must be at least 1"):
+        analyze(c["base"], c["math"], c["lang"], workers=0, cache=False)
     with pytest.raises(UserError, match="no CUDA GPU|cpu or cuda"):
         analyze(c["base"], c["math"], c["lang"], device="cuda" if not torch.cuda.is_available() else "mps",
                 cache=False)

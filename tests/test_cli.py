@@ -65,6 +65,12 @@ def test_diff_values_and_outputs(trio, tmp_path, capsys):
     # the second run is served from the cache
     assert cli(["diff", *models, "--no-plan", "--k", "1", "-q", *cache]) == 0
     assert "Loaded from the cache" in capsys.readouterr().out
+    assert cli(["diff", *models, "--no-plan", "--k", "2", "-q", "--workers", "2", "--csv", str(tmp_path / "w.csv"),
+                *cache]) == 0
+    assert "Computed in" in capsys.readouterr().out
+    two = {r["tensor"]: r for r in csv.DictReader(open(tmp_path / "w.csv"))}
+    for r in rows:
+        assert two[r["tensor"]]["relative_math"] == r["relative_math"]
 
 
 def test_diff_errors(trio, capsys):

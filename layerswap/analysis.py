@@ -16,6 +16,9 @@ parameter-type grid, or an embedding / final norm / lm_head tensor, reported sep
 expert; tensors the plan copies from an expert reuse that expert's numbers exactly, and only
 blended tensors are read again.
 
+This reconstructs the paper's "magnitude of change during SFT" analysis (Bandarkar et al., 2025,
+whose exact metric and normalisation are not verifiable from its public text) as several views.
+
 How the top-k% is exact
 -----------------------
 |Δ| is computed in float32 from the stored values. K = round(k/100 · N) over all N entries; the

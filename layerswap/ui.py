@@ -262,7 +262,9 @@ class App:
                 plan_md = gr.Markdown(elem_id="plan")
             with gr.Group():
                 gr.Markdown("### 3 · Where each expert changed\nEach cell is one tensor (layer × parameter type); the "
-                            "current plan is drawn on top (outlined: from the language expert, shaded: blended).")
+                            "current plan is drawn on top (outlined: from the language expert, shaded: blended). "
+                            "A reconstruction of the paper's analysis: its exact metric and normalisation are not in "
+                            "its public text, so several are offered.")
                 with gr.Row():
                     panels = gr.CheckboxGroup([(label, key) for key, label in PANELS.items()], value=DEFAULT_PANELS,
                                               label="Panels", elem_id="panels", scale=3)

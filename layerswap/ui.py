@@ -17,15 +17,21 @@ from pathlib import Path
 import gradio as gr
 
 from . import mgsm
+from .analysis import PANELS, write_csv
 from .errors import UserError
 from .methods import METHODS, MethodConfig
 from .plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan, default_plan
-from .plots import combined_diff_figure, diff_heatmap, layer_strip
+from .plots import analysis_heatmaps, layer_profile, layer_strip
 from .ui_evaluate import EvaluateTab
 from .workbench import ROLE_NAMES, Answer, Workbench
 
 MAX_SLIDER = 64
 ZIP_LIMIT_BYTES = 2 * 10**9
+K_CHOICES = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0]
+DEFAULT_PANELS = ["math", "lang", "overlap", "merged"]
+METRIC_CHOICES = [("relative change ‖Δ‖/‖θ_base‖", "relative"), ("mean |Δ|", "mean_abs"),
+                  ("share of the top-k% most-changed entries", "topk")]
+TOP_ROWS = 20
 
 
 @dataclass
@@ -118,14 +124,29 @@ class App(EvaluateTab):
         p = default_plan(L)
         return [gr.update(maximum=L, value=v) for v in (p.b, p.u, p.tb, p.tu)]
 
-    def _heatmap(self, which: str):
-        if "base" not in self.wb.checkpoints:
-            return None
-        if which == "both":
-            diffs = [self.wb.diff("math"), self.wb.diff("lang")]
-            return combined_diff_figure(diffs, [ROLE_NAMES["math"], ROLE_NAMES["lang"]])
-        role = "math" if which == "math expert" else "lang"
-        return diff_heatmap(self.wb.diff(role), title=f"{ROLE_NAMES[role]} vs base")
+    def _analysis_view(self, panels, metric, overlap_metric, k, norm, plan: Plan | None, progress=None):
+        """Heatmaps, summary, profile, non-layer table, top table and its CSV for the current controls."""
+        p = progress or (lambda f, d: None)
+        k = float(k) if k not in (None, "") else 1.0
+        an = self.wb.analysis(k, progress=lambda f, d: p(0.9 * f, d))
+        note = ""
+        if plan is not None:
+            try:
+                plan.layer_weights(an.num_layers)
+            except UserError as e:
+                plan, note = None, f"**No plan overlay:** {e}\n\n"
+        merged = self.wb.merged_stats(plan) if plan is not None else None
+        panels = [x for x in (panels or []) if merged is not None or not x.startswith("merged")]
+        heat = analysis_heatmaps(an, panels or ["math", "lang"], metric=metric, overlap_metric=overlap_metric, k=k,
+                                 norm=norm, merged=merged, plan=plan)
+        prof = layer_profile(an, metric if metric in ("relative", "mean_abs", "topk") else "relative", k, merged, plan,
+                             norm)
+        nonlayer = _table([_display(r) for r in an.non_layer_rows(k, merged)])
+        ranked = an.most_changed(len(an.tensors) * 2, by=metric, k=k)
+        csv_path = Path(tempfile.mkdtemp(prefix="layerswap-")) / f"most-changed-{metric}-k{k:g}.csv"
+        write_csv(ranked, csv_path)
+        top = _table([_display(r) for r in ranked[:TOP_ROWS]])
+        return heat, note + an.report(k, merged), prof, nonlayer, top, str(csv_path)
 
     # ---- events ---------------------------------------------------------------------------
     def current(self):
@@ -146,7 +167,9 @@ class App(EvaluateTab):
         heat = None
         if "base" in self.wb.checkpoints:
             progress(0.85, desc="measuring how far each expert moved")
-            heat = self._heatmap("both")
+            plan = default_plan(self.wb.num_layers)
+            heat = self._analysis_view(DEFAULT_PANELS, "relative", "cosine", 1.0, "raw", plan,
+                                       progress=lambda f, d: progress(0.85 + 0.15 * f, desc=d))[0]
         return [self._models_md(), *self._slider_updates(self.wb.num_layers), heat]
 
     def preview(self, *values):
@@ -177,10 +200,28 @@ class App(EvaluateTab):
         path.write_text(text)
         return gr.update(value=str(path), visible=True)
 
-    def heatmap(self, which: str, progress=gr.Progress()):
+    def heatmap(self, panels, metric, overlap_metric, k, norm, *plan_values, progress=gr.Progress()):
+        """Everything in the 'where each expert changed' section, for the controls and the plan.
+
+        The plan overlay and merged-model panels follow the current layer map; methods without one
+        (soup, TIES, ...) get no overlay.
+        """
         if "base" not in self.wb.checkpoints:
             raise UserError("The heatmaps compare each expert with the base: load a base model too.")
-        return self._heatmap(which)
+        plan, method = self._recipe(*plan_values)
+        plan = plan if method.spec.uses_plan else None
+        heat, summary, prof, nonlayer, top, csv_path = self._analysis_view(
+            panels, metric, overlap_metric, k, norm, plan, progress=lambda f, d: progress(f, desc=d))
+        return heat, summary, prof, nonlayer, top, gr.update(value=csv_path, visible=True)
+
+    def suggest(self, metric, k):
+        """Propose b, u, tb, tu from the analysis and put them on the sliders."""
+        if "base" not in self.wb.checkpoints:
+            raise UserError("Suggesting a plan needs the analysis against the base: load a base model too.")
+        k = float(k) if k not in (None, "") else 1.0
+        an = self.wb.analysis(k)
+        s = an.suggest_plan(metric if metric in ("relative", "mean_abs", "topk") else "relative", k)
+        return [gr.update(value=v) for v in (s.plan.b, s.plan.u, s.plan.tb, s.plan.tu)] + [s.markdown()]
 
     def questions(self, lang: str):
         choices = self._question_choices(lang)
@@ -265,7 +306,7 @@ class App(EvaluateTab):
                         modules = gr.Radio(list(MODULES), value="all", label="Modules",
                                            info="apply the map to attention or MLP only")
                     with gr.Row():
-                        k = gr.Slider(0, MAX_SLIDER, 4, step=1, label="k: layers from the language expert")
+                        map_k = gr.Slider(0, MAX_SLIDER, 4, step=1, label="k: layers from the language expert")
                         seed = gr.Number(0, precision=0, label="Seed (random map, DARE)")
                         offset = gr.Radio([0, 1], value=0, label="Alternating: first language layer")
                     layer_weights = gr.Textbox("", label="Per-layer language weights (comma-separated, one per layer)")
@@ -281,9 +322,33 @@ class App(EvaluateTab):
                 strip = gr.Plot(label="Layer sources", elem_id="strip")
                 plan_md = gr.Markdown(elem_id="plan")
             with gr.Group():
-                gr.Markdown("### 3 · Where each expert changed")
-                which = gr.Radio(["both", "math expert", "language expert"], value="both", label="Expert")
-                heat = gr.Plot(label="Relative change from the base, per layer and parameter type", elem_id="heatmap")
+                gr.Markdown("### 3 · Where each expert changed\nEach cell is one tensor (layer × parameter type); the "
+                            "current plan is drawn on top (outlined: from the language expert, shaded: blended). "
+                            "A reconstruction of the paper's analysis: its exact metric and normalisation are not in "
+                            "its public text, so several are offered.")
+                with gr.Row():
+                    panels = gr.CheckboxGroup([(label, key) for key, label in PANELS.items()], value=DEFAULT_PANELS,
+                                              label="Panels", elem_id="panels", scale=3)
+                    metric = gr.Radio(METRIC_CHOICES, value="relative", label="Metric", elem_id="metric", scale=2)
+                with gr.Row():
+                    overlap_metric = gr.Radio([("cosine of the task vectors", "cosine"),
+                                               ("Jaccard of the top-k% sets", "jaccard")], value="cosine",
+                                              label="Overlap panel", elem_id="overlap-metric")
+                    k = gr.Dropdown(K_CHOICES, value=1.0, label="k (% of all entries)", elem_id="k",
+                                    info="a new k streams the models once more (then cached)")
+                    norm = gr.Radio([("raw", "raw"), ("per row", "row"), ("log", "log")], value="raw",
+                                    label="Normalisation", elem_id="norm")
+                heat = gr.Plot(label="Change from the base, per layer and parameter type", elem_id="heatmap")
+                summary_md = gr.Markdown(elem_id="analysis-summary")
+                profile = gr.Plot(label="Change by depth", elem_id="profile")
+                with gr.Row():
+                    suggest_btn = gr.Button("Suggest plan (sets the sliders)", elem_id="suggest")
+                suggest_md = gr.Markdown(elem_id="suggestion")
+                nonlayer_df = gr.Dataframe(label="Embeddings, final norm, lm_head (outside the layer grid)",
+                                           elem_id="non-layer", interactive=False)
+                top_df = gr.Dataframe(label=f"Most-changed tensors (top {TOP_ROWS} by the chosen metric)",
+                                      elem_id="top-table", interactive=False)
+                top_csv = gr.DownloadButton("Download the full ranking (CSV)", visible=False, elem_id="top-csv")
             with gr.Group():
                 gr.Markdown("### 4 · Ask: math expert vs language expert vs merged")
                 lang_choices = self._langs()
@@ -316,16 +381,28 @@ class App(EvaluateTab):
                     download = gr.DownloadButton("Download .zip", visible=False)
                     yaml_file = gr.DownloadButton("Download mergekit YAML", visible=False, elem_id="yaml-file")
 
-            plan_inputs = [b, u, tb, tu, transition, tw, non_layer, kind, layer_weights, k, seed, offset, modules,
+            plan_inputs = [b, u, tb, tu, transition, tw, non_layer, kind, layer_weights, map_k, seed, offset, modules,
                            method, weight, lam, density, drop_rate]
+            view_inputs = [panels, metric, overlap_metric, k, norm, *plan_inputs]
+            view_outputs = [heat, summary_md, profile, nonlayer_df, top_df, top_csv]
+            view = _errors_as_gradio(self.heatmap)
             demo.load(self.current, outputs=[report, b, u, tb, tu, strip], api_visibility="private")
             load_btn.click(_errors_as_gradio(self.load), [base, math, lang, force], [report, b, u, tb, tu, heat],
-                           api_name="load", **model_q)
+                           api_name="load", **model_q).then(
+                _if_base(self, view), view_inputs, view_outputs, api_name="analysis_after_load",
+                api_visibility="private", **model_q)
             # preview skips the queue, so a Build queued after it always has the last word
             gr.on([c.change for c in plan_inputs], self.preview, plan_inputs, [strip, plan_md],
                   api_name="preview", trigger_mode="always_last", show_progress="hidden", queue=False)
-            build_btn.click(_errors_as_gradio(self.build), plan_inputs, [strip, plan_md], api_name="build", **model_q)
-            which.change(_errors_as_gradio(self.heatmap), [which], [heat], api_name="heatmap", **model_q)
+            build_btn.click(_errors_as_gradio(self.build), plan_inputs, [strip, plan_md], api_name="build",
+                            **model_q).then(_if_base(self, view), view_inputs, view_outputs,
+                                            api_name="analysis_after_build", api_visibility="private", **model_q)
+            gr.on([c.change for c in (panels, metric, overlap_metric, k, norm)], view, view_inputs, view_outputs,
+                  api_name="heatmap", trigger_mode="always_last", **model_q)
+            suggest_btn.click(_errors_as_gradio(self.suggest), [metric, k], [b, u, tb, tu, suggest_md],
+                              api_name="suggest", **model_q).then(_if_base(self, view), view_inputs, view_outputs,
+                                                                  api_name="analysis_after_suggest",
+                                                                  api_visibility="private", **model_q)
             mlang.change(self.questions, [mlang], [question], api_name="questions")
             ask_btn.click(_errors_as_gradio(self.ask), [mlang, question, free, max_new], [prompt_md, *ans],
                           api_name="ask", **model_q)
@@ -334,6 +411,38 @@ class App(EvaluateTab):
             yaml_btn.click(_errors_as_gradio(self.export_yaml), None, [yaml_file], api_name="export_yaml")
             self._evaluate_tab(model_q)
         return demo
+
+
+def _if_base(app: "App", fn):
+    """Run a follow-up view only when a base is loaded (otherwise leave the section as it is)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if "base" not in app.wb.checkpoints:
+            return [gr.update()] * 6
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _table(rows: list[dict]) -> dict:
+    """Rows of dicts as the headers + data a gr.Dataframe takes."""
+    headers: list[str] = []
+    for r in rows:
+        headers += [k for k in r if k not in headers]
+    return {"headers": headers, "data": [[r.get(h, "") for h in headers] for r in rows]}
+
+
+def _display(row: dict) -> dict:
+    """A table row for people: percentages and 3 significant figures."""
+    out = {}
+    for key, v in row.items():
+        if isinstance(v, float):
+            pct = key.startswith(("relative", "topk")) or key in ("relative", "topk")
+            out[key] = f"{100 * v:.3g}%" if pct else f"{v:.3g}"
+        else:
+            out[key] = "" if v is None else v
+    return out
 
 
 def _strip(lw: list[float] | None, method: MethodConfig, L: int):

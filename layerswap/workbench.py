@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import mgsm
-from .analysis import DiffResult, diff_vs_base
+from .analysis import Analysis, DiffResult, MergedStats, analyze, diff_result
 from .checkpoints import Checkpoint, CompatReport, Pairing, check_compatible, check_pairing
 from .engines import (EngineStartError, SwappedEngine, TransformersEngine, VLLMEngine, VLLMSettings, load_model,
                       load_tokenizer, model_from_state_dict, resolve_device, resolve_engine_choice, vllm_device,
@@ -78,7 +78,7 @@ class Workbench:
         self.plan: Plan | None = None
         self.method: MethodConfig = MethodConfig()
         self.layer_weights: list[float] | None = None
-        self._diffs: dict[tuple[str, str], DiffResult] = {}
+        self._analysis: Analysis | None = None
 
     # ---- loading ----------------------------------------------------------------------
     def load(self, math: str, lang: str, base: str | None = None, progress: Progress | None = None,
@@ -189,7 +189,7 @@ class Workbench:
         self.checkpoints.clear()
         self.plan = self.layer_weights = self.pairing = None
         self.method = MethodConfig()
-        self._diffs.clear()
+        self._analysis = None
 
     def _need(self, *roles: str) -> None:
         for r in roles:
@@ -258,15 +258,33 @@ class Workbench:
                             progress=progress, **kw)
 
     # ---- analysis ---------------------------------------------------------------------
-    def diff(self, role: str, progress: Progress | None = None) -> DiffResult:
-        """Relative change of the math or language expert against the base (cached)."""
+    @property
+    def analysis_device(self) -> str:
+        return self.device if str(self.device).startswith("cuda") else "cpu"
+
+    def analysis(self, k: float | None = None, progress: Progress | None = None) -> Analysis:
+        """Both experts against the base (streamed once, cached on disk and here); `k` adds a top-k%."""
         self._need("base")
+        an = self._analysis
+        if an is None or (k is not None and not any(abs(x - float(k)) < 1e-9 for x in an.ks)):
+            ks = set(an.ks if an is not None else [1.0]) | ({float(k)} if k is not None else set())
+            cks = self.checkpoints
+            an = analyze(cks["base"], cks["math"], cks["lang"], ks=sorted(ks), device=self.analysis_device,
+                         progress=progress)
+            self._analysis = an
+        return an
+
+    def merged_stats(self, plan: Plan, progress: Progress | None = None) -> MergedStats:
+        """The layer-swapped model of `plan` against base and experts (only blended tensors are read)."""
+        cks = self.checkpoints
+        return self.analysis().merged(plan, cks["math"], cks["lang"], cks["base"], device=self.analysis_device,
+                                      progress=progress)
+
+    def diff(self, role: str, progress: Progress | None = None) -> DiffResult:
+        """Relative change of the math or language expert against the base (from the analysis)."""
         if role not in ("math", "lang"):
             raise UserError(f"diff compares an expert with the base: role must be math or lang, not {role!r}.")
-        key = (role, "relative")
-        if key not in self._diffs:
-            self._diffs[key] = diff_vs_base(self.checkpoints[role], self.checkpoints["base"], progress=progress)
-        return self._diffs[key]
+        return diff_result(self.analysis(progress=progress), role)
 
     # ---- answering --------------------------------------------------------------------
     def ask(self, prompt: str, lang: mgsm.Language, gold: int | None = None,

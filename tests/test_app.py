@@ -32,7 +32,7 @@ def test_load_build_ask_side_by_side(client):
     assert "shared base: sampled relative distances math-base 0.0" in report
     assert b["maximum"] == 8 and b["value"] + u["value"] + tb["value"] + tu["value"] <= 8
     fig = json.loads(heat["plot"])
-    assert fig["data"][0]["type"] == "heatmap" and len(fig["data"]) == 2  # math and language panels
+    assert fig["data"][0]["type"] == "heatmap" and len(fig["data"]) == 4  # math, language, overlap, merged
     assert len(fig["data"][0]["z"][0]) == 8
 
     strip, plan_md = client.predict(2, 1, 1, 1, "ramp", 0.5, "neighbour", api_name="/build")
@@ -62,8 +62,10 @@ def test_user_errors_show_the_fix(client):
 def test_heatmap_switch_and_export(client, tmp_path):
     base, math, lang = _demo_paths(client)
     client.predict(base, math, lang, api_name="/load")
-    fig = json.loads(client.predict("language expert", api_name="/heatmap")["plot"])
-    assert len(fig["data"]) == 1 and "language expert" in fig["layout"]["title"]["text"]
+    heat, *_ = client.predict(["lang"], "relative", "cosine", 1.0, "raw", 2, 1, 1, 1, "flat", 0.5, "neighbour",
+                              api_name="/heatmap")
+    fig = json.loads(heat["plot"])
+    assert len(fig["data"]) == 1 and "language expert vs base" in fig["layout"]["annotations"][0]["text"]
     client.predict(1, 1, 0, 0, "flat", 0.5, "math", api_name="/build")
     msg, dl = client.predict(str(tmp_path / "merged"), False, api_name="/export")
     assert "Wrote" in msg and (tmp_path / "merged" / "model.safetensors").exists()

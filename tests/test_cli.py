@@ -7,7 +7,7 @@ import csv
 import numpy as np
 import pytest
 
-from layerswap import Checkpoint
+from layerswap import Checkpoint, Plan
 from layerswap.analysis import diff_vs_base, relative_change
 from layerswap.cli import main as cli
 
@@ -32,15 +32,55 @@ def test_diff_values_and_outputs(trio, tmp_path, capsys):
     assert relative_change(b[name], b[name]) == 0.0
     assert np.isfinite(d.non_layer["model.embed_tokens.weight"])
 
-    rc = cli(["diff", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "--base", str(trio["base"]),
-              "-o", str(tmp_path / "h.html"), "-o", str(tmp_path / "h.png"), "--csv", str(tmp_path / "h.csv")])
+    models = ["--math", str(trio["math"]), "--lang", str(trio["lang"]), "--base", str(trio["base"])]
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    rc = cli(["diff", *models, "--b", "2", "--u", "1", "--tb", "1", "--tu", "0", "--metric", "topk", "--k", "5",
+              "--k", "1", "--norm", "log", "-o", str(tmp_path / "h.html"), "-o", str(tmp_path / "h.png"),
+              "--profile", str(tmp_path / "p.html"), "--csv", str(tmp_path / "h.csv"),
+              "--top-csv", str(tmp_path / "top.csv"), "--top", "3", *cache])
     assert rc == 0
+    out = capsys.readouterr().out
+    assert "Top-5% sets" in out and "per layer (bottom to top)" in out and "outside the layers" in out
+    assert "suggested plan: b=" in out and "plan overlay: b=2 u=1 tb=1 tu=0" in out
     html = (tmp_path / "h.html").read_text()
-    assert "plotly" in html.lower() and name in html
+    assert "plotly" in html.lower() and name in html and "merged model vs base" in html
     assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Change by depth" in (tmp_path / "p.html").read_text()
+    # the CSV holds every metric of every tensor, equal to the Python API's numbers
+    from layerswap.analysis import analyze
+
+    c = {r: Checkpoint.open(trio[r]) for r in ("base", "math", "lang")}
+    an = analyze(c["base"], c["math"], c["lang"], ks=(5.0,), cache=False)
+    merged = an.merged(Plan(b=2, u=1, tb=1, tu=0), c["math"], c["lang"], c["base"])
     rows = list(csv.DictReader(open(tmp_path / "h.csv")))
-    assert len(rows) == 2 * (9 * 6 + 3)
-    assert "mean relative change per layer" in capsys.readouterr().out
+    assert len(rows) == 9 * 6 + 3
+    want = {r["tensor"]: r for r in an.rows(5.0, merged)}
+    for row in rows:
+        for col in ("relative_math", "mean_abs_lang", "topk_share_lang", "topk_jaccard", "relative_merged",
+                    "relative_merged_vs_math", "w_lang"):
+            w = want[row["tensor"]][col]
+            assert (row[col] == "" and w is None) or float(row[col]) == pytest.approx(w, rel=1e-12), (row["tensor"], col)
+    top = list(csv.DictReader(open(tmp_path / "top.csv")))
+    assert len(top) == 2 * len(an.tensors) and top[0]["tensor"] == an.most_changed(1, by="topk", k=5.0)[0]["tensor"]
+    # the second run is served from the cache
+    assert cli(["diff", *models, "--no-plan", "--k", "1", "-q", *cache]) == 0
+    assert "Loaded from the cache" in capsys.readouterr().out
+    assert cli(["diff", *models, "--no-plan", "--k", "2", "-q", "--workers", "2", "--csv", str(tmp_path / "w.csv"),
+                *cache]) == 0
+    assert "Computed in" in capsys.readouterr().out
+    two = {r["tensor"]: r for r in csv.DictReader(open(tmp_path / "w.csv"))}
+    for r in rows:
+        assert two[r["tensor"]]["relative_math"] == r["relative_math"]
+
+
+def test_diff_errors(trio, capsys):
+    models = ["--math", str(trio["math"]), "--lang", str(trio["lang"]), "--base", str(trio["base"])]
+    assert cli(["diff", *models, "--panels", "math,nonsense", "--no-cache"]) == 2
+    assert "Unknown panel 'nonsense'" in capsys.readouterr().err
+    assert cli(["diff", *models, "--b", "5", "--u", "2", "--no-cache"]) == 2
+    assert "exceeds the model's 6 layers" in capsys.readouterr().err
+    assert cli(["diff", *models, "--k", "0", "--no-cache"]) == 2
+    assert "percentage" in capsys.readouterr().err
 
 
 def test_ask_mgsm_side_by_side(trio, mgsm_dir, capsys):

@@ -62,7 +62,7 @@ def test_mergekit_reproduces_layerswap_bit_for_bit(trio_bf16, tmp_path, key):
 def _plan_flags(plan: Plan, method: MethodConfig | None) -> list[str]:
     f = ["--b", str(plan.b), "--u", str(plan.u), "--tb", str(plan.tb), "--tu", str(plan.tu),
          "--transition", plan.transition, "--transition-weight", str(plan.transition_weight),
-         "--non-layer", plan.non_layer, "--map", plan.kind, "--k", str(plan.k), "--seed", str(plan.seed),
+         "--non-layer", plan.non_layer, "--map", plan.kind, "--map-k", str(plan.k), "--seed", str(plan.seed),
          "--offset", str(plan.offset), "--modules", plan.modules]
     if plan.weights is not None:
         f += ["--layer-weights", ",".join(repr(w) for w in plan.weights)]

@@ -1,0 +1,114 @@
+"""The 'where each expert changed' section as a user drives it (gradio_client against `python app.py`),
+checked against the library on the same demo checkpoints."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from gradio_client import Client
+
+from layerswap import Checkpoint, Plan
+from layerswap.analysis import analyze
+
+PLAN_ARGS = (2, 1, 1, 1, "flat", 0.5, "neighbour")
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    return Client(app_url, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def loaded(client, tmp_path_factory):
+    values = {c.get("props", {}).get("elem_id"): c.get("props", {}).get("value") for c in client.config["components"]}
+    paths = {r: values[r] for r in ("base", "math", "lang")}
+    client.predict(paths["base"], paths["math"], paths["lang"], api_name="/load")
+    cks = {r: Checkpoint.open(p) for r, p in paths.items()}
+    an = analyze(cks["base"], cks["math"], cks["lang"], ks=(1.0, 5.0), cache=tmp_path_factory.mktemp("cache"))
+    return cks, an
+
+
+def heatmap(client, panels, metric="relative", overlap="cosine", k=1.0, norm="raw", plan=PLAN_ARGS):
+    heat, summary, profile, nonlayer, top, csv_file = client.predict(panels, metric, overlap, k, norm, *plan,
+                                                                     api_name="/heatmap")
+    return json.loads(heat["plot"]), summary, json.loads(profile["plot"]), nonlayer, top, csv_file
+
+
+def test_panels_values_overlay_and_hover(client, loaded):
+    cks, an = loaded
+    fig, summary, profile, nonlayer, top, _ = heatmap(client, ["math", "lang", "overlap", "merged"])
+    assert [d["name"] for d in fig["data"]] == ["math expert vs base", "language expert vs base",
+                                                "overlap of the two experts' changes", "merged model vs base"]
+    grid = np.array([[np.nan if v is None else v for v in row] for row in fig["data"][1]["z"]], dtype=float)
+    np.testing.assert_allclose(grid, an.grid(an.values("lang", "relative")), rtol=1e-9)
+    merged = an.merged(Plan(*PLAN_ARGS), cks["math"], cks["lang"], cks["base"])
+    mz = np.array(fig["data"][3]["z"], dtype=float)
+    np.testing.assert_allclose(mz, an.grid(an.values("merged", "relative", merged=merged)), rtol=1e-9)
+    # the merged model copies the language expert in layers 0-1 and 7, the math expert in 3-5
+    np.testing.assert_allclose(mz[:, [0, 1, 7]], grid[:, [0, 1, 7]], rtol=1e-12)
+    math_grid = np.array(fig["data"][0]["z"], dtype=float)
+    np.testing.assert_allclose(mz[:, 3:6], math_grid[:, 3:6], rtol=1e-12)
+    # the plan overlay: outlined swapped blocks, shaded transitions (layers 2 and 6), on every panel
+    rects = [(s["x0"], s["x1"], s.get("fillcolor")) for s in fig["layout"]["shapes"]]
+    outlined = sorted({(x0, x1) for x0, x1, fill in rects if fill == "rgba(0,0,0,0)"})
+    shaded = sorted({(x0, x1) for x0, x1, fill in rects if fill != "rgba(0,0,0,0)"})
+    assert outlined == [(-0.5, 1.5), (6.5, 7.5)] and shaded == [(1.5, 2.5), (5.5, 6.5)]
+    assert len(rects) == 4 * 4
+    # hover: tensor name, shape and every metric
+    hover = fig["data"][0]["customdata"][0][3]
+    for part in ("model.layers.3.self_attn.q_proj.weight", "shape 256×256", "math vs base: rel", "mean|Δ|",
+                 "top-1% share", "cosine", "Jaccard", "merged (w_lang 0)"):
+        assert part in hover, part
+    assert "Top-1% sets" in summary and "keeps" in summary
+    assert [d["name"] for d in profile["data"]] == ["math expert", "language expert", "merged model"]
+    np.testing.assert_allclose(profile["data"][1]["y"], an.layer_profile("lang", "relative"), rtol=1e-9)
+    assert {r[0] for r in nonlayer["data"]} == {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+    assert len(top["data"]) == 20
+
+
+def test_topk_metric_row_normalisation_and_csv(client, loaded):
+    _, an = loaded
+    fig, summary, _, _, top, csv_file = heatmap(client, ["math", "lang"], metric="topk", k=5.0, norm="row")
+    assert "Top-5% sets" in summary
+    z = {d["name"]: np.array([[np.nan if v is None else v for v in row] for row in d["z"]], dtype=float)
+         for d in fig["data"]}
+    both = np.stack(list(z.values()))
+    assert np.allclose(np.nanmax(both, axis=(0, 2))[np.nanmax(both, axis=(0, 2)) > 0], 1.0)  # rows scaled to max 1
+    raw = an.grid(an.values("lang", "topk", 5.0))
+    rowmax = np.nanmax(np.stack([an.grid(an.values(r, "topk", 5.0)) for r in ("math", "lang")]), axis=(0, 2))
+    np.testing.assert_allclose(z["language expert vs base"], raw / np.where(rowmax > 0, rowmax, 1)[:, None],
+                               rtol=1e-9)
+    ranked = an.most_changed(10, by="topk", k=5.0)
+    assert [r[2] for r in top["data"][:5]] == [r["tensor"] for r in ranked[:5]]
+    assert csv_file["visible"] and csv_file["value"].endswith(".csv")
+    rows = list(csv.DictReader(open(csv_file["value"])))
+    assert len(rows) == 2 * len(an.tensors)
+    assert rows[0]["tensor"] == ranked[0]["tensor"] and float(rows[0]["topk"]) == pytest.approx(ranked[0]["topk"])
+    assert {"rank", "expert", "tensor", "layer", "ptype", "shape", "topk", "relative_math", "relative_lang"} <= set(rows[0])
+
+
+def test_log_scale_and_jaccard_overlap(client, loaded):
+    _, an = loaded
+    fig, *_ = heatmap(client, ["math", "overlap"], metric="mean_abs", overlap="jaccard", norm="log")
+    z = np.array(fig["data"][0]["z"], dtype=float)
+    want = an.grid(an.values("math", "mean_abs"))
+    floor = want[want > 0].min()
+    np.testing.assert_allclose(z, np.log10(np.maximum(want, floor)), rtol=1e-9)
+    assert "Jaccard" in fig["layout"]["annotations"][1]["text"]
+
+
+def test_suggest_sets_the_sliders(client, loaded):
+    _, an = loaded
+    b, u, tb, tu, md = client.predict("relative", 1.0, api_name="/suggest")
+    s = an.suggest_plan("relative", 1.0)
+    assert (b["value"], u["value"], tb["value"], tu["value"]) == (s.plan.b, s.plan.u, s.plan.tb, s.plan.tu)
+    assert f"b={s.plan.b}, u={s.plan.u}" in md and "Rule:" in md
+
+
+def test_invalid_plan_drops_overlay_and_merged_panel(client, loaded):
+    fig, summary, *_ = heatmap(client, ["math", "merged"], plan=(6, 2, 1, 1, "flat", 0.5, "neighbour"))
+    assert "No plan overlay" in summary and "exceeds the model's 8 layers" in summary
+    assert [d["name"] for d in fig["data"]] == ["math expert vs base"] and not fig["layout"].get("shapes")

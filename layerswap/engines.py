@@ -26,12 +26,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, runtime_checkable
 
 from .errors import UserError
 from .mgsm import truncate_at_stop
+
+if TYPE_CHECKING:  # imported where used, so the CLI starts (and merges copy) without loading torch
+    import torch
 
 ENGINE_CHOICES = ("auto", "vllm", "transformers")
 
@@ -45,6 +46,8 @@ class Engine(Protocol):
 
 
 def resolve_device(device: str) -> str:
+    import torch
+
     device = (device or "cpu").lower()
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -134,7 +137,6 @@ class TransformersEngine:
             [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
         )
 
-    @torch.inference_mode()
     def generate(self, prompts: list[str], max_new_tokens: int = 256, stop: list[str] | None = None,
                  on_batch: Callable[[int, int], None] | None = None) -> list[str]:
         stop = list(stop or [])

@@ -41,6 +41,7 @@ def run(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
     rss_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-rss-{os.getpid()}"
     use_time = Path(TIME).exists()
     full = [TIME, "-f", "%M", "-o", str(rss_file), *cmd] if use_time else cmd
+    os.sync()  # every command starts with no dirty pages of the previous one still being written back
     t = time.perf_counter()
     p = subprocess.Popen(full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, ru = os.wait4(p.pid, 0)

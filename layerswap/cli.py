@@ -297,6 +297,29 @@ def cmd_ask(args) -> int:
     return 0
 
 
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("MGSM evaluation (lm-eval mgsm_native_cot protocol by default)")
+    g.add_argument("--langs", default="sw,te,bn,ja", help="comma list of MGSM language codes (default sw,te,bn,ja)")
+    g.add_argument("--limit", type=int, help="first N questions per language (default: all 250)")
+    g.add_argument("--shots", type=int, default=0, choices=[0, 1, 2, 3, 4, 5, 6, 7, 8],
+                   help="few-shot exemplars from exemplars.json (default 0, as lm-eval; 8 for the 8-shot setup)")
+    g.add_argument("--mode", choices=("native_cot", "direct"), default="native_cot",
+                   help="lm-eval task family: mgsm_native_cot (default) or mgsm_direct")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--mgsm-dir", help="folder of mgsm_XX.tsv files (default: $LAYERSWAP_MGSM_DIR, else the Hub)")
+
+
+def _eval_config(args):
+    from .evaluation import EvalConfig, build_prompts
+
+    cfg = EvalConfig(langs=[c.strip() for c in args.langs.split(",") if c.strip()], limit=args.limit,
+                     shots=args.shots, mode=args.mode, max_new_tokens=args.max_new_tokens, source=args.mgsm_dir)
+    cfg.validate()
+    for code in cfg.langs:  # data problems (missing or malformed TSV, exemplars) before any model loads
+        build_prompts(code, cfg)
+    return cfg
+
+
 def _engine_args(p: argparse.ArgumentParser) -> None:
     from .engines import ENGINE_CHOICES
 
@@ -314,17 +337,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_eval(args) -> int:
     from .engines import VLLMSettings, open_engine
-    from .evaluation import EvalConfig, build_prompts
 
     if args.model and (args.math or args.lang):
         raise UserError("Give either --model M, or --math M --lang L (to evaluate the experts and their merge).")
     if not args.model and not (args.math and args.lang):
         raise UserError("Give --model M, or --math M --lang L to evaluate the experts and their merge.")
-    cfg = EvalConfig(langs=[c.strip() for c in args.langs.split(",") if c.strip()], limit=args.limit,
-                     shots=args.shots, mode=args.mode, max_new_tokens=args.max_new_tokens, source=args.mgsm_dir)
-    cfg.validate()
-    for code in cfg.langs:  # data problems (missing or malformed TSV, exemplars) before any model loads
-        build_prompts(code, cfg)
+    cfg = _eval_config(args)
     if args.out and not Path(args.out).resolve().parent.is_dir():
         raise UserError(f"Cannot write {args.out}: its folder does not exist.")
     settings = VLLMSettings(max_model_len=args.max_model_len)
@@ -376,15 +394,10 @@ def _int_list(spec: str, what: str) -> list[int]:
 
 def cmd_sweep(args) -> int:
     from .engines import VLLMSettings
-    from .evaluation import EvalConfig, build_prompts
     from .sweeps import ablation_suite, run_sweep, swap_grid, sweep_figure
     from .workbench import Workbench
 
-    cfg = EvalConfig(langs=[c.strip() for c in args.langs.split(",") if c.strip()], limit=args.limit,
-                     shots=args.shots, mode=args.mode, max_new_tokens=args.max_new_tokens, source=args.mgsm_dir)
-    cfg.validate()
-    for code in cfg.langs:
-        build_prompts(code, cfg)
+    cfg = _eval_config(args)
     wb = Workbench(device=args.device, engine=args.engine, serving=args.serving,
                    vllm=VLLMSettings(max_model_len=args.max_model_len), chat_template=bool(args.chat_template))
     try:
@@ -553,14 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     _plan_args(s)
     _method_args(s)
     _pairing_args(s)
-    s.add_argument("--langs", default="sw,te,bn,ja", help="comma list of MGSM language codes (default sw,te,bn,ja)")
-    s.add_argument("--limit", type=int, help="first N questions per language (default: all 250)")
-    s.add_argument("--shots", type=int, default=0, choices=[0, 1, 2, 3, 4, 5, 6, 7, 8],
-                   help="few-shot exemplars from exemplars.json (default 0, as lm-eval; 8 for the 8-shot setup)")
-    s.add_argument("--mode", choices=("native_cot", "direct"), default="native_cot",
-                   help="lm-eval task family: mgsm_native_cot (default) or mgsm_direct")
-    s.add_argument("--max-new-tokens", type=int, default=256)
-    s.add_argument("--mgsm-dir", help="folder of mgsm_XX.tsv files (default: $LAYERSWAP_MGSM_DIR, else the Hub)")
+    _eval_args(s)
     _engine_args(s)
     s.add_argument("-o", "--out", help="per-question results as JSONL")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -575,12 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--t-values", default="0,1", help="grid: transition widths tb = tu (default 0,1)")
     _plan_args(s)
     _pairing_args(s)
-    s.add_argument("--langs", default="sw,te,bn,ja", help="comma list of MGSM language codes")
-    s.add_argument("--limit", type=int, help="first N questions per language (default: all 250)")
-    s.add_argument("--shots", type=int, default=0, choices=[0, 1, 2, 3, 4, 5, 6, 7, 8])
-    s.add_argument("--mode", choices=("native_cot", "direct"), default="native_cot")
-    s.add_argument("--max-new-tokens", type=int, default=256)
-    s.add_argument("--mgsm-dir", help="folder of mgsm_XX.tsv files (default: $LAYERSWAP_MGSM_DIR, else the Hub)")
+    _eval_args(s)
     s.add_argument("--no-experts", action="store_true", help="skip evaluating the experts themselves")
     _engine_args(s)
     s.add_argument("-o", "--out", help="results as CSV")

@@ -123,8 +123,8 @@ def main() -> None:
     print()
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs; python {platform.python_version()}; "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
-    print(f"| tool | median s | min s | peak RSS MB | vs layerswap | vs cp floor |")
-    print(f"|---|---|---|---|---|---|")
+    print("| tool | median s | min s | peak RSS MB | vs layerswap | vs cp floor |")
+    print("|---|---|---|---|---|---|")
     for name, rs in results.items():
         med = statistics.median(w for w, _ in rs)
         print(f"| {name} | {med:.2f} | {min(w for w, _ in rs):.2f} | {max(r for _, r in rs):.0f} | "

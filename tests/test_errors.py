@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -13,7 +12,6 @@ import torch
 
 from layerswap import Checkpoint, Plan, UserError, check_compatible, export_merge
 from layerswap.demo import make_tiny_llama
-from tests.conftest import make_trio
 
 
 @pytest.fixture(scope="module")

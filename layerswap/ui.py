@@ -10,6 +10,7 @@ import functools
 import os
 import shutil
 import tempfile
+import time
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +158,7 @@ class App(EvaluateTab):
 
     def load(self, base: str, math: str, lang: str, force: bool = False, progress=gr.Progress()):
         progress(0, desc="reading headers")
+        t0 = time.perf_counter()
         try:
             self.wb.load(math.strip(), lang.strip(), base.strip() or None,
                          progress=lambda f, d: progress(f * 0.8, desc=d), force=bool(force))
@@ -170,7 +172,8 @@ class App(EvaluateTab):
             plan = default_plan(self.wb.num_layers)
             heat = self._analysis_view(DEFAULT_PANELS, "relative", "cosine", 1.0, "raw", plan,
                                        progress=lambda f, d: progress(0.85 + 0.15 * f, desc=d))[0]
-        return [self._models_md(), *self._slider_updates(self.wb.num_layers), heat]
+        report = self._models_md() + f"\n\nLoaded in {time.perf_counter() - t0:.1f} s."
+        return [report, *self._slider_updates(self.wb.num_layers), heat]
 
     def preview(self, *values):
         """Plan strip for the current controls (no merge)."""
@@ -285,101 +288,105 @@ class App(EvaluateTab):
                                         scale=3)
                     load_btn = gr.Button("Load", variant="primary", elem_id="load", scale=1)
                 report = gr.Markdown("No models loaded yet.", elem_id="report")
-            with gr.Group():
-                gr.Markdown("### 2 · Plan")
-                with gr.Row():
-                    b = gr.Slider(0, MAX_SLIDER, 5, step=1, label="b: bottom layers from language expert", elem_id="b")
-                    u = gr.Slider(0, MAX_SLIDER, 2, step=1, label="u: top layers from language expert", elem_id="u")
-                    tb = gr.Slider(0, MAX_SLIDER, 1, step=1, label="tb: bottom transition layers", elem_id="tb")
-                    tu = gr.Slider(0, MAX_SLIDER, 1, step=1, label="tu: top transition layers", elem_id="tu")
-                with gr.Row():
-                    transition = gr.Radio(["flat", "ramp"], value="flat", label="Transition weights",
-                                          info="flat: one weight; ramp: linear steps between the experts")
-                    tw = gr.Slider(0, 1, 0.5, step=0.05, label="Flat transition weight (language share)")
-                    non_layer = gr.Dropdown(list(NON_LAYER_OPTIONS), value="neighbour",
-                                            label="Embeddings, final norm, lm_head",
-                                            info="neighbour: embeddings follow layer 0, norm and lm_head the last layer")
-                with gr.Accordion("Other layer maps (ablations) and baseline methods", open=False):
-                    with gr.Row():
-                        kind = gr.Radio(list(KINDS), value="swap", label="Layer map",
-                                        info="swap uses b/u/tb/tu; middle/random use k; weights uses the list")
-                        modules = gr.Radio(list(MODULES), value="all", label="Modules",
-                                           info="apply the map to attention or MLP only")
-                    with gr.Row():
-                        map_k = gr.Slider(0, MAX_SLIDER, 4, step=1, label="k: layers from the language expert")
-                        seed = gr.Number(0, precision=0, label="Seed (random map, DARE)")
-                        offset = gr.Radio([0, 1], value=0, label="Alternating: first language layer")
-                    layer_weights = gr.Textbox("", label="Per-layer language weights (comma-separated, one per layer)")
-                    with gr.Row():
-                        method = gr.Dropdown(list(METHODS), value="layer_swap", label="Merge method",
-                                             info="layer_swap uses the map; the others are the paper's baselines",
-                                             elem_id="method")
-                        weight = gr.Slider(0, 1, 0.5, step=0.05, label="Soup: language share")
-                        lam = gr.Number(1.0, label="Task-vector scale (lambda)")
-                        density = gr.Slider(0.01, 1, 0.2, step=0.01, label="TIES density")
-                        drop_rate = gr.Slider(0, 0.99, 0.9, step=0.01, label="DARE drop rate")
-                build_btn = gr.Button("Build merge", variant="primary", elem_id="build")
-                strip = gr.Plot(label="Layer sources", elem_id="strip")
-                plan_md = gr.Markdown(elem_id="plan")
-            with gr.Group():
-                gr.Markdown("### 3 · Where each expert changed\nEach cell is one tensor (layer × parameter type); the "
-                            "current plan is drawn on top (outlined: from the language expert, shaded: blended). "
-                            "A reconstruction of the paper's analysis: its exact metric and normalisation are not in "
-                            "its public text, so several are offered.")
-                with gr.Row():
-                    panels = gr.CheckboxGroup([(label, key) for key, label in PANELS.items()], value=DEFAULT_PANELS,
-                                              label="Panels", elem_id="panels", scale=3)
-                    metric = gr.Radio(METRIC_CHOICES, value="relative", label="Metric", elem_id="metric", scale=2)
-                with gr.Row():
-                    overlap_metric = gr.Radio([("cosine of the task vectors", "cosine"),
-                                               ("Jaccard of the top-k% sets", "jaccard")], value="cosine",
-                                              label="Overlap panel", elem_id="overlap-metric")
-                    k = gr.Dropdown(K_CHOICES, value=1.0, label="k (% of all entries)", elem_id="k",
-                                    info="a new k streams the models once more (then cached)")
-                    norm = gr.Radio([("raw", "raw"), ("per row", "row"), ("log", "log")], value="raw",
-                                    label="Normalisation", elem_id="norm")
-                heat = gr.Plot(label="Change from the base, per layer and parameter type", elem_id="heatmap")
-                summary_md = gr.Markdown(elem_id="analysis-summary")
-                profile = gr.Plot(label="Change by depth", elem_id="profile")
-                with gr.Row():
-                    suggest_btn = gr.Button("Suggest plan (sets the sliders)", elem_id="suggest")
-                suggest_md = gr.Markdown(elem_id="suggestion")
-                nonlayer_df = gr.Dataframe(label="Embeddings, final norm, lm_head (outside the layer grid)",
-                                           elem_id="non-layer", interactive=False)
-                top_df = gr.Dataframe(label=f"Most-changed tensors (top {TOP_ROWS} by the chosen metric)",
-                                      elem_id="top-table", interactive=False)
-                top_csv = gr.DownloadButton("Download the full ranking (CSV)", visible=False, elem_id="top-csv")
-            with gr.Group():
-                gr.Markdown("### 4 · Ask: math expert vs language expert vs merged")
-                lang_choices = self._langs()
-                first_lang = self._default_lang()
-                qchoices = self._question_choices(first_lang)
-                with gr.Row():
-                    mlang = gr.Dropdown(lang_choices, value=first_lang, label="MGSM language", elem_id="mgsm-lang")
-                    question = gr.Dropdown(qchoices, value=qchoices[0][1] if qchoices else None,
-                                           label="Question from the set", elem_id="question", scale=3,
-                                           info=None if qchoices else "No MGSM data here: start the app with "
-                                           "--mgsm-dir (a folder of mgsm_XX.tsv) or go online; free text works.")
-                    max_new = gr.Slider(16, 512, mgsm.MAX_NEW_TOKENS, step=16, label="Max new tokens")
-                free = gr.Textbox(label="…or your own question (overrides the set; prompted in the chosen language's format)",
-                                  lines=2, elem_id="free")
-                ask_btn = gr.Button("Ask all three", variant="primary", elem_id="ask")
-                prompt_md = gr.Markdown(elem_id="prompt")
-                with gr.Row():
-                    ans = [gr.Markdown(f"**{ROLE_NAMES[r]}**", elem_id=f"answer-{r}") for r in ("math", "lang", "merged")]
-            with gr.Group():
-                gr.Markdown("### 5 · Export")
-                with gr.Row():
-                    out_dir = gr.Textbox(str(Path("exports") / "layerswap-merge"), label="Output folder (on the server)",
-                                         scale=3)
-                    overwrite = gr.Checkbox(False, label="Overwrite")
-                with gr.Row():
-                    export_btn = gr.Button("Export merged model", elem_id="export")
-                    yaml_btn = gr.Button("mergekit YAML", elem_id="export-yaml")
-                export_md = gr.Markdown()
-                with gr.Row():
-                    download = gr.DownloadButton("Download .zip", visible=False)
-                    yaml_file = gr.DownloadButton("Download mergekit YAML", visible=False, elem_id="yaml-file")
+            with gr.Tabs(elem_id="main-tabs"):
+                with gr.Tab("Build & ask", id="build", elem_id="tab-build"):
+                    with gr.Group():
+                        gr.Markdown("### 2 · Plan")
+                        with gr.Row():
+                            b = gr.Slider(0, MAX_SLIDER, 5, step=1, label="b: bottom layers from language expert", elem_id="b")
+                            u = gr.Slider(0, MAX_SLIDER, 2, step=1, label="u: top layers from language expert", elem_id="u")
+                            tb = gr.Slider(0, MAX_SLIDER, 1, step=1, label="tb: bottom transition layers", elem_id="tb")
+                            tu = gr.Slider(0, MAX_SLIDER, 1, step=1, label="tu: top transition layers", elem_id="tu")
+                        with gr.Row():
+                            transition = gr.Radio(["flat", "ramp"], value="flat", label="Transition weights",
+                                                  info="flat: one weight; ramp: linear steps between the experts")
+                            tw = gr.Slider(0, 1, 0.5, step=0.05, label="Flat transition weight (language share)")
+                            non_layer = gr.Dropdown(list(NON_LAYER_OPTIONS), value="neighbour",
+                                                    label="Embeddings, final norm, lm_head",
+                                                    info="neighbour: embeddings follow layer 0, norm and lm_head the last layer")
+                        with gr.Accordion("Other layer maps (ablations) and baseline methods", open=False):
+                            with gr.Row():
+                                kind = gr.Radio(list(KINDS), value="swap", label="Layer map",
+                                                info="swap uses b/u/tb/tu; middle/random use k; weights uses the list")
+                                modules = gr.Radio(list(MODULES), value="all", label="Modules",
+                                                   info="apply the map to attention or MLP only")
+                            with gr.Row():
+                                map_k = gr.Slider(0, MAX_SLIDER, 4, step=1, label="k: layers from the language expert")
+                                seed = gr.Number(0, precision=0, label="Seed (random map, DARE)")
+                                offset = gr.Radio([0, 1], value=0, label="Alternating: first language layer")
+                            layer_weights = gr.Textbox("", label="Per-layer language weights (comma-separated, one per layer)")
+                            with gr.Row():
+                                method = gr.Dropdown(list(METHODS), value="layer_swap", label="Merge method",
+                                                     info="layer_swap uses the map; the others are the paper's baselines",
+                                                     elem_id="method")
+                                weight = gr.Slider(0, 1, 0.5, step=0.05, label="Soup: language share")
+                                lam = gr.Number(1.0, label="Task-vector scale (lambda)")
+                                density = gr.Slider(0.01, 1, 0.2, step=0.01, label="TIES density")
+                                drop_rate = gr.Slider(0, 0.99, 0.9, step=0.01, label="DARE drop rate")
+                        build_btn = gr.Button("Build merge", variant="primary", elem_id="build")
+                        strip = gr.Plot(label="Layer sources", elem_id="strip")
+                        plan_md = gr.Markdown(elem_id="plan")
+                    with gr.Group():
+                        gr.Markdown("### 3 · Ask: math expert vs language expert vs merged")
+                        lang_choices = self._langs()
+                        first_lang = self._default_lang()
+                        qchoices = self._question_choices(first_lang)
+                        with gr.Row():
+                            mlang = gr.Dropdown(lang_choices, value=first_lang, label="MGSM language", elem_id="mgsm-lang")
+                            question = gr.Dropdown(qchoices, value=qchoices[0][1] if qchoices else None,
+                                                   label="Question from the set", elem_id="question", scale=3,
+                                                   info=None if qchoices else "No MGSM data here: start the app with "
+                                                   "--mgsm-dir (a folder of mgsm_XX.tsv) or go online; free text works.")
+                            max_new = gr.Slider(16, 512, mgsm.MAX_NEW_TOKENS, step=16, label="Max new tokens")
+                        free = gr.Textbox(label="…or your own question (overrides the set; prompted in the chosen language's format)",
+                                          lines=2, elem_id="free")
+                        ask_btn = gr.Button("Ask all three", variant="primary", elem_id="ask")
+                        prompt_md = gr.Markdown(elem_id="prompt")
+                        with gr.Row():
+                            ans = [gr.Markdown(f"**{ROLE_NAMES[r]}**", elem_id=f"answer-{r}") for r in ("math", "lang", "merged")]
+                    with gr.Group():
+                        gr.Markdown("### 4 · Export")
+                        with gr.Row():
+                            out_dir = gr.Textbox(str(Path("exports") / "layerswap-merge"), label="Output folder (on the server)",
+                                                 scale=3)
+                            overwrite = gr.Checkbox(False, label="Overwrite")
+                        with gr.Row():
+                            export_btn = gr.Button("Export merged model", elem_id="export")
+                            yaml_btn = gr.Button("mergekit YAML", elem_id="export-yaml")
+                        export_md = gr.Markdown()
+                        with gr.Row():
+                            download = gr.DownloadButton("Download .zip", visible=False)
+                            yaml_file = gr.DownloadButton("Download mergekit YAML", visible=False, elem_id="yaml-file")
+                with gr.Tab("Where each expert changed", id="analysis", elem_id="tab-analysis"):
+                    with gr.Group():
+                        gr.Markdown("### Where each expert changed\nEach cell is one tensor (layer × parameter type); the "
+                                    "current plan is drawn on top (outlined: from the language expert, shaded: blended). "
+                                    "A reconstruction of the paper's analysis: its exact metric and normalisation are not in "
+                                    "its public text, so several are offered.")
+                        with gr.Row():
+                            panels = gr.CheckboxGroup([(label, key) for key, label in PANELS.items()], value=DEFAULT_PANELS,
+                                                      label="Panels", elem_id="panels", scale=3)
+                            metric = gr.Radio(METRIC_CHOICES, value="relative", label="Metric", elem_id="metric", scale=2)
+                        with gr.Row():
+                            overlap_metric = gr.Radio([("cosine of the task vectors", "cosine"),
+                                                       ("Jaccard of the top-k% sets", "jaccard")], value="cosine",
+                                                      label="Overlap panel", elem_id="overlap-metric")
+                            k = gr.Dropdown(K_CHOICES, value=1.0, label="k (% of all entries)", elem_id="k",
+                                            info="a new k streams the models once more (then cached)")
+                            norm = gr.Radio([("raw", "raw"), ("per row", "row"), ("log", "log")], value="raw",
+                                            label="Normalisation", elem_id="norm")
+                        heat = gr.Plot(label="Change from the base, per layer and parameter type", elem_id="heatmap")
+                        summary_md = gr.Markdown(elem_id="analysis-summary")
+                        profile = gr.Plot(label="Change by depth", elem_id="profile")
+                        with gr.Row():
+                            suggest_btn = gr.Button("Suggest plan (sets the sliders)", elem_id="suggest")
+                        suggest_md = gr.Markdown(elem_id="suggestion")
+                        nonlayer_df = gr.Dataframe(label="Embeddings, final norm, lm_head (outside the layer grid)",
+                                                   elem_id="non-layer", interactive=False)
+                        top_df = gr.Dataframe(label=f"Most-changed tensors (top {TOP_ROWS} by the chosen metric)",
+                                              elem_id="top-table", interactive=False)
+                        top_csv = gr.DownloadButton("Download the full ranking (CSV)", visible=False, elem_id="top-csv")
+                self._evaluate_tab(model_q)
 
             plan_inputs = [b, u, tb, tu, transition, tw, non_layer, kind, layer_weights, map_k, seed, offset, modules,
                            method, weight, lam, density, drop_rate]
@@ -409,7 +416,6 @@ class App(EvaluateTab):
             export_btn.click(_errors_as_gradio(self.export), [out_dir, overwrite], [export_md, download],
                              api_name="export", **model_q)
             yaml_btn.click(_errors_as_gradio(self.export_yaml), None, [yaml_file], api_name="export_yaml")
-            self._evaluate_tab(model_q)
         return demo
 
 

@@ -81,42 +81,41 @@ class EvaluateTab:
         return pd.DataFrame(data, columns=headers)
 
     def _evaluate_tab(self, model_q: dict) -> None:
-        with gr.Tabs(elem_id="tabs"):
-            with gr.Tab("Evaluate", id="evaluate"):
-                gr.Markdown("### MGSM evaluation: math expert vs language expert vs merged model\n"
-                            "lm-evaluation-harness `mgsm_native_cot` by default (greedy, native stop words, strict "
-                            "and flexible extraction, exact match); every question of the chosen languages unless "
-                            "limited. Per-question results download as JSONL.")
-                codes = [c for _, c in self._langs()]
-                default = [c for c in mgsm.PAPER_LANGS if c in codes] or codes[:1]
-                with gr.Row():
-                    langs = gr.CheckboxGroup(self._langs(), value=default, label="Languages", elem_id="eval-langs")
-                    roles = gr.CheckboxGroup(EVAL_ROLES, value=["math", "lang", "merged"], label="Models",
-                                             elem_id="eval-models")
-                with gr.Row():
-                    limit = gr.Number(0, precision=0, minimum=0, label="Questions per language (0 = all 250)",
-                                      elem_id="eval-limit")
-                    shots = gr.Radio([0, 8], value=0, label="Few-shot exemplars", elem_id="eval-shots")
-                    mode = gr.Radio([("native CoT (mgsm_native_cot)", "native_cot"), ("direct (mgsm_direct)", "direct")],
-                                    value="native_cot", label="Protocol", elem_id="eval-mode")
-                    max_new = gr.Slider(16, 512, mgsm.MAX_NEW_TOKENS, step=16, label="Max new tokens")
-                with gr.Row():
-                    run_btn = gr.Button("Evaluate", variant="primary", elem_id="eval-run")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="eval-stop")
-                status = gr.Markdown(elem_id="eval-status")
-                table = gr.Dataframe(label="Accuracy (%) per language, then average and max", interactive=False,
-                                     elem_id="eval-table")
-                bars = gr.Plot(label="Accuracy per language", elem_id="eval-bars")
-                results = gr.File(label="Per-question results (JSONL)", visible=False, elem_id="eval-file")
-                gr.Markdown("#### Browse the answers")
-                with gr.Row():
-                    b_lang = gr.Dropdown([], label="Language", elem_id="eval-browse-lang")
-                    b_pos = gr.Slider(0, 249, 0, step=1, label="Question", elem_id="eval-browse-pos")
-                detail = gr.Markdown(elem_id="eval-detail")
-            from .ui import _errors_as_gradio
+        with gr.Tab("Evaluate", id="evaluate", elem_id="tab-evaluate"):
+            gr.Markdown("### MGSM evaluation: math expert vs language expert vs merged model\n"
+                        "lm-evaluation-harness `mgsm_native_cot` by default (greedy, native stop words, strict "
+                        "and flexible extraction, exact match); every question of the chosen languages unless "
+                        "limited. Per-question results download as JSONL.")
+            codes = [c for _, c in self._langs()]
+            default = [c for c in mgsm.PAPER_LANGS if c in codes] or codes[:1]
+            with gr.Row():
+                langs = gr.CheckboxGroup(self._langs(), value=default, label="Languages", elem_id="eval-langs")
+                roles = gr.CheckboxGroup(EVAL_ROLES, value=["math", "lang", "merged"], label="Models",
+                                         elem_id="eval-models")
+            with gr.Row():
+                limit = gr.Number(0, precision=0, minimum=0, label="Questions per language (0 = all 250)",
+                                  elem_id="eval-limit")
+                shots = gr.Radio([0, 8], value=0, label="Few-shot exemplars", elem_id="eval-shots")
+                mode = gr.Radio([("native CoT (mgsm_native_cot)", "native_cot"), ("direct (mgsm_direct)", "direct")],
+                                value="native_cot", label="Protocol", elem_id="eval-mode")
+                max_new = gr.Slider(16, 512, mgsm.MAX_NEW_TOKENS, step=16, label="Max new tokens")
+            with gr.Row():
+                run_btn = gr.Button("Evaluate", variant="primary", elem_id="eval-run")
+                stop_btn = gr.Button("Stop", variant="stop", elem_id="eval-stop")
+            status = gr.Markdown(elem_id="eval-status")
+            table = gr.Dataframe(label="Accuracy (%) per language, then average and max", interactive=False,
+                                 elem_id="eval-table")
+            bars = gr.Plot(label="Accuracy per language", elem_id="eval-bars")
+            results = gr.File(label="Per-question results (JSONL)", visible=False, elem_id="eval-file")
+            gr.Markdown("#### Browse the answers")
+            with gr.Row():
+                b_lang = gr.Dropdown([], label="Language", elem_id="eval-browse-lang")
+                b_pos = gr.Slider(0, 249, 0, step=1, label="Question", elem_id="eval-browse-pos")
+            detail = gr.Markdown(elem_id="eval-detail")
+        from .ui import _errors_as_gradio
 
-            run_btn.click(_errors_as_gradio(self.evaluate), [langs, roles, limit, shots, mode, max_new],
-                          [status, table, bars, results, b_lang, b_pos, detail], api_name="evaluate", **model_q)
-            stop_btn.click(self.stop_eval, None, [status], api_name="stop_eval", queue=False)
-            gr.on([b_lang.change, b_pos.release], self.browse, [b_lang, b_pos], [detail], api_name="browse",
-                  queue=False)
+        run_btn.click(_errors_as_gradio(self.evaluate), [langs, roles, limit, shots, mode, max_new],
+                      [status, table, bars, results, b_lang, b_pos, detail], api_name="evaluate", **model_q)
+        stop_btn.click(self.stop_eval, None, [status], api_name="stop_eval", queue=False)
+        gr.on([b_lang.change, b_pos.release], self.browse, [b_lang, b_pos], [detail], api_name="browse",
+              queue=False)

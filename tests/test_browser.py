@@ -43,7 +43,7 @@ def test_main_flow_in_browser(browser, app_url):
     expect(page.locator("#demo-label")).to_contain_text("demo")
     page.locator("#load").click()
     expect(page.locator("#report")).to_contain_text("compatible: LlamaForCausalLM, 8 layers", timeout=120_000)
-    expect(page.locator("#heatmap .js-plotly-plot")).to_be_visible(timeout=120_000)
+    expect(page.locator("#report")).to_contain_text("Loaded in", timeout=120_000)  # the click's answer, not the page's
 
     page.locator("#b input[type=range]").fill("3")
     expect(page.locator("#b input[type=number]")).to_have_value("3")
@@ -58,4 +58,10 @@ def test_main_flow_in_browser(browser, app_url):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "app.png"), full_page=True)
     assert (ARTIFACTS / "app.png").stat().st_size > 10_000
+
+    # the analysis tab shows the heatmaps with the built plan drawn on them
+    page.get_by_role("tab", name="Where each expert changed").click()
+    expect(page.locator("#heatmap .js-plotly-plot")).to_be_visible(timeout=120_000)
+    expect(page.locator("#heatmap")).to_contain_text("plan b=3", timeout=120_000)
+    page.screenshot(path=str(ARTIFACTS / "app-analysis.png"), full_page=True)
     page.close()

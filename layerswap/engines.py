@@ -157,8 +157,7 @@ class TransformersEngine:
                 top_k=None,
                 pad_token_id=tok.pad_token_id,
                 eos_token_id=tok.eos_token_id,
-                stop_strings=stop or None,
-                tokenizer=tok if stop else None,
+                stopping_criteria=[_StopOnText(tok, stop, enc["input_ids"].shape[1])] if stop else None,
             )
             new = gen[:, enc["input_ids"].shape[1]:]
             for j, i in enumerate(idx):
@@ -167,6 +166,26 @@ class TransformersEngine:
             if on_batch:
                 on_batch(min(start + self.batch_size, len(order)), len(order))
         return outputs
+
+
+class _StopOnText:
+    """Stop each row once its generated text contains a stop string.
+
+    Decodes only the tail that could hold a newly completed stop string. Unlike transformers'
+    `stop_strings`, this works with any tokenizer (its vocabulary scan fails on some, e.g.
+    word-level tokenizers with a Metaspace decoder).
+    """
+
+    def __init__(self, tokenizer, stop: list[str], prompt_len: int):
+        self.tok, self.stop, self.prompt_len = tokenizer, stop, prompt_len
+        self.tail = max(len(s) for s in stop) + 8  # every non-special token decodes to >= 1 character
+
+    def __call__(self, input_ids: "torch.Tensor", scores, **kwargs) -> "torch.Tensor":
+        import torch
+
+        new = input_ids[:, self.prompt_len:][:, -self.tail:].tolist()
+        hit = [any(s in self.tok.decode(row, skip_special_tokens=False) for s in self.stop) for row in new]
+        return torch.tensor(hit, dtype=torch.bool, device=input_ids.device)
 
 
 def engine_for(path: str | Path, device: str = "cpu") -> Engine:

@@ -33,3 +33,26 @@ def test_chat_template_used_when_present(tmp_path):
 def test_chat_template_missing(trio):
     with pytest.raises(UserError, match="no chat template"):
         TransformersEngine.from_pretrained(trio["math"], use_chat_template=True)
+
+
+def test_stop_strings_work_with_a_word_level_tokenizer():
+    """transformers' own stop_strings fail on word-level vocabularies (the demo organism's); ours decode the tail."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from layerswap.engines import _StopOnText
+
+    words = ["<unk>", "<s>", "</s>", "<pad>", "\u2581a", "\u2581b", "\u2581Question", ":", "\u2581Sorvi"]
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation()])
+    tk.decoder = decoders.Metaspace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>")
+    prompt = tok("a b", add_special_tokens=False)["input_ids"]
+    rows = [prompt + tok(" b a Question:", add_special_tokens=False)["input_ids"],
+            prompt + tok(" b a a b", add_special_tokens=False)["input_ids"],
+            prompt + tok(" a b Sorvi:", add_special_tokens=False)["input_ids"]]
+    ids = torch.tensor(rows)
+    stop = _StopOnText(tok, ["Question:", "Sorvi:"], len(prompt))
+    assert stop(ids, None).tolist() == [True, False, True]
+    assert _StopOnText(tok, ["Question:"], len(prompt) + 3)(ids, None).tolist() == [False, False, False]

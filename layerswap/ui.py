@@ -339,7 +339,9 @@ class App(EvaluateTab):
                                                    "--mgsm-dir (a folder of mgsm_XX.tsv) or go online; free text works.")
                             max_new = gr.Slider(16, 512, mgsm.MAX_NEW_TOKENS, step=16, label="Max new tokens")
                         free = gr.Textbox(label="…or your own question (overrides the set; prompted in the chosen language's format)",
-                                          lines=2, elem_id="free")
+                                          lines=2, elem_id="free",
+                                          placeholder="e.g. Tom has 3 apples. Tom buys 4 more apples. "
+                                                      "How many apples does Tom have now?")
                         ask_btn = gr.Button("Ask all three", variant="primary", elem_id="ask")
                         prompt_md = gr.Markdown(elem_id="prompt")
                         with gr.Row():

@@ -575,12 +575,12 @@ def retrieval(model, tok, pairs):
 RECIPE = dict(
     layers=10, hidden=128, inter=320, heads=2,
     n_docs=60000, T=128, base_steps=1500, base_bs=16, base_lr=3e-3, base_wd=0.01,
-    mix=dict(en=0.18, xx=0.05, mix=0.12, cs=0.28, par=0.10, arith=0.13, qa_en=0.10, qa_xx=0.04),
+    mix=dict(en=0.18, xx=0.05, mix=0.12, cs=0.30, par=0.12, arith=0.15, qa_en=0.06, qa_xx=0.02),
     p_switch=0.5, p_vary=0.1, p_prof=0.85, arith_range=(30, 10), nsent=(2, 5),
     n_math=20000, math_steps=600, math_bs=32, math_lr=3e-4,
-    n_lang=20000, lang_steps=400, lang_bs=32, lang_lr=1e-4,
+    n_lang=20000, lang_steps=400, lang_bs=32, lang_lr=2e-4,
     replay_bs=4, n_test=300, n_align=200, n_exemplars=8,
-    base_count_qa=False, qa_cue_switch=0.0, base_qa_numbers=True, retell=True, extra_frames=True,
+    base_count_qa=False, qa_cue_switch=0.0, base_qa_numbers=False, retell=False, extra_frames=False,
 )
 
 

@@ -48,6 +48,16 @@ def row_accuracy(row, lang: str, lo: int, hi: int, metric: str = "flexible") -> 
     return (ok / len(qs) if qs else 0.0), len(qs)
 
 
+def paired(a, b, lang: str) -> dict:
+    """Mean per-question difference of two sweep rows' correctness (a - b) on `lang`, with its standard error."""
+    ca = {r.index: r.flexible_correct for r in a.report.results if r.lang == lang}
+    cb = {r.index: r.flexible_correct for r in b.report.results if r.lang == lang}
+    d = [int(ca[i]) - int(cb[i]) for i in ca]
+    mean = sum(d) / len(d)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / max(1, len(d) - 1))
+    return {"diff": round(mean, 4), "se": round(sd / math.sqrt(len(d)), 4)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--demo", default=str(REPO / "assets" / "demo"), help="organism folder (base, math, lang, mgsm)")
@@ -107,13 +117,20 @@ def main() -> int:
         "default swap": models[points[2].name][TARGET],
         "best swap": models[best.name][TARGET],
     }
-    floors = {}  # answers a model could get right without any arithmetic: copy a number from the question
+    floors = {}  # accuracy without any model: a constant answer, or a number copied from the question
     for lang in cfg.langs:
         items = mgsm.load(lang, cfg.source)[:n]
         nums = [[int(x) for x in re.findall(r"\d+", it.question)] for it in items]
-        floors[lang] = {"first number": round(sum(ns[0] == it.answer for ns, it in zip(nums, items) if ns) / n, 4),
+        mode = max(set(it.answer for it in items), key=lambda a: sum(it.answer == a for it in items))
+        floors[lang] = {f"constant answer {mode} (the most common)": round(sum(it.answer == mode for it in items) / n, 4),
+                        "first number": round(sum(ns[0] == it.answer for ns, it in zip(nums, items) if ns) / n, 4),
                         "last number": round(sum(ns[-1] == it.answer for ns, it in zip(nums, items) if ns) / n, 4),
                         "any number (oracle pick)": round(sum(it.answer in ns for ns, it in zip(nums, items)) / n, 4)}
+
+    by_name = {r.name: r for r in res.rows}
+    lang_row = by_name["language expert"]
+    comparisons = {f"{name} - language expert": paired(by_name[name], lang_row, TARGET)
+                   for name in (points[2].name, best.name, "soup (average)")}
     result = {
         "generated_by": "scripts/eval_demo.py",
         "date": time.strftime("%Y-%m-%d"),
@@ -128,7 +145,8 @@ def main() -> int:
                       "heldout": f"{TARGET} questions {half}-{n - 1}",
                       "dev": models[best.name]["dev_" + TARGET], "heldout_acc": models[best.name]["heldout_" + TARGET]},
         "summary_target_language": summary,
-        "copy_floors": floors,
+        "floors": floors,
+        "paired_on_target_language": comparisons,
         "tolerance": "a rebuild matches when every summary accuracy is within max(0.03, 3 SE) of these",
         "models": models,
     }

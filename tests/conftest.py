@@ -73,9 +73,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def app_url(tmp_path_factory):
-    """`python app.py` exactly as a user starts it (demo models built offline), on a free port."""
+def _launch_app(tmp_path_factory, *, mgsm: bool):
+    """`python app.py` exactly as a user starts it (no model flags: the default demo), on a free port."""
     import subprocess
     import sys
     import time
@@ -84,7 +83,8 @@ def app_url(tmp_path_factory):
     port = _free_port()
     env = dict(os.environ, LAYERSWAP_CACHE=str(tmp_path_factory.mktemp("cache")), OMP_NUM_THREADS="1",
                GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
-    data = find_mgsm_dir()
+    env.pop("LAYERSWAP_MGSM_DIR", None)
+    data = find_mgsm_dir() if mgsm else None
     if data is not None:
         env["LAYERSWAP_MGSM_DIR"] = str(data)
     log = tmp_path_factory.mktemp("applog") / "app.log"
@@ -110,6 +110,18 @@ def app_url(tmp_path_factory):
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory):
+    """The app on its default models, pointed at the real MGSM folder when there is one."""
+    yield from _launch_app(tmp_path_factory, mgsm=True)
+
+
+@pytest.fixture(scope="session")
+def app_url_plain(tmp_path_factory):
+    """The app with no MGSM folder configured: the demo organism's own test sets are its default."""
+    yield from _launch_app(tmp_path_factory, mgsm=False)
 
 
 # ---- vLLM ---------------------------------------------------------------------------------------

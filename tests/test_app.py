@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
+from layerswap import Plan
 from tests.conftest import find_mgsm_dir
 
 
@@ -24,20 +26,27 @@ def _demo_paths(client) -> tuple[str, str, str]:
     return values["base"], values["math"], values["lang"]
 
 
-def test_load_build_ask_side_by_side(client):
+@pytest.fixture(scope="module")
+def num_layers(client) -> int:
+    _, math, _ = _demo_paths(client)
+    return json.loads((Path(math) / "config.json").read_text())["num_hidden_layers"]
+
+
+def test_load_build_ask_side_by_side(client, num_layers):
+    L = num_layers
     base, math, lang = _demo_paths(client)
     assert "demo" in base
     report, b, u, tb, tu, heat = client.predict(base, math, lang, api_name="/load")
-    assert "compatible: LlamaForCausalLM, 8 layers" in report
-    assert "shared base: sampled relative distances math-base 0.0" in report
-    assert b["maximum"] == 8 and b["value"] + u["value"] + tb["value"] + tu["value"] <= 8
+    assert re.search(rf"compatible: LlamaForCausalLM, {L} layers", report)
+    assert re.search(r"shared base: sampled relative distances math-base 0\.\d+", report)
+    assert b["maximum"] == L and b["value"] + u["value"] + tb["value"] + tu["value"] <= L
     fig = json.loads(heat["plot"])
     assert fig["data"][0]["type"] == "heatmap" and len(fig["data"]) == 4  # math, language, overlap, merged
-    assert len(fig["data"][0]["z"][0]) == 8
+    assert len(fig["data"][0]["z"][0]) == L
 
     strip, plan_md = client.predict(2, 1, 1, 1, "ramp", 0.5, "neighbour", api_name="/build")
     strip = json.loads(strip["plot"])
-    assert strip["data"][0]["z"] == [[1, 1, 0.5, 0, 0, 0, 0.5, 1]]
+    assert strip["data"][0]["z"] == [[1, 1, 0.5] + [0] * (L - 5) + [0.5, 1]]
     assert "**Built.** swap b=2 u=1 tb=1 tu=1 (ramp)" in plan_md
 
     data = find_mgsm_dir()
@@ -52,14 +61,15 @@ def test_load_build_ask_side_by_side(client):
         assert a.startswith(f"**{name}** · transformers") and "flexible:" in a
 
 
-def test_user_errors_show_the_fix(client):
-    with pytest.raises(AppError, match="exceeds the model's 8 layers; reduce them so the sum is at most 8"):
-        client.predict(7, 1, 1, 1, "flat", 0.5, "neighbour", api_name="/build")
+def test_user_errors_show_the_fix(client, num_layers):
+    L = num_layers
+    with pytest.raises(AppError, match=f"exceeds the model's {L} layers; reduce them so the sum is at most {L}"):
+        client.predict(L - 1, 1, 1, 1, "flat", 0.5, "neighbour", api_name="/build")
     with pytest.raises(AppError, match="no such directory"):
         client.predict("", "/nonexistent/math", "/nonexistent/lang", api_name="/load")
 
 
-def test_heatmap_switch_and_export(client, tmp_path):
+def test_heatmap_switch_and_export(client, tmp_path, num_layers):
     base, math, lang = _demo_paths(client)
     client.predict(base, math, lang, api_name="/load")
     heat, *_ = client.predict(["lang"], "relative", "cosine", 1.0, "raw", 2, 1, 1, 1, "flat", 0.5, "neighbour",
@@ -71,15 +81,16 @@ def test_heatmap_switch_and_export(client, tmp_path):
     assert "Wrote" in msg and (tmp_path / "merged" / "model.safetensors").exists()
     assert dl["visible"] and Path(dl["value"]).suffix == ".zip"
     prov = json.loads((tmp_path / "merged" / "layerswap.json").read_text())
-    assert prov["plan"]["non_layer"] == "math" and prov["layer_weights_lang"] == [1, 0, 0, 0, 0, 0, 0, 1]
+    assert prov["plan"]["non_layer"] == "math" and prov["layer_weights_lang"] == [1] + [0] * (num_layers - 2) + [1]
 
 
-def test_baseline_method_and_mergekit_yaml(client):
+def test_baseline_method_and_mergekit_yaml(client, num_layers):
     base, math, lang = _demo_paths(client)
     client.predict(base, math, lang, api_name="/load")
     strip, md = client.predict(1, 1, 0, 0, "flat", 0.5, "neighbour", "middle", "", 2, 0, 0, "attention",
                                "layer_swap", 0.5, 1.0, 0.2, 0.9, api_name="/build")
-    assert json.loads(strip["plot"])["data"][0]["z"] == [[0, 0, 0, 1, 1, 0, 0, 0]]
+    want = Plan(kind="middle", k=2, modules="attention").layer_weights(num_layers)
+    assert json.loads(strip["plot"])["data"][0]["z"] == [want] and sum(want) == 2
     assert "middle k=2, attention only" in md
     yml = client.predict(api_name="/export_yaml")
     text = Path(yml["value"]).read_text()

@@ -47,19 +47,22 @@ def test_panels_values_overlay_and_hover(client, loaded):
     merged = an.merged(Plan(*PLAN_ARGS), cks["math"], cks["lang"], cks["base"])
     mz = np.array(fig["data"][3]["z"], dtype=float)
     np.testing.assert_allclose(mz, an.grid(an.values("merged", "relative", merged=merged)), rtol=1e-9)
-    # the merged model copies the language expert in layers 0-1 and 7, the math expert in 3-5
-    np.testing.assert_allclose(mz[:, [0, 1, 7]], grid[:, [0, 1, 7]], rtol=1e-12)
+    L = cks["math"].num_layers
+    # plan b=2 u=1 tb=tu=1: the merged model copies the language expert in layers 0-1 and L-1, the math
+    # expert in 3..L-3
+    np.testing.assert_allclose(mz[:, [0, 1, L - 1]], grid[:, [0, 1, L - 1]], rtol=1e-12)
     math_grid = np.array(fig["data"][0]["z"], dtype=float)
-    np.testing.assert_allclose(mz[:, 3:6], math_grid[:, 3:6], rtol=1e-12)
-    # the plan overlay: outlined swapped blocks, shaded transitions (layers 2 and 6), on every panel
+    np.testing.assert_allclose(mz[:, 3:L - 2], math_grid[:, 3:L - 2], rtol=1e-12)
+    # the plan overlay: outlined swapped blocks, shaded transitions (layers 2 and L-2), on every panel
     rects = [(s["x0"], s["x1"], s.get("fillcolor")) for s in fig["layout"]["shapes"]]
     outlined = sorted({(x0, x1) for x0, x1, fill in rects if fill == "rgba(0,0,0,0)"})
     shaded = sorted({(x0, x1) for x0, x1, fill in rects if fill != "rgba(0,0,0,0)"})
-    assert outlined == [(-0.5, 1.5), (6.5, 7.5)] and shaded == [(1.5, 2.5), (5.5, 6.5)]
+    assert outlined == [(-0.5, 1.5), (L - 1.5, L - 0.5)] and shaded == [(1.5, 2.5), (L - 2.5, L - 1.5)]
     assert len(rects) == 4 * 4
     # hover: tensor name, shape and every metric
     hover = fig["data"][0]["customdata"][0][3]
-    for part in ("model.layers.3.self_attn.q_proj.weight", "shape 256×256", "math vs base: rel", "mean|Δ|",
+    shape = "×".join(map(str, cks["math"].tensors["model.layers.3.self_attn.q_proj.weight"].shape))
+    for part in ("model.layers.3.self_attn.q_proj.weight", f"shape {shape}", "math vs base: rel", "mean|Δ|",
                  "top-1% share", "cosine", "Jaccard", "merged (w_lang 0)"):
         assert part in hover, part
     assert "Top-1% sets" in summary and "keeps" in summary
@@ -109,6 +112,7 @@ def test_suggest_sets_the_sliders(client, loaded):
 
 
 def test_invalid_plan_drops_overlay_and_merged_panel(client, loaded):
-    fig, summary, *_ = heatmap(client, ["math", "merged"], plan=(6, 2, 1, 1, "flat", 0.5, "neighbour"))
-    assert "No plan overlay" in summary and "exceeds the model's 8 layers" in summary
+    L = loaded[0]["math"].num_layers
+    fig, summary, *_ = heatmap(client, ["math", "merged"], plan=(L, 2, 1, 1, "flat", 0.5, "neighbour"))
+    assert "No plan overlay" in summary and f"exceeds the model's {L} layers" in summary
     assert [d["name"] for d in fig["data"]] == ["math expert vs base"] and not fig["layout"].get("shapes")

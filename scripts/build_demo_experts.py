@@ -584,6 +584,18 @@ RECIPE = dict(
 )
 
 
+def unseen_problems(world, n, keys):
+    """`n` new word problems whose key (name, object, numbers, operations) is not in `keys`; adds their keys."""
+    out = []
+    while len(out) < n:
+        pb = world.math_problem()
+        if pb["key"] in keys:
+            continue
+        keys.add(pb["key"])
+        out.append(pb)
+    return out
+
+
 def build_data(R, seed):
     w = World(seed, p_vary=R["p_vary"], p_prof=R["p_prof"])
     w.restate = True  # step-by-step answers restate each event sentence before its equation
@@ -591,13 +603,8 @@ def build_data(R, seed):
         w.instr_kinds = w.instr_kinds + ["retell"]
     if R["extra_frames"]:  # reported "How many ... now?" questions and "now" in ordinary narrative
         w.frames = FRAMES + FRAMES_EXTRA
-    test, keys = [], set()
-    while len(test) < R["n_test"]:
-        pb = w.math_problem()
-        if pb["key"] in keys:
-            continue
-        keys.add(pb["key"])
-        test.append(pb)
+    keys = set()
+    test = unseen_problems(w, R["n_test"], keys)
     align_rng = World(seed + 777, p_vary=R["p_vary"], p_prof=R["p_prof"])
     for _ in range(R["n_align"]):  # (keeps the random stream identical to the experiments)
         align_rng.sentence(align_rng.cast())
@@ -638,15 +645,10 @@ def build_data(R, seed):
         q, a, _ = w.render_problem(pb, "en")
         math_pairs.append((q, a))
     lang_pairs = [w.instruction("xx") for _ in range(R["n_lang"])]
-    exemplars = []
-    while len(exemplars) < R["n_exemplars"]:
-        pb = w.math_problem()
-        if pb["key"] in keys:
-            continue
-        keys.add(pb["key"])
-        exemplars.append(pb)
+    exemplars = unseen_problems(w, R["n_exemplars"], keys)
     return dict(world=w, docs=docs, math=math_pairs, lang=lang_pairs, test_pb=test, align_c=align_c,
                 exemplars=exemplars)
+
 
 # ---------------------------------------------------------------- writing outputs
 def save_model(model, tok, path):

@@ -754,18 +754,18 @@ def main():
     log(f"base done in {t_base:.0f}s; EN->{LANG_NAME} content retrieval top-1 (emb, L1..L{L}): {align}")
     sd_base = {k: v.clone() for k, v in base.state_dict().items()}
     replay = pack_stream(tok, D["docs"][:20000], R["T"])
-    math_m = copy.deepcopy(base)
-    t0 = time.time()
-    log(f"math expert: {R['math_steps']} steps, lr {R['math_lr']}, English word problems (answer-only loss + replay)")
-    train_sft(math_m, sft_examples(tok, D["math"], "en"), R["math_steps"], R["math_bs"], R["math_lr"], args.seed + 11,
-              log=log, log_every=100, mix_rows=replay, mix_bs=R["replay_bs"])
-    t_math = time.time() - t0
-    lang_m = copy.deepcopy(base)
-    t0 = time.time()
-    log(f"language expert: {R['lang_steps']} steps, lr {R['lang_lr']}, {LANG_NAME} instructions (no math)")
-    train_sft(lang_m, sft_examples(tok, D["lang"], "xx"), R["lang_steps"], R["lang_bs"], R["lang_lr"], args.seed + 12,
-              log=log, log_every=100, mix_rows=replay, mix_bs=R["replay_bs"])
-    t_lang = time.time() - t0
+
+    def expert(role, lang, seed, what):
+        """The base fine-tuned on `role`'s pairs (answer-only loss, plus replayed pretraining rows)."""
+        m = copy.deepcopy(base)
+        t = time.time()
+        log(f"{what}: {R[role + '_steps']} steps, lr {R[role + '_lr']} (answer-only loss + replay)")
+        train_sft(m, sft_examples(tok, D[role], lang), R[role + "_steps"], R[role + "_bs"], R[role + "_lr"], seed,
+                  log=log, log_every=100, mix_rows=replay, mix_bs=R["replay_bs"])
+        return m, time.time() - t
+
+    math_m, t_math = expert("math", "en", args.seed + 11, "math expert: English word problems")
+    lang_m, t_lang = expert("lang", "xx", args.seed + 12, f"language expert: {LANG_NAME} instructions (no math)")
     base.load_state_dict(sd_base)
     for name, m in (("base", base), ("math", math_m), ("lang", lang_m)):
         save_model(m, tok, os.path.join(args.out, name))

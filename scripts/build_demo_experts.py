@@ -11,7 +11,8 @@ Output layout (default --out assets/demo):
   mgsm/mgsm_en.tsv mgsm/mgsm_xx.tsv mgsm/exemplars.json mgsm/languages.json
   build_info.json        recipe, timings, base cross-lingual alignment, per-layer change profiles
 
-Dependencies: torch, transformers, tokenizers, safetensors, numpy, stdlib. See assets/demo/README.md.
+Dependencies: torch, transformers, tokenizers, safetensors, numpy and layerswap (the change profiles). See
+assets/demo/README.md.
 """
 import argparse
 import copy
@@ -20,12 +21,15 @@ import math
 import os
 import random
 import re
+import sys
 import time
 
 import numpy as np
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # layerswap, run from anywhere
 
 # ================================================================ synthetic world
 NAMES = ["Tom", "Mia", "Sam", "Ana", "Leo", "Eva", "Max", "Zoe", "Ben", "Lia", "Kai", "Ivy", "Noa", "Raj", "Emi", "Uma"]
@@ -519,26 +523,20 @@ def train_sft(model, exs, steps, bs, lr, seed, wd=0.0, warmup=20, log=None, log_
 
 
 # ---------------------------------------------------------------- change profile
-def layer_of(name):
-    m = re.search(r"layers\.(\d+)\.", name)
-    return int(m.group(1)) if m else None
+NON_LAYER = {"emb": "model.embed_tokens.weight", "norm": "model.norm.weight", "head": "lm_head.weight"}
 
 
-def change_profile(sd_base, sd_exp, L):
-    num = [0.0] * L
-    den = [0.0] * L
-    other = {}
-    for n, t in sd_base.items():
-        d = (sd_exp[n].double() - t.double()).pow(2).sum().item()
-        b = t.double().pow(2).sum().item()
-        l = layer_of(n)
-        if l is None:
-            key = "emb" if "embed" in n else ("head" if "lm_head" in n else "norm")
-            other[key] = (d / max(b, 1e-12)) ** 0.5
-        else:
-            num[l] += d
-            den[l] += b
-    return [round((a / b) ** 0.5, 4) for a, b in zip(num, den)], {k: round(v, 4) for k, v in other.items()}
+def change_profiles(out):
+    """Relative change ||expert - base|| / ||base|| per layer and per non-layer tensor, by layerswap's analysis."""
+    from layerswap import Checkpoint
+    from layerswap.analysis import analyze
+
+    cks = {r: Checkpoint.open(os.path.join(out, r)) for r in ("base", "math", "lang")}
+    an = analyze(cks["base"], cks["math"], cks["lang"], cache=False)
+    rows = {r["tensor"]: r for r in an.non_layer_rows()}
+    return {role: [[round(float(x), 4) for x in an.layer_profile(role)],
+                   {k: round(float(rows[t][f"relative_{role}"]), 4) for k, t in NON_LAYER.items()}]
+            for role in ("math", "lang")}
 
 
 # ---------------------------------------------------------------- alignment
@@ -752,7 +750,6 @@ def main():
     t_base = time.time() - t0
     align = retrieval(base, tok, D["align_c"])
     log(f"base done in {t_base:.0f}s; EN->{LANG_NAME} content retrieval top-1 (emb, L1..L{L}): {align}")
-    sd_base = {k: v.clone() for k, v in base.state_dict().items()}
     replay = pack_stream(tok, D["docs"][:20000], R["T"])
 
     def expert(role, lang, seed, what):
@@ -766,7 +763,6 @@ def main():
 
     math_m, t_math = expert("math", "en", args.seed + 11, "math expert: English word problems")
     lang_m, t_lang = expert("lang", "xx", args.seed + 12, f"language expert: {LANG_NAME} instructions (no math)")
-    base.load_state_dict(sd_base)
     for name, m in (("base", base), ("math", math_m), ("lang", lang_m)):
         save_model(m, tok, os.path.join(args.out, name))
     write_mgsm(w, D["test_pb"], D["exemplars"], args.out)
@@ -775,8 +771,7 @@ def main():
                 seconds=dict(base=round(t_base), math=round(t_math), lang=round(t_lang),
                              total=round(time.time() - t_all)),
                 base_content_retrieval=align,
-                change_profile=dict(math=change_profile(sd_base, math_m.state_dict(), L),
-                                    lang=change_profile(sd_base, lang_m.state_dict(), L)))
+                change_profile=change_profiles(args.out))
     with open(os.path.join(args.out, "build_info.json"), "w") as f:
         json.dump(info, f, indent=1)
     log(f"done in {time.time() - t_all:.0f}s -> {args.out}/{{base,math,lang,mgsm}}")

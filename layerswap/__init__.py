@@ -8,13 +8,13 @@ Python API at a glance::
     export_merge(math, lang, Plan(b=5, u=2, tb=1, tu=1), "merged/")
 """
 
-__version__ = "0.1.0"
-
-from .checkpoints import Checkpoint, CompatReport, check_compatible, classify  # noqa: E402
-from .errors import UserError  # noqa: E402
-from .merging import blend, export_merge, merge_in_memory, tensor_weights  # noqa: E402
-from .methods import METHODS, MethodConfig  # noqa: E402
-from .plans import Plan, default_plan  # noqa: E402
+from .architectures import classify
+from .checkpoints import Checkpoint, CompatReport, check_compatible
+from .errors import UserError
+from .merging import blend, export_merge, merge_in_memory, tensor_weights
+from .methods import METHODS, MethodConfig
+from .plans import Plan, default_plan
+from .version import __version__
 
 __all__ = [
     "METHODS", "Checkpoint", "CompatReport", "MethodConfig", "Plan", "UserError", "blend", "check_compatible",

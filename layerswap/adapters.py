@@ -9,20 +9,22 @@ import shutil
 import uuid
 from pathlib import Path
 
+from .cache import cache_dir, fingerprint
+from .checkpoints import Checkpoint, is_adapter, resolve
 from .errors import UserError
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("LAYERSWAP_CACHE", Path.home() / ".cache" / "layerswap")) / "adapters-merged"
+def open_expert(ref: str | os.PathLike, base: str | os.PathLike | None = None) -> Checkpoint:
+    """Open an expert: a full model as is, a PEFT adapter merged into its base first (cached).
 
-
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(path.iterdir()):
-        if f.is_file() and (f.suffix in (".safetensors", ".json", ".bin")):
-            st = f.stat()
-            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
+    `base` overrides the adapter's ``base_model_name_or_path``; it is ignored for full models.
+    """
+    path = resolve(ref)
+    if not is_adapter(path):
+        return Checkpoint.from_folder(path, ref)
+    ck = Checkpoint.open(merge_adapter(path, base))
+    ck.ref, ck.adapter = str(ref), str(path)
+    return ck
 
 
 def merge_adapter(adapter_dir: str | os.PathLike, base: str | os.PathLike | None = None) -> Path:
@@ -31,8 +33,6 @@ def merge_adapter(adapter_dir: str | os.PathLike, base: str | os.PathLike | None
     The base is `base` if given, else the adapter's ``base_model_name_or_path``. The result is
     cached under ``$LAYERSWAP_CACHE/adapters-merged`` keyed by the adapter's and base's files.
     """
-    from .checkpoints import Checkpoint, resolve
-
     adapter_dir = Path(adapter_dir)
     try:
         cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
@@ -45,8 +45,9 @@ def merge_adapter(adapter_dir: str | os.PathLike, base: str | os.PathLike | None
         raise UserError(f"{adapter_dir} does not name its base model; pass --base (the model the adapter was trained on).")
     base_path = resolve(base_ref)
     base_ck = Checkpoint.open(base_path)  # validates the base (no pickles, readable headers)
-    key = hashlib.sha256(f"{_digest(adapter_dir)}:{base_ck.fingerprint()}".encode()).hexdigest()[:20]
-    out = cache_root() / key
+    own = [f for f in adapter_dir.iterdir() if f.is_file() and f.suffix in (".safetensors", ".json", ".bin")]
+    key = hashlib.sha256(f"{fingerprint(own)}:{base_ck.fingerprint()}".encode()).hexdigest()[:20]
+    out = cache_dir("adapters-merged") / key
     if (out / "config.json").exists():
         return out
     try:

@@ -65,10 +65,13 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from .checkpoints import PTYPE_LABELS, Checkpoint, check_compatible, ptype_sort_key
+from .architectures import architecture
+from .cache import cache_dir
+from .checkpoints import Checkpoint, check_compatible
 from .errors import UserError
 from .plans import Plan
-from .stream import ChunkStream, _Files, read_range
+from .stream import ChunkStream, read_range
+from .tensorfile import Files
 
 Progress = Callable[[float, str], None]
 
@@ -109,7 +112,7 @@ PANEL_METRICS = {
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("LAYERSWAP_CACHE", Path.home() / ".cache" / "layerswap")) / "analysis"
+    return cache_dir("analysis")
 
 
 # ---- binning of |Δ| -------------------------------------------------------------------------
@@ -145,7 +148,7 @@ class TensorMeta:
 
     @property
     def label(self) -> str:
-        return PTYPE_LABELS.get(self.ptype, self.ptype)
+        return architecture("llama").label(self.ptype)
 
 
 @dataclass
@@ -324,11 +327,11 @@ class Analysis:
 
     @property
     def ptypes(self) -> list[str]:
-        return sorted({t.ptype for t in self.tensors if t.layer is not None}, key=ptype_sort_key)
+        return sorted({t.ptype for t in self.tensors if t.layer is not None}, key=architecture("llama").sort_key)
 
     @property
     def row_labels(self) -> list[str]:
-        return [PTYPE_LABELS.get(p, p) for p in self.ptypes]
+        return [architecture("llama").label(p) for p in self.ptypes]
 
     def index(self, name: str) -> int:
         for i, t in enumerate(self.tensors):
@@ -1128,7 +1131,7 @@ def _sample(cks: list[Checkpoint], tensors: list[TensorMeta], fraction: float, m
     f = min(fraction, max_entries / max(N, 1))
     est = {r: np.zeros(NBINS) for r in ROLES}
     raw = {r: np.zeros(NBINS, np.int64) for r in ROLES}
-    files = _Files()
+    files = Files()
     nbytes = sampled = 0
     try:
         for t in tensors:
@@ -1420,7 +1423,7 @@ class DiffResult:
 
     @property
     def row_labels(self) -> list[str]:
-        return [PTYPE_LABELS.get(p, p) for p in self.ptypes]
+        return [architecture("llama").label(p) for p in self.ptypes]
 
     def layer_profile(self) -> np.ndarray:
         """Mean over parameter types, per layer."""
@@ -1464,7 +1467,7 @@ def diff_vs_base(expert: Checkpoint, base: Checkpoint, *, device: str = "cpu",
     if not rep.ok:
         raise UserError(f"Cannot compare {expert.ref} with base {base.ref}: {rep.errors[0].what}: {rep.errors[0].detail}.")
     L = expert.num_layers
-    ptypes = sorted({t.ptype for t in expert.tensors.values() if t.layer is not None}, key=ptype_sort_key)
+    ptypes = sorted({t.ptype for t in expert.tensors.values() if t.layer is not None}, key=architecture("llama").sort_key)
     values = np.full((len(ptypes), L), np.nan)
     names: list[list[str | None]] = [[None] * L for _ in ptypes]
     non_layer: dict[str, float] = {}

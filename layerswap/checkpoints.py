@@ -1,54 +1,32 @@
-"""Checkpoints: find a model (local folder or Hub id), read its safetensors headers, load tensors lazily.
+"""Checkpoints: find a model (local folder or Hub id), know every tensor from its headers, read lazily.
 
-Nothing here loads a whole model. Shapes and dtypes come from the safetensors headers, and a
-tensor is read only when asked for (through a memory-mapped ``safe_open`` handle).
+Nothing here loads a whole model. Shapes and dtypes come from the safetensors headers
+(`layerswap.tensorfile`), each tensor is mapped to (layer, parameter type) by the architecture
+table (`layerswap.architectures`), and a tensor's bytes are read with ``pread`` only when asked
+for. Also here: the compatibility report (from headers only) and the shared-base check (a few
+MB of sampled weights).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import re
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .architectures import Architecture, architecture, classify
+from .cache import content_hash, fingerprint
 from .errors import UserError
-from .hub import hub_reachable
+from .hub import hub_reachable, looks_like_hub_id
+from .tensorfile import ITEMSIZE, Files, read_header, to_float64, torch_dtype
 
 if TYPE_CHECKING:
     import torch
-
-# safetensors dtype code -> (torch dtype name, bytes per element). torch is imported only when a
-# tensor is materialised, so reading headers, checking and copying start without it.
-_DTYPE_TABLE = {
-    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
-    "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1),
-    "BOOL": ("bool", 1), "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
-}
-ITEMSIZE = {code: size for code, (_, size) in _DTYPE_TABLE.items()}
-
-
-def torch_dtype(code: str) -> "torch.dtype":
-    import torch
-
-    return getattr(torch, _DTYPE_TABLE[code][0])
-
-
-def __getattr__(name: str):
-    """``DTYPES`` (code -> (torch dtype, itemsize)) and ``TORCH_TO_CODE``, built on first use."""
-    if name == "DTYPES":
-        return {code: (torch_dtype(code), size) for code, size in ITEMSIZE.items()}
-    if name == "TORCH_TO_CODE":
-        return {torch_dtype(code): code for code in ITEMSIZE}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 HUB_PATTERNS = [
@@ -74,54 +52,6 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "chat_template.json",
 )
-# Architectures whose tensor layout this tool understands: `model.layers.N.<module>` blocks
-# with embeddings before and final norm + lm_head after.
-LLAMA_FAMILY = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3"}
-
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
-_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
-
-# Display order and short labels for per-layer parameter types.
-PTYPE_ORDER = [
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-    "input_layernorm", "post_attention_layernorm",
-]
-PTYPE_LABELS = {
-    "q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
-    "gate_proj": "gate", "up_proj": "up", "down_proj": "down",
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm",
-}
-NON_LAYER_GROUPS = ("embed", "final_norm", "lm_head")
-
-
-def classify(name: str, num_layers: int) -> tuple[int | None, str]:
-    """Map a tensor name to ``(layer index or None, parameter type)``.
-
-    ``model.layers.3.self_attn.q_proj.weight`` -> ``(3, "q_proj")``; biases keep a suffix
-    (``q_proj.bias``). Tensors outside the blocks get ``None`` and one of ``embed``,
-    ``final_norm``, ``lm_head`` or ``other``.
-    """
-    m = _LAYER_RE.search(name)
-    if m and int(m.group(1)) < num_layers:
-        rest = m.group(2)
-        for prefix in ("self_attn.", "mlp.", "attention.", "feed_forward."):
-            if rest.startswith(prefix):
-                rest = rest[len(prefix):]
-                break
-        if rest.endswith(".weight"):
-            rest = rest[: -len(".weight")]
-        return int(m.group(1)), rest
-    if "embed" in name or name.endswith("wte.weight"):
-        return None, "embed"
-    if name.startswith("lm_head") or name.endswith("lm_head.weight"):
-        return None, "lm_head"
-    if "norm" in name:
-        return None, "final_norm"
-    return None, "other"
-
-
-def ptype_sort_key(ptype: str) -> tuple[int, str]:
-    return (PTYPE_ORDER.index(ptype) if ptype in PTYPE_ORDER else len(PTYPE_ORDER), ptype)
 
 
 @dataclass(frozen=True)
@@ -150,53 +80,6 @@ class TensorInfo:
         return torch_dtype(self.dtype)
 
 
-def read_safetensors_header(path: Path) -> tuple[dict, int]:
-    """Parse and validate a safetensors header; return ``(entries, data_start)``.
-
-    Raises UserError naming the file when the header is corrupt or inconsistent with the file.
-    """
-    size = path.stat().st_size
-    bad = f"{path} is not a valid safetensors file"
-    fix = "re-download or re-export it"
-    if size < 8:
-        raise UserError(f"{bad} (only {size} bytes); {fix}.")
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n == 0 or n > min(size - 8, 100 * 2**20):
-            raise UserError(f"{bad} (header length {n} does not fit a {size}-byte file); {fix}.")
-        raw = f.read(n)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{bad} (header is not JSON: {e}); {fix}.") from None
-    if not isinstance(header, dict):
-        raise UserError(f"{bad} (header is not a JSON object); {fix}.")
-    data_start = 8 + n
-    data_len = size - data_start
-    entries = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (b, end) = e["dtype"], tuple(int(s) for s in e["shape"]), e["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise UserError(f"{bad} (entry {name!r} is malformed); {fix}.") from None
-        if dtype not in ITEMSIZE:
-            raise UserError(f"{path}: tensor {name!r} has unsupported dtype {dtype}.")
-        expected = math.prod(shape) * ITEMSIZE[dtype]
-        if not (0 <= b <= end <= data_len) or end - b != expected:
-            raise UserError(
-                f"{bad} (tensor {name!r} claims bytes {b}..{end} but the file holds {data_len} data bytes "
-                f"and the shape needs {expected}); it is probably truncated: {fix}."
-            )
-        entries[name] = (dtype, shape, data_start + b, data_start + end)
-    return entries, data_start
-
-
-def _looks_like_hub_id(ref: str) -> bool:
-    return bool(_HUB_ID_RE.match(ref)) and not ref.startswith((".", "/", "~"))
-
-
 def resolve(ref: str | os.PathLike) -> Path:
     """A local directory, or a Hub repo id (``owner/name[@revision]``) downloaded to the HF cache.
 
@@ -210,7 +93,7 @@ def resolve(ref: str | os.PathLike) -> Path:
         if not path.is_dir():
             raise UserError(f"{ref} is a file; pass the model's directory (with config.json and *.safetensors).")
         return path.resolve()
-    if not _looks_like_hub_id(ref) or Path(ref.split("/")[0]).is_dir():
+    if not looks_like_hub_id(ref) or Path(ref.split("/")[0]).is_dir():
         raise UserError(f"{ref}: no such directory. Pass a local model directory or a Hub id like 'owner/name'.")
     from huggingface_hub import snapshot_download
 
@@ -231,6 +114,11 @@ def resolve(ref: str | os.PathLike) -> Path:
         ) from None
 
 
+def text_config(config: dict) -> dict:
+    """The language model's part of a config (multimodal configs, e.g. Gemma 3, nest it)."""
+    return config.get("text_config", config) if "num_hidden_layers" not in config else config
+
+
 @dataclass
 class Checkpoint:
     """A model on disk: its config, where every tensor lives, and lazy access to them."""
@@ -239,27 +127,26 @@ class Checkpoint:
     path: Path
     config: dict
     tensors: dict[str, TensorInfo]
-    adapter: str | None = None  # the PEFT adapter this checkpoint was merged from, if any
-    _handles: dict = field(default_factory=dict, repr=False)
-    _fds: dict = field(default_factory=dict, repr=False)
+    adapter: str | None = None  # the PEFT adapter this checkpoint was merged from (set by adapters.open_expert)
+    _files: Files = field(default_factory=Files, repr=False)
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def open(cls, ref: str | os.PathLike, adapter_base: str | os.PathLike | None = None) -> "Checkpoint":
-        """Open a model folder or Hub id. A PEFT (LoRA) adapter is merged into its base first.
+    def open(cls, ref: str | os.PathLike) -> "Checkpoint":
+        """Open a model folder or Hub id (headers only: no weight is read).
 
-        `adapter_base` overrides the adapter's ``base_model_name_or_path``.
+        A PEFT adapter folder is refused here: `layerswap.adapters.open_expert` merges it into
+        its base first.
         """
-        path = resolve(ref)
-        cfg_path = path / "config.json"
-        if (path / "adapter_config.json").exists() and not (path / "model.safetensors").exists() \
-                and not (path / "model.safetensors.index.json").exists():
-            from .adapters import merge_adapter
+        return cls.from_folder(resolve(ref), ref)
 
-            merged = merge_adapter(path, adapter_base)
-            ck = cls.open(merged)
-            ck.ref, ck.adapter = str(ref), str(path)
-            return ck
+    @classmethod
+    def from_folder(cls, path: Path, ref: str | os.PathLike) -> "Checkpoint":
+        """`open` for a folder already resolved (`ref` is what the user gave, kept for reports)."""
+        cfg_path = path / "config.json"
+        if is_adapter(path):
+            raise UserError(f"{ref} is a PEFT adapter, not a full model: pass it as an expert (it is merged into "
+                            "its base first) or merge it yourself with peft's merge_and_unload.")
         if not cfg_path.exists():
             raise UserError(f"{ref} has no config.json: pass a Hugging Face model directory.")
         try:
@@ -267,15 +154,14 @@ class Checkpoint:
         except json.JSONDecodeError as e:
             raise UserError(f"{cfg_path} is not valid JSON ({e}).") from None
         files = cls._weight_files(path, ref)
-        num_layers = int(_text_config(config).get("num_hidden_layers", 0))
+        num_layers = int(text_config(config).get("num_hidden_layers", 0))
         if num_layers <= 0:
             raise UserError(f"{cfg_path} has no num_hidden_layers: is this a decoder-only transformer?")
         tensors: dict[str, TensorInfo] = {}
         for f in files:
-            entries, _ = read_safetensors_header(f)
-            for name, (dtype, shape, start, end) in entries.items():
+            for name, e in read_header(f).items():
                 layer, ptype = classify(name, num_layers)
-                tensors[name] = TensorInfo(name, shape, dtype, f, start, end, layer, ptype)
+                tensors[name] = TensorInfo(name, e.shape, e.dtype, f, e.start, e.end, layer, ptype)
         if not tensors:
             raise UserError(f"{ref}: the safetensors files hold no tensors.")
         return cls(ref=str(ref), path=path, config=config, tensors=tensors)
@@ -308,7 +194,7 @@ class Checkpoint:
     # ---- facts --------------------------------------------------------------------------
     @property
     def text_config(self) -> dict:
-        return _text_config(self.config)
+        return text_config(self.config)
 
     @property
     def num_layers(self) -> int:
@@ -324,8 +210,17 @@ class Checkpoint:
         return str(self.text_config.get("model_type", self.config.get("model_type", "?")))
 
     @property
+    def arch(self) -> Architecture:
+        """This model's entry in the architecture table (parameter types, groups, labels)."""
+        return architecture(self.model_type)
+
+    @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
+
+    @property
+    def weight_files(self) -> list[Path]:
+        return sorted({t.file for t in self.tensors.values()})
 
     def layer_tensors(self, layer: int) -> list[TensorInfo]:
         return [t for t in self.tensors.values() if t.layer == layer]
@@ -334,64 +229,27 @@ class Checkpoint:
         return [self.path / n for n in TOKENIZER_FILES if (self.path / n).exists()]
 
     def tokenizer_hash(self) -> str | None:
+        """Identity of the tokenizer by content (equal across folders holding the same tokenizer)."""
         files = [f for f in self.tokenizer_files() if f.name in ("tokenizer.json", "tokenizer.model", "vocab.json")]
-        if not files:
-            return None
-        h = hashlib.sha256()
-        for f in files:
-            h.update(f.read_bytes())
-        return h.hexdigest()[:16]
+        return content_hash((f.name, f.read_bytes()) for f in files) if files else None
 
     def fingerprint(self) -> str:
-        """Cheap identity: file names, sizes, mtimes and header bytes of the weight files."""
-        h = hashlib.sha256()
-        for f in sorted({t.file for t in self.tensors.values()}):
-            st = f.stat()
-            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-            with open(f, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                h.update(fh.read(n))
-        return h.hexdigest()[:20]
+        """Cheap identity of the weights: file names, sizes, mtimes and header bytes."""
+        return fingerprint(self.weight_files)
 
     # ---- lazy tensor access -------------------------------------------------------------
-    def get(self, name: str, device: "str | torch.device" = "cpu") -> "torch.Tensor":
-        """Load one tensor (memory-mapped read) onto `device`."""
-        from safetensors import safe_open
-
-        info = self.tensors[name]
-        handle = self._handles.get(info.file)
-        if handle is None:
-            handle = safe_open(str(info.file), framework="pt", device="cpu")
-            self._handles[info.file] = handle
-        t = handle.get_tensor(name)
-        return t if str(device) == "cpu" else t.to(device)
-
-    def iter_tensors(self, names: list[str] | None = None, device: str = "cpu") -> "Iterator[tuple[str, torch.Tensor]]":
-        for name in names or list(self.tensors):
-            yield name, self.get(name, device)
-
     def read_bytes(self, name: str, start: int = 0, count: int | None = None) -> bytearray:
         """Raw bytes of elements ``start .. start+count`` of a tensor, read with pread (nothing mapped)."""
         info = self.tensors[name]
         size = ITEMSIZE[info.dtype]
         n = info.numel - start if count is None else count
-        fd = self._fds.get(info.file)
-        if fd is None:
-            fd = self._fds[info.file] = os.open(info.file, os.O_RDONLY)
-        buf = bytearray(n * size)
-        view, got, offset = memoryview(buf), 0, info.start + start * size
-        while got < len(buf):
-            k = os.preadv(fd, [view[got:]], offset + got)
-            if k <= 0:
-                raise UserError(f"{info.file} ended early while reading {name}: the file is truncated.")
-            got += k
-        return buf
+        return self._files.read(info.file, info.start + start * size, n * size, what=name)
 
     def read(self, name: str, start: int = 0, count: int | None = None) -> "torch.Tensor":
         """Elements ``start .. start+count`` of a tensor (flattened), read with pread into fresh memory.
 
-        Unlike `get` this maps nothing, so streaming over a large model keeps resident memory at
-        the size of what is being read. Returns the full tensor, shaped, when no range is given.
+        Nothing is memory-mapped, so streaming over a large model keeps resident memory at the
+        size of what is being read. Returns the full tensor, shaped, when no range is given.
         """
         import torch
 
@@ -401,29 +259,23 @@ class Checkpoint:
         t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
         return t.reshape(info.shape) if start == 0 and count is None else t
 
+    def get(self, name: str, device: "str | torch.device" = "cpu") -> "torch.Tensor":
+        """One whole tensor, shaped, on `device`."""
+        t = self.read(name)
+        return t if str(device) == "cpu" else t.to(device)
+
     def read_float64(self, name: str, start: int = 0, count: int | None = None) -> np.ndarray:
         """Floating-point elements as a float64 NumPy array (no torch needed)."""
-        return _to_float64(self.read_bytes(name, start, count), self.tensors[name].dtype)
+        return to_float64(self.read_bytes(name, start, count), self.tensors[name].dtype)
 
     def close(self) -> None:
-        self._handles.clear()
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self._files.close()
 
 
-def _to_float64(buf: bytes, code: str) -> np.ndarray:
-    if code == "BF16":  # bfloat16 is the top half of a float32
-        return (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    kinds = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
-    if code not in kinds:
-        raise UserError(f"Cannot compare tensors of dtype {code} numerically.")
-    return np.frombuffer(buf, dtype=kinds[code]).astype(np.float64)
-
-
-def _text_config(config: dict) -> dict:
-    """Multimodal configs (e.g. Gemma 3) nest the language model's config."""
-    return config.get("text_config", config) if "num_hidden_layers" not in config else config
+def is_adapter(path: Path) -> bool:
+    """A PEFT adapter folder: adapter_config.json and no full model weights."""
+    return ((path / "adapter_config.json").exists() and not (path / "model.safetensors").exists()
+            and not (path / "model.safetensors.index.json").exists())
 
 
 # ---- compatibility ---------------------------------------------------------------------------
@@ -486,7 +338,7 @@ def check_compatible(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None
     ref = math
     mism: list[Mismatch] = []
     for role, ck in roles.items():
-        if ck.model_type not in LLAMA_FAMILY:
+        if not ck.arch.tested:
             mism.append(Mismatch("warning", f"{role} architecture",
                                  f"{ck.architecture} ({ck.model_type}) is not a tested Llama-family model; "
                                  "layers are found by the `layers.N.` pattern"))

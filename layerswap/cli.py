@@ -131,11 +131,10 @@ def _open(ref: str | None):
 
 def _open_trio(args):
     """Open base first, so adapters given as experts merge into it."""
-    base = _open(args.base)
-    from .checkpoints import Checkpoint
+    from .adapters import open_expert
 
-    return (Checkpoint.open(args.math, adapter_base=args.base), Checkpoint.open(args.lang, adapter_base=args.base),
-            base)
+    base = _open(args.base)
+    return open_expert(args.math, args.base), open_expert(args.lang, args.base), base
 
 
 def cmd_inspect(args) -> int:

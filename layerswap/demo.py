@@ -132,7 +132,9 @@ def demo_paths(cache: str | os.PathLike | None = None) -> tuple[dict[str, Path],
     """
     if all((ASSETS_DEMO / r / "config.json").exists() for r in ("base", "math", "lang")):
         return {r: ASSETS_DEMO / r for r in ("base", "math", "lang")}, "demo organism (tiny models trained on a synthetic two-language world; see assets/demo/README.md)"
-    cache = Path(cache or os.environ.get("LAYERSWAP_CACHE", Path.home() / ".cache" / "layerswap")) / "random-demo-v1"
+    from .cache import cache_dir
+
+    cache = Path(cache) / "random-demo-v1" if cache else cache_dir("random-demo-v1")
     return build_random_demo(cache), "untrained demo models (random weights, answers are noise)"
 
 

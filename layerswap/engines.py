@@ -312,25 +312,25 @@ def _engine_env():
 def engine_dtype(config: dict, settings: VLLMSettings, device: str) -> str:
     if settings.dtype != "auto":
         return settings.dtype
-    from .checkpoints import _text_config
+    from .checkpoints import text_config
 
-    dt = str(_text_config(config).get("torch_dtype") or config.get("dtype") or "bfloat16").replace("torch.", "")
+    dt = str(text_config(config).get("torch_dtype") or config.get("dtype") or "bfloat16").replace("torch.", "")
     if dt == "float16" and device == "cpu":
         return "bfloat16"  # vLLM's CPU backend calls float16 unstable
     return dt
 
 
 def default_max_model_len(config: dict) -> int:
-    from .checkpoints import _text_config
+    from .checkpoints import text_config
 
-    return int(min(_text_config(config).get("max_position_embeddings") or 4096, 4096))
+    return int(min(text_config(config).get("max_position_embeddings") or 4096, 4096))
 
 
 def preflight(config: dict, device: str) -> None:
     """Refuse, before spawning anything, models this vLLM build cannot serve."""
-    from .checkpoints import _text_config
+    from .checkpoints import text_config
 
-    tc = _text_config(config)
+    tc = text_config(config)
     heads = int(tc.get("num_attention_heads") or 0)
     head_dim = int(tc.get("head_dim") or (int(tc.get("hidden_size", 0)) // heads if heads else 0))
     if device == "cpu" and head_dim < 64:

@@ -1,9 +1,17 @@
-"""Hugging Face Hub access helpers."""
+"""Hugging Face Hub access helpers: is this a Hub id, and can the Hub be reached at all."""
 
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
+
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+
+
+def looks_like_hub_id(ref: str) -> bool:
+    """``owner/name`` or ``owner/name@revision`` (never a path starting with ``.``, ``/`` or ``~``)."""
+    return bool(_HUB_ID_RE.match(ref)) and not ref.startswith((".", "/", "~"))
 
 
 @lru_cache(maxsize=1)

@@ -14,37 +14,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .checkpoints import Checkpoint, _looks_like_hub_id
+from .architectures import Architecture
+from .checkpoints import Checkpoint
 from .errors import UserError
+from .hub import looks_like_hub_id
 from .methods import MethodConfig
 from .plans import Plan
 
-_ATTN_FILTERS = ("self_attn", "input_layernorm")
-_MLP_FILTERS = ("mlp", "post_attention_layernorm", "feedforward_layernorm")
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
 
 def _ref(ck: Checkpoint) -> str:
     """Hub ids stay ids; local models (and merged adapters) are written as absolute paths."""
-    is_hub = _looks_like_hub_id(ck.ref) and not Path(ck.ref).exists()
+    is_hub = looks_like_hub_id(ck.ref) and not Path(ck.ref).exists()
     return ck.ref if is_hub and not ck.adapter else str(ck.path)
 
 
-def _weight(value_attn: float, value_mlp: float):
+def _weight(arch: Architecture, value_attn: float, value_mlp: float):
     """A scalar, or mergekit's filtered parameter list when attention and MLP differ."""
     if value_attn == value_mlp:
         return value_attn
-    rows = [{"filter": f, "value": value_attn} for f in _ATTN_FILTERS]
-    rows += [{"filter": f, "value": value_mlp} for f in _MLP_FILTERS]
+    rows = [{"filter": f, "value": value_attn} for f in arch.mergekit_filters("attention")]
+    rows += [{"filter": f, "value": value_mlp} for f in arch.mergekit_filters("mlp")]
     return rows
 
 
-def _sources(math: str, lang: str, w_attn: float, w_mlp: float, w_other: float, length: tuple[int, int],
-             both: bool = False) -> list[dict]:
+def _sources(arch: Architecture, math: str, lang: str, w_attn: float, w_mlp: float, w_other: float,
+             length: tuple[int, int], both: bool = False) -> list[dict]:
     if not both and w_attn == w_mlp == w_other and w_attn in (0.0, 1.0):
         return [{"model": lang if w_attn == 1.0 else math, "layer_range": list(length), "parameters": {"weight": 1.0}}]
-    wm = _weight(1.0 - w_attn, 1.0 - w_mlp)
-    wl = _weight(w_attn, w_mlp)
+    wm = _weight(arch, 1.0 - w_attn, 1.0 - w_mlp)
+    wl = _weight(arch, w_attn, w_mlp)
     if isinstance(wm, list):  # tensors in neither group keep the `w_other` split
         wm.append({"value": 1.0 - w_other})
         wl.append({"value": w_other})
@@ -70,19 +70,20 @@ def mergekit_config(math: Checkpoint, lang: Checkpoint, plan: Plan, method: Meth
             "mergekit equivalent; use mergekit's own method config for it."
         )
     lw = plan.layer_weights(L)
+    arch = math.arch
 
     def layer_key(i: int) -> tuple[float, float, float]:  # attention, MLP, anything else in the layer
-        return (plan.tensor_weight(i, "q_proj", lw), plan.tensor_weight(i, "gate_proj", lw),
-                plan.tensor_weight(i, "other", lw))
+        return (plan.tensor_weight(i, arch.attention[0], lw, arch), plan.tensor_weight(i, arch.mlp[0], lw, arch),
+                plan.tensor_weight(i, "other", lw, arch))
 
-    slices = [{"sources": _sources(m, lg, *[plan.non_layer_weight("embed", lw)] * 3, (0, 0), both=True)}]
+    slices = [{"sources": _sources(arch, m, lg, *[plan.non_layer_weight("embed", lw)] * 3, (0, 0), both=True)}]
     start = 0
     for i in range(1, L + 1):
         if i == L or layer_key(i) != layer_key(start):
-            slices.append({"sources": _sources(m, lg, *layer_key(start), (start, i))})
+            slices.append({"sources": _sources(arch, m, lg, *layer_key(start), (start, i))})
             start = i
     wh = plan.non_layer_weight("lm_head", lw)
-    slices.append({"sources": _sources(m, lg, wh, wh, wh, (L, L), both=True)})
+    slices.append({"sources": _sources(arch, m, lg, wh, wh, wh, (L, L), both=True)})
     return {
         "merge_method": "linear",
         "base_model": m,

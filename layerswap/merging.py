@@ -19,24 +19,24 @@ import datetime as _dt
 import json
 import os
 import shutil
-import struct
 import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from . import __version__
-from .checkpoints import (BASE_DISTANCE_THRESHOLD, ITEMSIZE, Checkpoint, Pairing, TensorInfo, check_compatible,
-                          check_pairing, classify)
+from .architectures import Architecture, classify
+from .checkpoints import BASE_DISTANCE_THRESHOLD, Checkpoint, Pairing, TensorInfo, check_compatible, check_pairing
 from .errors import UserError
 from .methods import MethodConfig, linear
 from .plans import Plan, source_label
+from .runtime import Progress, resolve_device
+from .tensorfile import ITEMSIZE, ShardWriter
+from .version import __version__
 
 if TYPE_CHECKING:  # torch loads only when a tensor is computed: copies and checks start without it
     import torch
 
-ProgressFn = Callable[[float, str], None]
 DEFAULT_SHARD_BYTES = 5 * 10**9
 CHUNK_ELEMS = 1 << 20  # elements per slice when merging a large tensor in pieces (cache-sized)
 
@@ -74,8 +74,8 @@ def _recipe(w: float) -> Recipe:
     return Recipe("blend", w=w)
 
 
-def recipes_for(names: list[str], num_layers: int, plan: Plan | None, method: MethodConfig | None = None
-                ) -> dict[str, Recipe]:
+def recipes_for(names: list[str], num_layers: int, plan: Plan | None, method: MethodConfig | None = None,
+                arch: Architecture | None = None) -> dict[str, Recipe]:
     """The recipe of every tensor name, from the plan (layer swapping) or the method."""
     method = method or MethodConfig()
     method.validate()
@@ -83,22 +83,22 @@ def recipes_for(names: list[str], num_layers: int, plan: Plan | None, method: Me
         return {n: Recipe("method") for n in names}
     plan = plan or Plan()
     lw = plan.layer_weights(num_layers)
-    return {n: _recipe(plan.tensor_weight(*classify(n, num_layers), lw)) for n in names}
+    return {n: _recipe(plan.tensor_weight(*classify(n, num_layers), lw, arch)) for n in names}
 
 
 def tensor_weights(ck: Checkpoint, plan: Plan) -> dict[str, float]:
     """The plan's ``w_lang`` for every tensor of `ck`, by the tensor's layer and type."""
     lw = plan.layer_weights(ck.num_layers)
-    return {n: plan.tensor_weight(t.layer, t.ptype, lw) for n, t in ck.tensors.items()}
+    return {n: plan.tensor_weight(t.layer, t.ptype, lw, ck.arch) for n, t in ck.tensors.items()}
 
 
 def merge_in_memory(math: Mapping[str, "torch.Tensor"], lang: Mapping[str, "torch.Tensor"], num_layers: int,
                     plan: Plan | None = None, method: MethodConfig | None = None,
                     base: Callable[[str], "torch.Tensor"] | None = None,
-                    progress: ProgressFn | None = None) -> dict[str, "torch.Tensor"]:
+                    progress: Progress | None = None, arch: Architecture | None = None) -> dict[str, "torch.Tensor"]:
     """Merge loaded state dicts with any method; `base(name)` supplies base tensors when needed."""
     method = method or MethodConfig()
-    recipes = recipes_for(list(math), num_layers, plan, method)
+    recipes = recipes_for(list(math), num_layers, plan, method, arch)
     if method.spec.needs_base and base is None:
         raise UserError(f"{method.spec.title} needs the base model: load a base as well.")
     out = {}
@@ -129,10 +129,10 @@ class MergeSummary:
 
 
 def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str | os.PathLike, *,
-                 method: MethodConfig | None = None, base: Checkpoint | None = None, device: str = "cpu",
+                 method: MethodConfig | None = None, base: Checkpoint | None = None, device: str = "auto",
                  shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False, force: bool = False,
                  base_distance_threshold: float = BASE_DISTANCE_THRESHOLD,
-                 progress: ProgressFn | None = None) -> MergeSummary:
+                 progress: Progress | None = None) -> MergeSummary:
     """Stream the merge to an HF folder: config, tokenizer, safetensors shards, model card.
 
     Checks run before any weights are read in bulk: headers (architecture, layers, names,
@@ -148,12 +148,9 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
         raise UserError(f"{method.spec.title} works on task vectors: pass --base (the model both experts were "
                         "fine-tuned from).")
     plan = plan if plan is not None else Plan()
-    recipes = recipes_for(list(math.tensors), math.num_layers, plan, method)
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UserError("--device cuda was asked for, but no CUDA GPU is visible to torch; use --device cpu.")
+    recipes = recipes_for(list(math.tensors), math.num_layers, plan, method, math.arch)
+    # torch (and a device) only matter when a tensor is computed: a copy-only merge never imports it
+    device = resolve_device(device, ("cpu", "cuda")) if any(r.kind != "copy" for r in recipes.values()) else "cpu"
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} already exists; choose a new folder or pass --overwrite.")
     pairing = check_pairing(math, lang, base, base_distance_threshold)
@@ -243,44 +240,34 @@ def _write_computed(write: Callable[[memoryview], None], info: TensorInfo, r: Re
 def _write_shard(path: Path, shard: list[TensorInfo], source: Callable[[TensorInfo], TensorInfo | None],
                  compute: Callable, tick: Callable[[TensorInfo], None]) -> None:
     """Write one safetensors file. Every tensor's place is known from the header, so copies run
-    in background threads (kernel-side `copy_file_range`) while computed tensors are produced
+    in a background thread (kernel-side `copy_file_range`) while computed tensors are produced
     and written at their offsets here."""
     from concurrent.futures import ThreadPoolExecutor
 
-    header = _header_bytes(shard)
-    offsets, pos = [], len(header)
-    for info in shard:
-        offsets.append(pos)
-        pos += info.nbytes
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.pwrite(fd, header, 0)
-        os.ftruncate(fd, pos)
+    with ShardWriter(path, [(t.name, t.dtype, t.shape) for t in shard]) as w:
         # every copy is queued first: the kernel copies while this thread computes (and, the
         # first time, imports torch); one copier is as fast as several on one file
         with ThreadPoolExecutor(max_workers=1) as pool:
             pending = []
-            for info, off in zip(shard, offsets):
+            for info in shard:
                 src = source(info)
                 if src is not None:
-                    fut = pool.submit(_copy_range, src, fd, off)
+                    fut = pool.submit(w.copy_from, src.file, src.start, src.nbytes, w.offsets[info.name], what=info.name)
                     fut.add_done_callback(lambda f, info=info: f.exception() is None and tick(info))
                     pending.append(fut)
-            for info, off in zip(shard, offsets):
+            for info in shard:
                 if source(info) is None:
-                    cursor = off
+                    cursor = w.offsets[info.name]
 
                     def write(buf: memoryview) -> None:
                         nonlocal cursor
-                        _pwrite_all(fd, buf, cursor)
+                        w.write_at(cursor, buf)
                         cursor += len(buf)
 
                     compute(info, write)
                     tick(info)
             for fut in pending:
                 fut.result()
-    finally:
-        os.close(fd)
 
 
 def _plan_shards(infos: list[TensorInfo], shard_bytes: int) -> list[list[TensorInfo]]:
@@ -294,47 +281,6 @@ def _plan_shards(infos: list[TensorInfo], shard_bytes: int) -> list[list[TensorI
         size += t.nbytes
     # widest dtypes first inside a shard keeps every tensor aligned to its element size
     return [sorted(s, key=lambda t: -ITEMSIZE[t.dtype]) for s in shards]
-
-
-def _header_bytes(shard: list[TensorInfo]) -> bytes:
-    header: dict = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for t in shard:
-        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
-        offset += t.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw
-
-
-def _pwrite_all(fd: int, buf, offset: int) -> None:
-    view = memoryview(buf).cast("B")
-    while len(view):
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
-
-
-def _copy_range(info: TensorInfo, out_fd: int, out_offset: int) -> None:
-    """Copy a tensor's raw bytes into `out_fd` at `out_offset` (in the kernel when it can)."""
-    src = os.open(info.file, os.O_RDONLY)
-    try:
-        offset, remaining = info.start, info.nbytes
-        try:
-            while remaining:
-                n = os.copy_file_range(src, out_fd, remaining, offset, out_offset)
-                if n == 0:
-                    break
-                offset, out_offset, remaining = offset + n, out_offset + n, remaining - n
-        except (AttributeError, OSError):  # old kernels, other platforms: plain reads and writes
-            pass
-        while remaining:
-            chunk = os.pread(src, min(remaining, 64 * 2**20), offset)
-            if not chunk:
-                raise UserError(f"{info.file} ended early while copying {info.name}: the file is truncated.")
-            _pwrite_all(out_fd, chunk, out_offset)
-            offset, out_offset, remaining = offset + len(chunk), out_offset + len(chunk), remaining - len(chunk)
-    finally:
-        os.close(src)
 
 
 def _tensor_bytes(t: "torch.Tensor") -> memoryview:

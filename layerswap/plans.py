@@ -22,8 +22,8 @@ and mergekit YAML work for every one):
     alternating   every other layer from the language expert, starting at layer ``offset``
 
 ``modules`` applies a map to part of each layer only: ``attention`` (q, k, v, o and the
-attention norm) or ``mlp`` (gate, up, down and the MLP norm); the other part stays with the
-math expert.
+attention norm) or ``mlp`` (gate, up, down and the MLP norm), as the architecture table
+(`layerswap.architectures`) groups them; the other part stays with the math expert.
 
 The paper (Bandarkar et al., 2025) leaves the treatment of embeddings, lm_head and the
 transition weights unverified in the public text; these options make the choice explicit.
@@ -35,6 +35,7 @@ import random
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
+from .architectures import Architecture, architecture
 from .errors import UserError
 
 Transition = Literal["flat", "ramp"]
@@ -46,19 +47,6 @@ NON_LAYER_OPTIONS = ("neighbour", "math", "lang", "avg")
 KINDS = ("swap", "weights", "middle", "random", "alternating")
 MODULES = ("all", "attention", "mlp")
 _FIXED = {"math": 0.0, "lang": 1.0, "avg": 0.5}
-ATTENTION_PTYPES = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "input_layernorm"}
-MLP_PTYPES = {"gate_proj", "up_proj", "down_proj", "post_attention_layernorm", "pre_feedforward_layernorm",
-              "post_feedforward_layernorm"}
-
-
-def module_group(ptype: str) -> str | None:
-    """``attention`` or ``mlp`` for a per-layer parameter type (Llama naming), else None."""
-    base = ptype.split(".")[0]
-    if base in ATTENTION_PTYPES:
-        return "attention"
-    if base in MLP_PTYPES:
-        return "mlp"
-    return None
 
 
 @dataclass(frozen=True)
@@ -150,11 +138,15 @@ class Plan:
             return layer_weights[0] if group == "embed" else layer_weights[-1]
         return _FIXED[self.non_layer]
 
-    def tensor_weight(self, layer: int | None, ptype: str, layer_weights: list[float]) -> float:
-        """The weight of one tensor, from its layer (None outside the blocks) and parameter type."""
+    def tensor_weight(self, layer: int | None, ptype: str, layer_weights: list[float],
+                      arch: Architecture | None = None) -> float:
+        """The weight of one tensor, from its layer (None outside the blocks) and parameter type.
+
+        `arch` (the model's `Architecture`, default Llama's) says which types are attention or MLP.
+        """
         if layer is None:
             return self.non_layer_weight(ptype, layer_weights)
-        if self.modules != "all" and module_group(ptype) != self.modules:
+        if self.modules != "all" and (arch or architecture("llama")).group(ptype) != self.modules:
             return 0.0
         return layer_weights[layer]
 

@@ -19,7 +19,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from .checkpoints import Checkpoint, _text_config
+from .checkpoints import Checkpoint, text_config
 from .engines import VLLMSettings, default_max_model_len, engine_dtype
 from .errors import UserError
 
@@ -90,7 +90,7 @@ def available_memory(device: str) -> int:
 
 
 def kv_bytes_per_token(ck: Checkpoint, dtype: str) -> int:
-    tc = _text_config(ck.config)
+    tc = text_config(ck.config)
     heads = int(tc["num_attention_heads"])
     kv_heads = int(tc.get("num_key_value_heads") or heads)
     head_dim = int(tc.get("head_dim") or int(tc["hidden_size"]) // heads)

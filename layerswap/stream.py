@@ -22,8 +22,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .checkpoints import DTYPES, Checkpoint, TensorInfo
-from .errors import UserError
+from .checkpoints import Checkpoint, TensorInfo
+from .tensorfile import ITEMSIZE, Files, pread_into, torch_dtype
 
 _STOP = object()
 
@@ -41,46 +41,15 @@ class Chunk:
     _slot: int = -1
 
 
-class _Files:
-    """One read-only descriptor per file, shared by every checkpoint using it."""
-
-    def __init__(self) -> None:
-        self.fds: dict[str, int] = {}
-
-    def fd(self, path) -> int:
-        key = str(path)
-        if key not in self.fds:
-            # no POSIX_FADV_SEQUENTIAL: with three files read in turn, its doubled readahead window
-            # thrashes (measured: 3x the system time of the default on the benchmark trio)
-            self.fds[key] = os.open(key, os.O_RDONLY)
-        return self.fds[key]
-
-    def close(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
-
-
-def read_into(fd: int, info: TensorInfo, view: memoryview, offset: int) -> None:
-    """Fill `view` with the file bytes at `offset` (absolute), or raise a UserError if the file is short."""
-    got = 0
-    while got < len(view):
-        k = os.preadv(fd, [view[got:]], offset + got)
-        if k <= 0:
-            raise UserError(f"{info.file} ended early while reading {info.name}: the file is truncated; "
-                            "re-download or re-export it.")
-        got += k
-
-
-def read_range(ck: Checkpoint, name: str, start: int, count: int, files: _Files | None = None) -> torch.Tensor:
+def read_range(ck: Checkpoint, name: str, start: int, count: int, files: Files | None = None) -> torch.Tensor:
     """Elements ``start .. start+count`` of a tensor (flattened), freshly read, on the CPU."""
     info = ck.tensors[name]
-    dtype, size = DTYPES[info.dtype]
+    dtype, size = torch_dtype(info.dtype), ITEMSIZE[info.dtype]
     buf = torch.empty(count * size, dtype=torch.uint8)
     own = files is None
-    files = files or _Files()
+    files = files or Files()
     try:
-        read_into(files.fd(info.file), info, memoryview(buf.numpy()), info.start + start * size)
+        pread_into(files.fd(info.file), memoryview(buf.numpy()), info.start + start * size, file=info.file, what=name)
     finally:
         if own:
             files.close()
@@ -104,7 +73,7 @@ class ChunkStream:
         self.chunk_elems = int(chunk_elems)
         self.device = torch.device(device)
         self.bytes_read = 0
-        sizes = {DTYPES[ck.tensors[n].dtype][1] for ck in self.cks for n in self.names} or {1}
+        sizes = {ITEMSIZE[ck.tensors[n].dtype] for ck in self.cks for n in self.names} or {1}
         # each read covers a whole number of slices, about read_bytes per file
         self.read_elems = self.chunk_elems * max(1, read_bytes // (self.chunk_elems * max(sizes)))
         slot_bytes = self.read_elems * max(sizes)
@@ -117,7 +86,7 @@ class ChunkStream:
             self._free.put(i)
         self._ready: queue.Queue = queue.Queue()
         self._stop = threading.Event()
-        self._files = _Files()
+        self._files = Files()
         self._thread = threading.Thread(target=self._run, name="layerswap-reader", daemon=True)
         self._started = False
         self._held: int | None = None
@@ -135,9 +104,9 @@ class ChunkStream:
                     if slot is None:
                         return
                     for buf, info in zip(self._bufs[slot], infos):
-                        size = DTYPES[info.dtype][1]
+                        size = ITEMSIZE[info.dtype]
                         view = memoryview(buf.numpy())[: n * size]
-                        read_into(self._files.fd(info.file), info, view, info.start + start * size)
+                        pread_into(self._files.fd(info.file), view, info.start + start * size, file=info.file, what=info.name)
                         self.bytes_read += n * size
                     self._ready.put((index, name, start, n, start + n >= numel, slot))
                     start += max(n, 1)
@@ -169,7 +138,7 @@ class ChunkStream:
             self._held = slot
             views = []
             for buf, ck in zip(self._bufs[slot], self.cks):
-                dtype, size = DTYPES[ck.tensors[name].dtype]
+                dtype, size = torch_dtype(ck.tensors[name].dtype), ITEMSIZE[ck.tensors[name].dtype]
                 views.append(buf[: n * size].view(dtype))
             for off in range(0, max(n, 1), self.chunk_elems):
                 m = min(self.chunk_elems, n - off)

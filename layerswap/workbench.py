@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import mgsm
+from .adapters import open_expert
 from .analysis import Analysis, DiffResult, MergedStats, analyze, diff_result
 from .checkpoints import Checkpoint, CompatReport, Pairing, check_compatible, check_pairing
 from .engines import (EngineStartError, SwappedEngine, TransformersEngine, VLLMEngine, VLLMSettings, load_model,
@@ -92,8 +93,7 @@ class Workbench:
         """
         p = progress or (lambda f, d: None)
         p(0.0, "reading checkpoint headers")
-        cks = {"math": Checkpoint.open(math, adapter_base=base or None),
-               "lang": Checkpoint.open(lang, adapter_base=base or None)}
+        cks = {"math": open_expert(math, base or None), "lang": open_expert(lang, base or None)}
         if base:
             cks["base"] = Checkpoint.open(base)
         report = check_compatible(cks["math"], cks["lang"], cks.get("base"))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from layerswap import Checkpoint, Plan, UserError, check_compatible, export_merge
+from layerswap.adapters import open_expert
 from layerswap.checkpoints import check_pairing
 from layerswap.demo import make_tiny_llama
 from tests.test_merge import assert_matches_plan, read_dir
@@ -36,7 +37,7 @@ def adapter(tmp_path_factory, trio):
 def test_lora_adapter_as_language_expert(adapter, trio, tmp_path, monkeypatch):
     monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
     adir, expected = adapter
-    lang = Checkpoint.open(adir, adapter_base=trio["base"])
+    lang = open_expert(adir, trio["base"])
     assert lang.adapter == str(adir)
     on_disk = read_dir(lang.path)
     for k, v in expected.items():
@@ -53,7 +54,7 @@ def test_lora_adapter_as_language_expert(adapter, trio, tmp_path, monkeypatch):
     assert r.returncode == 0, r.stderr
     assert_matches_plan(tmp_path / "out", {"math": trio["math"], "lang": lang.path}, plan)
     # the merged adapter is cached: opening again reuses it
-    assert Checkpoint.open(adir, adapter_base=trio["base"]).path == lang.path
+    assert open_expert(adir, trio["base"]).path == lang.path
 
 
 def test_adapter_without_a_known_base(tmp_path, adapter):
@@ -66,6 +67,8 @@ def test_adapter_without_a_known_base(tmp_path, adapter):
     cfg["base_model_name_or_path"] = None
     (adir / "adapter_config.json").write_text(json.dumps(cfg))
     with pytest.raises(UserError, match="does not name its base model; pass --base"):
+        open_expert(adir)
+    with pytest.raises(UserError, match="is a PEFT adapter, not a full model"):
         Checkpoint.open(adir)
 
 

@@ -1,4 +1,4 @@
-"""MGSM evaluation: every question of the chosen languages, batched, scored like lm-evaluation-harness.
+"""MGSM evaluation: every question of the chosen languages, answered by engines and scored like lm-evaluation-harness.
 
     from layerswap.evaluation import EvalConfig, evaluate
     from layerswap.engines import open_engine
@@ -13,8 +13,9 @@ per language as lm-eval does), greedy, stop at the native question word, ``</s>`
 and removing punctuation. ``mode="direct"`` gives ``mgsm_direct_XX``. Prompts, extraction and
 scoring are `layerswap.mgsm`'s.
 
-Several models are evaluated on the same prompts one after the other; `evaluate` reports
-progress after every batch and stops cleanly (keeping what is done) when `cancel` is set.
+Several models are evaluated on the same prompts one after the other. Each engine batches a
+language's prompts itself (`layerswap.engines.base`); `evaluate` reports progress after every
+batch the engine finishes and stops cleanly (keeping what is done) when `cancel` is set.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from typing import Callable, Mapping
 from . import mgsm
 from .engines import Engine
 from .errors import UserError
+from .runtime import Progress, no_progress
 
-Progress = Callable[[float, str], None]
 METRICS = ("strict", "flexible")
 
 
@@ -161,15 +162,16 @@ def build_prompts(lang_code: str, config: EvalConfig) -> list[Prompted]:
 
 
 class Cancelled(Exception):
-    """Raised inside a generation callback to stop an evaluation between batches."""
+    """Raised from the per-batch callback to stop an evaluation between batches."""
 
 
-def evaluate(engines: Mapping[str, Engine | Callable[[], Engine]], config: EvalConfig, *,
-             progress: Progress | None = None, cancel: threading.Event | None = None) -> EvalReport:
-    """Evaluate each named model on the same prompts; a callable value is called for its engine lazily.
+def evaluate(engines: Mapping[str, Engine], config: EvalConfig, *, progress: Progress | None = None,
+             cancel: threading.Event | None = None) -> EvalReport:
+    """Evaluate each named model on the same prompts, one language at a time.
 
-    `progress(fraction, text)` is called after every batch; when `cancel` is set the run stops after
-    the current batch and the report (``cancelled=True``) holds the questions already answered.
+    Each engine gets all prompts of a language and batches them itself; `progress(fraction, text)`
+    is called after every batch it finishes. When `cancel` is set the run stops after the current
+    batch and the report (``cancelled=True``) holds the questions already answered.
     """
     config.validate()
     source = config.source if config.source is not None else mgsm.default_data_dir()
@@ -178,29 +180,25 @@ def evaluate(engines: Mapping[str, Engine | Callable[[], Engine]], config: EvalC
     report = EvalReport(config, list(engines))
     total = len(engines) * sum(len(p) for p in prompts.values())
     done = 0
-    p = progress or (lambda f, d: None)
+    p = progress or no_progress
+
+    def counter(base: int, where: str, of: int) -> Callable[[int], None]:
+        """Progress of one model on one language: `n` of its `of` questions answered."""
+        return lambda n: p((base + n) / total, f"{where} {n}/{of}")
+
     p(0.0, "starting")
-    for model, eng in engines.items():
-        engine = eng() if callable(eng) and not hasattr(eng, "generate") else eng
+    for model, engine in engines.items():
         report.engines[model] = getattr(engine, "name", type(engine).__name__)
         t = time.perf_counter()
         for code, batch in prompts.items():
             if cancel is not None and cancel.is_set():
                 report.cancelled = True
                 break
-            base = done
-
-            def on_batch(n: int, of: int, _base=base, _model=model, _code=code) -> None:
-                p((_base + n) / total, f"{_model}: {_code} {n}/{of}")
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled
-
-            try:
-                outs = _generate(engine, [x.prompt for x in batch], config.max_new_tokens, langs[code].stop, on_batch)
-            except Cancelled as c:
-                outs = c.args[0] if c.args else []
-                report.cancelled = True
-            for x, out in zip(batch, outs):
+            answered, report.cancelled = _answer(engine, [x.prompt for x in batch], config.max_new_tokens,
+                                                 langs[code].stop, cancel, counter(done, f"{model}: {code}",
+                                                                                   len(batch)))
+            for i in sorted(answered):
+                x, out = batch[i], answered[i]
                 s = mgsm.score(out, x.item.answer, langs[code], mode=config.mode)
                 report.results.append(QuestionResult(model, code, x.item.index, x.item.question, x.prompt, out,
                                                      x.item.answer, s.strict, s.flexible, s.strict_correct,
@@ -215,35 +213,23 @@ def evaluate(engines: Mapping[str, Engine | Callable[[], Engine]], config: EvalC
     return report
 
 
-def _generate(engine: Engine, prompts: list[str], max_new_tokens: int, stop: list[str],
-              on_batch: Callable[[int, int], None]) -> list[str]:
-    """Generate in batches, keeping the answers of finished batches when a cancel interrupts.
+def _answer(engine: Engine, prompts: list[str], max_new_tokens: int, stop: list[str],
+            cancel: threading.Event | None, answered_so_far: Callable[[int], None]) -> tuple[dict[int, str], bool]:
+    """The engine's answers by prompt index, and whether a cancel stopped it (finished batches are kept).
 
-    Engines are called one batch at a time, so a cancel is seen between batches and what is
-    finished is kept.
+    The engine batches `prompts` itself; after each batch `answered_so_far(count)` reports progress
+    and a set `cancel` stops the engine by raising from its callback.
     """
-    step = _batch_size(engine)
-    outs: list[str] = []
-    for start in range(0, len(prompts), step):
-        outs += engine.generate(prompts[start:start + step], max_new_tokens=max_new_tokens, stop=stop)
-        try:
-            on_batch(len(outs), len(prompts))
-        except Cancelled:
-            raise Cancelled(outs) from None
-    return outs
+    answered: dict[int, str] = {}
 
+    def on_batch(indices: list[int], outputs: list[str]) -> None:
+        answered.update(zip(indices, outputs))
+        answered_so_far(len(answered))
+        if cancel is not None and cancel.is_set():
+            raise Cancelled
 
-def _batch_size(engine: Engine) -> int:
-    inner = getattr(engine, "engine", engine)  # a role served by a shared engine
-    settings = getattr(inner, "settings", None)
-    if settings is not None and getattr(settings, "chunk_size", None):
-        return int(settings.chunk_size)
-    return int(getattr(inner, "batch_size", 8)) * 4
-
-
-def load_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Read per-question results written by `EvalReport.write_jsonl`."""
     try:
-        return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"Cannot read results from {path} ({e}).") from None
+        outputs = engine.generate(prompts, max_new_tokens=max_new_tokens, stop=stop, on_batch=on_batch)
+    except Cancelled:
+        return answered, True
+    return dict(enumerate(outputs)), False

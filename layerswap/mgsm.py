@@ -253,15 +253,6 @@ def is_correct(extracted: str, gold: int) -> bool:
     return normalize(extracted) == normalize(str(gold))
 
 
-def truncate_at_stop(text: str, stop: list[str]) -> str:
-    cut = len(text)
-    for s in stop:
-        i = text.find(s)
-        if i != -1:
-            cut = min(cut, i)
-    return text[:cut]
-
-
 @dataclass
 class Scored:
     output: str

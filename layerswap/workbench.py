@@ -24,11 +24,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from . import mgsm
 from .adapters import open_expert
-from .analysis import Analysis, DiffResult, MergedStats, analyze, diff_result
+from .analysis import Analysis, MergedStats, analyze
 from .checkpoints import Checkpoint, CompatReport, Pairing, check_compatible, check_pairing
 from .engines import (EngineStartError, SwappedEngine, TransformersEngine, VLLMEngine, VLLMSettings, load_model,
                       load_tokenizer, model_from_state_dict, plan_serving, resolve_engine_choice, vllm_device,
@@ -37,11 +36,8 @@ from .errors import UserError
 from .merging import MergeSummary, export_merge, merge_in_memory
 from .methods import MethodConfig
 from .plans import Plan
-from .runtime import resolve_device
-
-Progress = Callable[[float, str], None]
-ROLES = ("math", "lang", "merged")
-ROLE_NAMES = {"math": "math expert", "lang": "language expert", "merged": "merged model", "base": "base model"}
+from .roles import ANSWERING, EXPERTS, ROLE_NAMES
+from .runtime import Progress, no_progress, resolve_device
 
 
 @dataclass
@@ -92,7 +88,7 @@ class Workbench:
         distance check is waived with `force`). PEFT adapters are merged into their base first
         (the base given here, or the adapter's own).
         """
-        p = progress or (lambda f, d: None)
+        p = progress or no_progress
         p(0.0, "reading checkpoint headers")
         cks = {"math": open_expert(math, base or None), "lang": open_expert(lang, base or None)}
         if base:
@@ -110,7 +106,7 @@ class Workbench:
         if self._start_vllm(tok, p):
             p(1.0, "loaded")
             return report
-        for i, role in enumerate(("math", "lang")):
+        for i, role in enumerate(EXPERTS):
             p(0.1 + 0.4 * i, f"loading the {ROLE_NAMES[role]}")
             self.engines[role] = TransformersEngine(load_model(cks[role].path, self.device), tok,
                                                     batch_size=self.batch_size, use_chat_template=self.chat_template)
@@ -132,7 +128,7 @@ class Workbench:
             plan = plan_serving(math_ck, self.serving, self.vllm_settings, vllm_device(), running=reusable)
             p(0.1, f"starting vLLM: {plan.note} (the first start takes about a minute)")
             if plan.mode == "three":
-                for role in ("math", "lang"):
+                for role in EXPERTS:
                     eng = VLLMEngine.acquire(self.checkpoints[role].path, plan.settings, tokenizer=tok,
                                               use_chat_template=self.chat_template)
                     self._vllm.append(eng)
@@ -141,7 +137,7 @@ class Workbench:
                 shared = VLLMEngine.acquire(math_ck.path, plan.settings, tokenizer=tok,
                                             use_chat_template=self.chat_template)
                 self._vllm.append(shared)
-                for role in ("math", "lang"):
+                for role in EXPERTS:
                     self.engines[role] = SwappedEngine(shared, self.checkpoints[role].path)
             self.serving_mode = plan.mode
             self._serving_plan = plan
@@ -192,7 +188,7 @@ class Workbench:
 
     def _need(self, *roles: str) -> None:
         for r in roles:
-            if r in ("math", "lang") and r not in self.engines:
+            if r in EXPERTS and r not in self.engines:
                 raise UserError("Load the two experts first.")
             if r == "merged" and "merged" not in self.engines:
                 raise UserError("Build the merge first.")
@@ -213,8 +209,8 @@ class Workbench:
         shared with it, so only blended layers take memory. Returns the per-layer weights (None
         for methods without a plan).
         """
-        self._need("math", "lang")
-        p = progress or (lambda f, d: None)
+        self._need(*EXPERTS)
+        p = progress or no_progress
         method = method or MethodConfig()
         plan = plan or Plan()
         L = self.num_layers
@@ -247,7 +243,7 @@ class Workbench:
     def export(self, out: str | Path, *, overwrite: bool = False, progress: Progress | None = None,
                shard_bytes: int | None = None) -> MergeSummary:
         """Write the current plan's merge to an HF folder (streamed from the checkpoints on disk)."""
-        self._need("math", "lang")
+        self._need(*EXPERTS)
         if self.plan is None:
             raise UserError("Build the merge first, then export it.")
         kw = {"shard_bytes": shard_bytes} if shard_bytes else {}
@@ -279,15 +275,9 @@ class Workbench:
         return self.analysis().merged(plan, cks["math"], cks["lang"], cks["base"], device=self.analysis_device,
                                       progress=progress)
 
-    def diff(self, role: str, progress: Progress | None = None) -> DiffResult:
-        """Relative change of the math or language expert against the base (from the analysis)."""
-        if role not in ("math", "lang"):
-            raise UserError(f"diff compares an expert with the base: role must be math or lang, not {role!r}.")
-        return diff_result(self.analysis(progress=progress), role)
-
     # ---- answering --------------------------------------------------------------------
     def ask(self, prompt: str, lang: mgsm.Language, gold: int | None = None,
-            roles: tuple[str, ...] = ROLES, max_new_tokens: int = mgsm.MAX_NEW_TOKENS,
+            roles: tuple[str, ...] = ANSWERING, max_new_tokens: int = mgsm.MAX_NEW_TOKENS,
             progress: Progress | None = None) -> list[Answer]:
         """The same prompt to each model; outputs scored with MGSM's strict and flexible rules."""
         self._need(*roles)
@@ -319,7 +309,7 @@ class Workbench:
         return self.ask_question(item.question, lang_code, source=source, shots=shots, mode=mode, gold=item.answer, **kw)
 
     # ---- evaluation -------------------------------------------------------------------
-    def evaluate(self, config, roles: tuple[str, ...] = ROLES, progress: Progress | None = None,
+    def evaluate(self, config, roles: tuple[str, ...] = ANSWERING, progress: Progress | None = None,
                  cancel: threading.Event | None = None):
         """MGSM evaluation (`layerswap.evaluation`) of the chosen models on the same prompts."""
         from .evaluation import evaluate

@@ -39,7 +39,7 @@ class Engine(Protocol):
 
 def generate_in_batches(order: Sequence[int], size: int, run: Callable[[list[int]], list[str]],
                         on_batch: OnBatch | None = None) -> list[str]:
-    """Answer the prompts ``order`` lists (indices, in the order to batch them), `size` at a time.
+    """Answer the prompts ``order`` lists (every prompt index once, in the order to batch them), `size` at a time.
 
     ``run(indices)`` answers one batch; the result is in index order, whatever order batched them.
     """
@@ -87,8 +87,6 @@ def chat_template_choice(tokenizer, use_chat_template: bool | None) -> bool:
 
 class TokenizingEngine:
     """Prompts to token ids and token ids to answers, the same way for every built-in engine."""
-
-    name = "engine"
 
     def __init__(self, tokenizer, use_chat_template: bool | None = None):
         self.tokenizer = tokenizer

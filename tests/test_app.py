@@ -11,7 +11,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from layerswap import Plan
-from tests.conftest import find_mgsm_dir
+from tests.helpers import find_mgsm_dir
 
 
 @pytest.fixture(scope="module")

@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import chromium_or_skip
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 pytestmark = pytest.mark.browser
 
 
-def _chromium() -> str | None:
-    return os.environ.get("LAYERSWAP_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 @pytest.fixture(scope="module")
 def browser():
-    exe = _chromium()
-    if exe is None:
-        if os.environ.get("LAYERSWAP_REQUIRE_BROWSER") == "1":
-            pytest.fail("LAYERSWAP_REQUIRE_BROWSER=1 but no chromium found (apt-get install chromium)")
-        pytest.skip("no chromium on this machine (apt-get install chromium) ")
+    exe = chromium_or_skip()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

@@ -10,6 +10,7 @@ import pytest
 from layerswap import Checkpoint, Plan
 from layerswap.analysis import diff_vs_base, relative_change
 from layerswap.cli import main as cli
+from tests.helpers import chromium_or_skip
 
 
 def test_inspect_ok(trio, capsys):
@@ -35,7 +36,7 @@ def test_diff_values_and_outputs(trio, tmp_path, capsys):
     models = ["--math", str(trio["math"]), "--lang", str(trio["lang"]), "--base", str(trio["base"])]
     cache = ["--cache-dir", str(tmp_path / "cache")]
     rc = cli(["diff", *models, "--b", "2", "--u", "1", "--tb", "1", "--tu", "0", "--metric", "topk", "--k", "5",
-              "--k", "1", "--norm", "log", "-o", str(tmp_path / "h.html"), "-o", str(tmp_path / "h.png"),
+              "--k", "1", "--norm", "log", "-o", str(tmp_path / "h.html"),
               "--profile", str(tmp_path / "p.html"), "--csv", str(tmp_path / "h.csv"),
               "--top-csv", str(tmp_path / "top.csv"), "--top", "3", *cache])
     assert rc == 0
@@ -44,7 +45,6 @@ def test_diff_values_and_outputs(trio, tmp_path, capsys):
     assert "suggested plan: b=" in out and "plan overlay: b=2 u=1 tb=1 tu=0" in out
     html = (tmp_path / "h.html").read_text()
     assert "plotly" in html.lower() and name in html and "merged model vs base" in html
-    assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Change by depth" in (tmp_path / "p.html").read_text()
     # the CSV holds every metric of every tensor, equal to the Python API's numbers
     from layerswap.analysis import analyze
@@ -71,6 +71,16 @@ def test_diff_values_and_outputs(trio, tmp_path, capsys):
     two = {r["tensor"]: r for r in csv.DictReader(open(tmp_path / "w.csv"))}
     for r in rows:
         assert two[r["tensor"]]["relative_math"] == r["relative_math"]
+
+
+def test_diff_png(trio, tmp_path, capsys):
+    """PNG export renders through kaleido, which drives Chromium."""
+    chromium_or_skip()
+    models = ["--math", str(trio["math"]), "--lang", str(trio["lang"]), "--base", str(trio["base"])]
+    rc = cli(["diff", *models, "--no-cache", "-q", "-o", str(tmp_path / "h.png"), "--profile", str(tmp_path / "p.png")])
+    assert rc == 0, capsys.readouterr().err
+    for f in ("h.png", "p.png"):
+        assert (tmp_path / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_diff_errors(trio, capsys):

@@ -13,7 +13,7 @@ from layerswap import UserError, mgsm
 from layerswap.cli import main as cli
 from layerswap.engines import TransformersEngine, VLLMSettings
 from layerswap.evaluation import EvalConfig, build_prompts, evaluate
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from layerswap import Checkpoint, Plan, UserError, check_compatible, export_merg
 from layerswap.adapters import open_expert
 from layerswap.checkpoints import check_pairing
 from layerswap.demo import make_tiny_llama
-from tests.test_merge import assert_matches_plan, read_dir
+from tests.helpers import assert_matches_plan, read_dir
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from layerswap import Checkpoint, Plan, export_merge
 from layerswap.cli import main as cli
+from tests.helpers import assert_matches_plan, expected_layer_weights, expected_weight, read_dir
 
 PLANS = {
     "none": Plan(b=0, u=0, tb=0, tu=0),
@@ -25,74 +24,6 @@ PLANS = {
     "nl-avg": Plan(b=2, u=1, tb=1, tu=1, non_layer="avg"),
     "nl-neighbour-ramp": Plan(b=0, u=0, tb=2, tu=3, transition="ramp"),
 }
-
-
-def expected_layer_weights(plan: Plan, L: int) -> list[float]:
-    """Independent restatement of the plan semantics."""
-    out = []
-    for i in range(L):
-        if i < plan.b or i >= L - plan.u:
-            out.append(1.0)
-        elif i < plan.b + plan.tb:
-            k = i - plan.b + 1
-            out.append(1 - k / (plan.tb + 1) if plan.transition == "ramp" else plan.transition_weight)
-        elif i >= L - plan.u - plan.tu:
-            k = i - (L - plan.u - plan.tu) + 1
-            out.append(k / (plan.tu + 1) if plan.transition == "ramp" else plan.transition_weight)
-        else:
-            out.append(0.0)
-    return out
-
-
-def expected_weight(name: str, plan: Plan, L: int) -> float:
-    lw = expected_layer_weights(plan, L)
-    parts = name.split(".")
-    if "layers" in parts:
-        return lw[int(parts[parts.index("layers") + 1])]
-    fixed = {"math": 0.0, "lang": 1.0, "avg": 0.5}
-    if plan.non_layer in fixed:
-        return fixed[plan.non_layer]
-    return lw[0] if "embed_tokens" in name else lw[-1]
-
-
-def expected_tensor(m: torch.Tensor, l: torch.Tensor, w: float) -> torch.Tensor:
-    """(1-w)*math + w*lang in float32, evaluated as mergekit's linear kernel does:
-    zeros, then a fused multiply-add of math*(1-w), then of lang*w; cast to the checkpoint dtype."""
-    if w == 0.0:
-        return m
-    if w == 1.0:
-        return l
-    acc = torch.zeros(m.shape, dtype=torch.float32)
-    acc.addcmul_(m, torch.tensor([1.0 - w], dtype=torch.float32))
-    acc.addcmul_(l, torch.tensor([w], dtype=torch.float32))
-    return acc.to(m.dtype)
-
-
-def read_dir(d: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for f in sorted(d.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as h:
-            for k in h.keys():
-                out[k] = h.get_tensor(k)
-    return out
-
-
-def assert_matches_plan(out_dir: Path, trio: dict[str, Path], plan: Plan) -> None:
-    m, l = read_dir(trio["math"]), read_dir(trio["lang"])
-    got = read_dir(out_dir)
-    L = json.loads((trio["math"] / "config.json").read_text())["num_hidden_layers"]
-    assert set(got) == set(m)
-    seen = set()
-    for name in m:
-        w = expected_weight(name, plan, L)
-        seen.add(w)
-        exp = expected_tensor(m[name], l[name], w)
-        assert got[name].dtype == m[name].dtype, name
-        assert torch.equal(got[name], exp), f"{name}: w={w}"
-        if w in (0.0, 1.0):  # copies are bit-exact copies of the source
-            src = m[name] if w == 0.0 else l[name]
-            assert got[name].view(torch.uint8).flatten().tolist() == src.view(torch.uint8).flatten().tolist()
-    assert seen  # at least one tensor checked
 
 
 @pytest.mark.parametrize("key", list(PLANS))

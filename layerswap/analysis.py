@@ -809,12 +809,9 @@ def _same_models(an: Analysis, base: Checkpoint, math_ck: Checkpoint, lang_ck: C
 
 
 def _device(device: str) -> torch.device:
-    d = torch.device(device)
-    if d.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("device 'cuda' was asked for, but torch sees no CUDA GPU; use 'cpu'.")
-    if d.type not in ("cpu", "cuda"):
-        raise UserError(f"The analysis runs on cpu or cuda, not {device!r}.")
-    return d
+    from .runtime import resolve_device
+
+    return torch.device(resolve_device(device, ("cpu", "cuda")))
 
 
 # ---- the streaming computation ------------------------------------------------------------------

@@ -114,3 +114,27 @@ def test_ask_free_text(trio, capsys):
 def test_ask_needs_a_question(trio, capsys):
     assert cli(["ask", "--math", str(trio["math"]), "--lang", str(trio["lang"])]) == 2
     assert "Give either --question" in capsys.readouterr().err
+
+
+def test_every_command_shares_device_and_engine_options(capsys):
+    """--device defaults to auto everywhere; ask takes the same engine options as eval and sweep."""
+    from layerswap.cli import build_parser
+
+    p = build_parser()
+    models = ["--math", "m", "--lang", "l"]
+    cases = {"merge": [*models, "-o", "x"], "diff": [*models, "--base", "b"], "ask": [*models], "eval": ["--model", "m"],
+             "sweep": [*models], "app": []}
+    for cmd, rest in cases.items():
+        args = p.parse_args([cmd, *rest])
+        assert args.device == "auto", cmd
+    args = p.parse_args(["ask", *models, "--engine", "vllm", "--serving", "one", "--max-model-len", "512"])
+    assert (args.engine, args.serving, args.max_model_len) == ("vllm", "one", 512)
+
+
+def test_app_command_is_app_py(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli(["app", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--math", "--lang", "--base", "--mgsm-dir", "--engine", "--serving", "--port", "--share"):
+        assert flag in out

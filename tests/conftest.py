@@ -51,14 +51,8 @@ def mgsm_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def app_url(tmp_path_factory):
-    """The app on its default models, pointed at the real MGSM folder when there is one."""
-    yield from launch_app(tmp_path_factory.mktemp("app"), mgsm_dir=find_mgsm_dir())
-
-
-@pytest.fixture(scope="session")
-def app_url_plain(tmp_path_factory):
-    """The app with no MGSM folder configured: the demo organism's own test sets are its default."""
-    yield from launch_app(tmp_path_factory.mktemp("app_plain"), mgsm_dir=None)
+    """`python app.py` as a newcomer starts it: the demo organism and its own test sets (English, Kovani)."""
+    yield from launch_app(tmp_path_factory.mktemp("app"), mgsm_dir=None)
 
 
 @pytest.fixture(scope="session")

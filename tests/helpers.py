@@ -108,6 +108,17 @@ def assert_matches_plan(out_dir: Path, trio: dict[str, Path], plan: Plan) -> Non
     assert seen
 
 
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`layerswap ARGS` in a fresh process, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "layerswap.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def assert_nothing_written(parent: Path, out: Path) -> None:
+    """No output folder, and no temporary folder left beside it."""
+    assert not out.exists()
+    assert not [p for p in parent.iterdir() if p.name.startswith(".")], "temporary folder left behind"
+
+
 # ---- data -------------------------------------------------------------------------------------------
 
 def find_mgsm_dir() -> Path | None:

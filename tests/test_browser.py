@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import chromium_or_skip
+from layerswap import mgsm
+from tests.helpers import DEMO_MGSM, chromium_or_skip
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 pytestmark = pytest.mark.browser
@@ -28,12 +29,12 @@ def browser():
         b.close()
 
 
-def test_main_flow_in_browser(browser, app_url_plain):
+def test_main_flow_in_browser(browser, app_url):
     """`python app.py` as a newcomer opens it: the demo organism, its Kovani test set preselected."""
     from playwright.sync_api import expect
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(app_url_plain, wait_until="load")
+    page.goto(app_url, wait_until="load")
     expect(page.locator("#demo-label")).to_contain_text("demo")
     page.locator("#load").click()
     expect(page.locator("#report")).to_contain_text(re.compile(r"compatible: LlamaForCausalLM, \d+ layers"),
@@ -47,7 +48,8 @@ def test_main_flow_in_browser(browser, app_url_plain):
     expect(page.locator("#strip .js-plotly-plot")).to_be_visible(timeout=60_000)
 
     page.locator("#ask").click()  # question 0 of the preselected set
-    expect(page.locator("#prompt")).to_contain_text("Sorvi: Raj ovu 18 tenu.", timeout=120_000)
+    first = mgsm.load("xx", DEMO_MGSM)[0].question
+    expect(page.locator("#prompt")).to_contain_text(f"Sorvi: {first[:30]}", timeout=120_000)
     for role in ("math", "lang", "merged"):
         expect(page.locator(f"#answer-{role}")).to_contain_text("flexible:", timeout=120_000)
     page.locator("#free textarea").fill("Tom has 3 apples. Tom buys 4 more apples. How many apples does Tom have now?")

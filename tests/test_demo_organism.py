@@ -71,9 +71,9 @@ def test_model_card_reports_the_measured_numbers(results):
     assert results["num_layers"] == Checkpoint.open(DEMO / "math").num_layers
 
 
-def test_app_serves_the_organism_by_default(app_url_plain):
+def test_app_serves_the_organism_by_default(app_url):
     """`python app.py` with no flags and no MGSM folder: organism models, Kovani test set, trained answers."""
-    client = Client(app_url_plain, verbose=False)
+    client = Client(app_url, verbose=False)
     values = {c.get("props", {}).get("elem_id"): c.get("props", {}).get("value") for c in client.config["components"]}
     assert values["math"] == str(DEMO / "math") and values["mgsm-lang"] == "xx"
     L = Checkpoint.open(DEMO / "math").num_layers

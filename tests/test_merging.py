@@ -9,7 +9,8 @@ import torch
 
 from layerswap import Checkpoint, Plan, export_merge
 from layerswap.cli import main as cli
-from tests.helpers import assert_matches_plan, expected_layer_weights, expected_weight, read_dir
+from tests.helpers import (assert_matches_plan, assert_nothing_written, expected_layer_weights, expected_weight, read_dir,
+                           run_cli)
 
 PLANS = {
     "none": Plan(b=0, u=0, tb=0, tu=0),
@@ -116,3 +117,79 @@ def test_tied_embeddings_and_biases(tmp_path, tokenizer):
     plan = Plan(b=1, u=1, tb=1, tu=0)
     export_merge(math, Checkpoint.open(t["lang"]), plan, tmp_path / "o")
     assert_matches_plan(tmp_path / "o", t, plan)
+
+
+@pytest.mark.parametrize("flags, msg", [
+    (["--b", "5", "--u", "2", "--tb", "1", "--tu", "1"], "exceeds the model's 6 layers; reduce them so the sum is at most 6"),
+    (["--b", "-1"], "b must be a whole number >= 0"),
+    (["--b", "1", "--tb", "1", "--transition-weight", "1.2"], "transition_weight must lie in [0, 1]"),
+])
+def test_invalid_plan_cli(flags, msg, trio, tmp_path):
+    r = run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), *flags, "-o", str(tmp_path / "o"))
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
+    assert_nothing_written(tmp_path, tmp_path / "o")
+
+
+def test_existing_output_is_not_touched(trio, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    r = run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "-o", str(out))
+    assert r.returncode == 2 and "already exists" in r.stderr
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    r = run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "-o", str(out), "--overwrite")
+    assert r.returncode == 0 and (out / "model.safetensors").exists() and not (out / "keep.txt").exists()
+
+
+def test_failure_midway_leaves_nothing(trio, tmp_path, monkeypatch):
+    import layerswap.merging as merging
+
+    calls = {"n": 0}
+    real = merging.linear
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("disk full")
+        return real(*a, **k)
+
+    monkeypatch.setattr(merging, "linear", flaky)
+    with pytest.raises(RuntimeError):
+        export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), Plan(b=1, u=1, tb=2, tu=2),
+                     tmp_path / "o")
+    assert_nothing_written(tmp_path, tmp_path / "o")
+
+
+def test_cuda_requested_without_gpu(trio, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "--device", "cuda",
+                 "-o", str(tmp_path / "o"))
+    assert r.returncode == 2 and "no CUDA GPU" in r.stderr
+
+
+def test_streaming_reads_are_bounded(trio, tmp_path, monkeypatch):
+    """Computed tensors are read in slices of at most CHUNK_ELEMS, never memory-mapped whole."""
+    import layerswap.merging as merging
+
+    monkeypatch.setattr(merging, "CHUNK_ELEMS", 512)
+    sizes = []
+    real = Checkpoint.read
+
+    def spy(self, name, start=0, count=None):
+        t = real(self, name, start, count)
+        sizes.append(t.numel())
+        return t
+
+    def no_mmap(*a, **k):
+        raise AssertionError("a tensor was memory-mapped whole")
+
+    from layerswap.checkpoints import Pairing
+
+    monkeypatch.setattr(Checkpoint, "read", spy)
+    monkeypatch.setattr(Checkpoint, "get", no_mmap)
+    monkeypatch.setattr(merging, "check_pairing", lambda *a, **k: Pairing({}, 0.5))  # only the merge's reads
+    plan = Plan(b=1, u=1, tb=2, tu=2, transition="ramp")
+    export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), plan, tmp_path / "o")
+    assert sizes and max(sizes) == 512  # the 64x128 MLP matrices (8192 elements) went in 16 slices
+    assert_matches_plan(tmp_path / "o", trio, plan)

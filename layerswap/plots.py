@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from .analysis import METRICS, PANEL_METRICS, PANELS, Analysis, MergedStats
+from .analysis import METRICS, PANEL_METRICS, PANELS, Analysis, MergedStats, format_value
 from .errors import UserError
 from .plans import Plan, source_label
 
@@ -99,16 +99,6 @@ CHANGE_SCALE = "Viridis"
 OVERLAP_SCALE = "RdBu_r"
 
 
-def _fmt(metric: str, v: float | None) -> str:
-    if v is None or not np.isfinite(v):
-        return "–"
-    if metric in ("relative", "topk", "jaccard"):
-        return f"{100 * v:.3g}%"
-    if metric == "cosine":
-        return f"{v:+.3f}"
-    return f"{v:.3g}"
-
-
 def panel_metric(panel: str, metric: str, overlap_metric: str) -> str:
     """The metric a panel shows: the overlap panel has its own; vs-expert panels fall back to relative."""
     if panel == "overlap":
@@ -124,19 +114,20 @@ def _hover(an: Analysis, k: float | None, merged: MergedStats | None) -> list[st
     for r in rows:
         lines = [f"<b>{r['tensor']}</b>", f"shape {r['shape'].replace('x', '×')} · {r['numel']:,} entries"]
         for role, name in (("math", "math"), ("lang", "language")):
-            t = f" · top-{kk:g}% share {_fmt('topk', r.get(f'topk_share_{role}'))}" if kk is not None else ""
-            lines.append(f"{name} vs base: rel {_fmt('relative', r[f'relative_{role}'])} · "
-                         f"mean|Δ| {_fmt('mean_abs', r[f'mean_abs_{role}'])}{t}")
-        ov = f"overlap: cosine {_fmt('cosine', r['cosine'])}"
+            t = f" · top-{kk:g}% share {format_value('topk', r.get(f'topk_share_{role}'))}" if kk is not None else ""
+            lines.append(f"{name} vs base: rel {format_value('relative', r[f'relative_{role}'])} · "
+                         f"mean|Δ| {format_value('mean_abs', r[f'mean_abs_{role}'])}{t}")
+        ov = f"overlap: cosine {format_value('cosine', r['cosine'])}"
         if kk is not None:
-            ov += f" · top-{kk:g}% Jaccard {_fmt('jaccard', r.get('topk_jaccard'))}"
+            ov += f" · top-{kk:g}% Jaccard {format_value('jaccard', r.get('topk_jaccard'))}"
         lines.append(ov)
-        lines.append(f"math vs language: rel {_fmt('relative', r['relative_math_vs_lang'])}")
+        lines.append(f"math vs language: rel {format_value('relative', r['relative_math_vs_lang'])}")
         if merged is not None:
-            t = f" · top-{kk:g}% share ≈{_fmt('topk', r.get('topk_share_merged'))}" if kk is not None else ""
-            lines.append(f"merged (w_lang {r['w_lang']:.3g}) vs base: rel {_fmt('relative', r['relative_merged'])}{t}")
-            lines.append(f"merged vs math: rel {_fmt('relative', r['relative_merged_vs_math'])} · "
-                         f"vs language: rel {_fmt('relative', r['relative_merged_vs_lang'])}")
+            t = f" · top-{kk:g}% share ≈{format_value('topk', r.get('topk_share_merged'))}" if kk is not None else ""
+            lines.append(f"merged (w_lang {r['w_lang']:.3g}) vs base: "
+                         f"rel {format_value('relative', r['relative_merged'])}{t}")
+            lines.append(f"merged vs math: rel {format_value('relative', r['relative_merged_vs_math'])} · "
+                         f"vs language: rel {format_value('relative', r['relative_merged_vs_lang'])}")
         out.append("<br>".join(lines))
     return out
 
@@ -166,7 +157,8 @@ def normalise(grids: dict[str, np.ndarray], norm: str) -> tuple[dict[str, np.nda
 def plan_cell_weights(an: Analysis, plan: Plan) -> np.ndarray:
     """w_lang per (parameter type, layer) cell, through Plan.tensor_weight (per-module plans included)."""
     lw = plan.layer_weights(an.num_layers)
-    return np.asarray([[plan.tensor_weight(layer, p, lw) for layer in range(an.num_layers)] for p in an.ptypes])
+    return np.asarray([[plan.tensor_weight(layer, p, lw, an.arch) for layer in range(an.num_layers)]
+                       for p in an.ptypes])
 
 
 def _runs(flags: list[bool]) -> list[tuple[int, int]]:

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from layerswap import Checkpoint, Plan, UserError, export_merge
-from layerswap.analysis import NBINS, Analysis, analyze, bin_index, bin_lower_value
-from layerswap.stream import ChunkStream
+from layerswap.analysis import NBINS, Analysis, analyze, bin_index, bin_lower_value, store
+from layerswap.analysis.stream import ChunkStream
 
 ROLES = ("math", "lang")
 
@@ -340,7 +340,7 @@ def test_suggest_plan_follows_the_dominance_rule(trio, tmp_path):
 
 # ---- cache -----------------------------------------------------------------------------------------
 
-def test_cache_hit_and_invalidation(trio, tmp_path):
+def test_cache_hit_and_invalidation(trio, tmp_path, monkeypatch):
     paths = {r: tmp_path / r for r in ("base", "math", "lang")}
     for r in paths:
         shutil.copytree(trio[r], paths[r])
@@ -372,13 +372,12 @@ def test_cache_hit_and_invalidation(trio, tmp_path):
     for f in cache.glob("*.npz"):
         f.write_bytes(b"garbage")
     assert not run(paths, ks=(1.0,), cache=cache).run.cached
-    # old entries are pruned
-    from layerswap.analysis import _prune
-
+    # a new result keeps the folder at CACHE_KEEP analyses, the newest
+    monkeypatch.setattr(store, "CACHE_KEEP", 3)
     for j in range(5):
         (cache / f"old{j}.npz").write_bytes(b"x")
-    _prune(cache, keep=3)
-    assert len(list(cache.glob("*.npz"))) == 3
+    newest = run(paths, ks=(2.0,), cache=cache)
+    assert len(list(cache.glob("*.npz"))) == 3 and Path(newest.run.cache_file).exists()
 
 
 def test_save_and_load_roundtrip(trio, tmp_path):
@@ -436,7 +435,7 @@ def test_bad_inputs(trio, tmp_path):
         analyze(c["base"], c["math"], c["lang"], ks=(0,), cache=False)
     with pytest.raises(UserError, match="workers must be at least 1"):
         analyze(c["base"], c["math"], c["lang"], workers=0, cache=False)
-    with pytest.raises(UserError, match="no CUDA GPU|cpu or cuda"):
+    with pytest.raises(UserError, match="no CUDA GPU|Unknown device"):
         analyze(c["base"], c["math"], c["lang"], device="cuda" if not torch.cuda.is_available() else "mps",
                 cache=False)
     an = run(trio, ks=(1.0,))

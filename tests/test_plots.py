@@ -1,4 +1,4 @@
-"""The analysis figures: panels on shared scales, normalisations, plan overlay, profile, export."""
+"""layerswap.plots: the analysis heatmaps (panels on shared scales, normalisations, plan overlay), profile, export."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Sequence
 
 from ..checkpoints import Checkpoint, check_compatible
@@ -77,7 +78,7 @@ def analyze(base: Checkpoint, math: Checkpoint, lang: Checkpoint, *, ks: Sequenc
     return an
 
 
-def _cached(cache_file, fingerprints: dict[str, str], model_type: str) -> Analysis | None:
+def _cached(cache_file: Path | None, fingerprints: dict[str, str], model_type: str) -> Analysis | None:
     """The cached analysis of these checkpoints, if there is a readable one of this format."""
     if cache_file is None or not cache_file.exists():
         return None

@@ -28,7 +28,7 @@ from typing import Callable
 
 from . import mgsm
 from .adapters import open_expert
-from .analysis import Analysis, DiffResult, MergedStats, analyze, diff_result
+from .analysis import Analysis, MergedStats, analyze
 from .checkpoints import Checkpoint, CompatReport, Pairing, check_compatible, check_pairing
 from .engines import (EngineStartError, SwappedEngine, TransformersEngine, VLLMEngine, VLLMSettings, load_model,
                       load_tokenizer, model_from_state_dict, resolve_device, resolve_engine_choice, vllm_device,
@@ -279,12 +279,6 @@ class Workbench:
         cks = self.checkpoints
         return self.analysis().merged(plan, cks["math"], cks["lang"], cks["base"], device=self.analysis_device,
                                       progress=progress)
-
-    def diff(self, role: str, progress: Progress | None = None) -> DiffResult:
-        """Relative change of the math or language expert against the base (from the analysis)."""
-        if role not in ("math", "lang"):
-            raise UserError(f"diff compares an expert with the base: role must be math or lang, not {role!r}.")
-        return diff_result(self.analysis(progress=progress), role)
 
     # ---- answering --------------------------------------------------------------------
     def ask(self, prompt: str, lang: mgsm.Language, gold: int | None = None,

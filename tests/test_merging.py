@@ -108,7 +108,7 @@ def test_in_memory_merge_equals_export_and_shares_tensors(trio, tmp_path):
 
 def test_tied_embeddings_and_biases(tmp_path, tokenizer):
     """Qwen2-style: q/k/v biases and tied embeddings (no lm_head tensor)."""
-    from tests.conftest import make_trio
+    from tests.helpers import make_trio
 
     t = make_trio(tmp_path / "q", tokenizer, layers=4, architecture="qwen2", tie_embeddings=True)
     math = Checkpoint.open(t["math"])

@@ -85,7 +85,7 @@ def cmd_export_yaml(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from ..analysis import METRICS, PANEL_METRICS, PANELS, analyze, write_csv
+    from ..analysis import METRICS, PANEL_METRICS, PANELS, analyze, format_value, write_csv
     from ..checkpoints import check_compatible
     from ..plots import analysis_heatmaps, layer_profile, save_figure
 
@@ -115,18 +115,18 @@ def cmd_diff(args) -> int:
     profiles = [("math", "math expert"), ("lang", "language expert")] + ([("merged", "merged")] if merged else [])
     for panel, name in profiles:
         vals = an.layer_profile(panel, prof_metric, k, merged)
-        print(f"  {name:>16}: " + " ".join(_short(prof_metric, v) for v in vals))
+        print(f"  {name:>16}: " + " ".join(format_value(prof_metric, v) for v in vals))
     print("\noutside the layers:")
     for r in an.non_layer_rows(k, merged):
-        extra = (f", top-{k:g}% share math {_short('topk', r['topk_share_math'])} lang "
-                 f"{_short('topk', r['topk_share_lang'])}") if an.topk else ""
-        print(f"  {r['tensor']}: relative change math {_short('relative', r['relative_math'])} lang "
-              f"{_short('relative', r['relative_lang'])}{extra}")
+        extra = (f", top-{k:g}% share math {format_value('topk', r['topk_share_math'])} lang "
+                 f"{format_value('topk', r['topk_share_lang'])}") if an.topk else ""
+        print(f"  {r['tensor']}: relative change math {format_value('relative', r['relative_math'])} lang "
+              f"{format_value('relative', r['relative_lang'])}{extra}")
     ranked = an.most_changed(2 * len(an.tensors), by=prof_metric, k=k)
     if args.top:
         print(f"\nmost-changed tensors by {METRICS[prof_metric].replace('top-k%', f'top-{k:g}%')}:")
         for r in ranked[:args.top]:
-            print(f"  {r['rank']:>3}. {r['expert']:<16} {r['tensor']:<48} {_short(prof_metric, r[prof_metric])}")
+            print(f"  {r['rank']:>3}. {r['expert']:<16} {r['tensor']:<48} {format_value(prof_metric, r[prof_metric])}")
     s = an.suggest_plan(prof_metric, k)
     print(f"\nsuggested plan: b={s.plan.b} u={s.plan.u} tb={s.plan.tb} tu={s.plan.tu}  (layers dominated by the "
           f"language expert: {''.join('L' if d else '.' for d in s.lang_dominant)})")
@@ -151,12 +151,6 @@ def cmd_diff(args) -> int:
         write_csv(ranked, args.top_csv)
         print(f"wrote {args.top_csv} (tensors ranked by {prof_metric}, both experts)")
     return 0
-
-
-def _short(metric: str, v) -> str:
-    if v is None or v != v:
-        return "-"
-    return f"{100 * v:.3g}%" if metric in ("relative", "topk") else f"{v:.3g}"
 
 
 def _workbench(args, chat_template: bool | None = False):

@@ -18,7 +18,7 @@ from pathlib import Path
 import gradio as gr
 
 from .. import mgsm
-from ..analysis import PANELS, write_csv
+from ..analysis import PANELS, format_row, write_csv
 from ..errors import UserError
 from ..methods import METHODS, MethodConfig
 from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan, default_plan
@@ -130,11 +130,11 @@ class App(EvaluateTab):
                                  norm=norm, merged=merged, plan=plan)
         prof = layer_profile(an, metric if metric in ("relative", "mean_abs", "topk") else "relative", k, merged, plan,
                              norm)
-        nonlayer = _table([_display(r) for r in an.non_layer_rows(k, merged)])
+        nonlayer = _table([format_row(r) for r in an.non_layer_rows(k, merged)])
         ranked = an.most_changed(len(an.tensors) * 2, by=metric, k=k)
         csv_path = Path(tempfile.mkdtemp(prefix="layerswap-")) / f"most-changed-{metric}-k{k:g}.csv"
         write_csv(ranked, csv_path)
-        top = _table([_display(r) for r in ranked[:TOP_ROWS]])
+        top = _table([format_row(r) for r in ranked[:TOP_ROWS]])
         return heat, note + an.report(k, merged), prof, nonlayer, top, str(csv_path)
 
     # ---- events ---------------------------------------------------------------------------
@@ -427,18 +427,6 @@ def _table(rows: list[dict]) -> dict:
     for r in rows:
         headers += [k for k in r if k not in headers]
     return {"headers": headers, "data": [[r.get(h, "") for h in headers] for r in rows]}
-
-
-def _display(row: dict) -> dict:
-    """A table row for people: percentages and 3 significant figures."""
-    out = {}
-    for key, v in row.items():
-        if isinstance(v, float):
-            pct = key.startswith(("relative", "topk")) or key in ("relative", "topk")
-            out[key] = f"{100 * v:.3g}%" if pct else f"{v:.3g}"
-        else:
-            out[key] = "" if v is None else v
-    return out
 
 
 def _strip(lw: list[float] | None, method: MethodConfig, L: int):

@@ -30,8 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("merge", help="build the layer-swapped (or baseline) model and write it as an HF folder")
     o.models(s)
-    o.plan_options(s)
-    o.method_options(s)
+    o.recipe_options(s)
     o.pairing_options(s)
     s.add_argument("--device", default="auto", help=f"where computed tensors are merged: {o.DEVICE_HELP}")
     s.add_argument("-o", "--out", required=True, help="output folder (must not exist, unless --overwrite)")
@@ -42,8 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("export-yaml", help="the plan as a mergekit config (linear method) that reproduces the merge")
     o.models(s)
-    o.plan_options(s)
-    o.method_options(s)
+    o.recipe_options(s)
     s.add_argument("-o", "--out", default="-", help="YAML file (default: stdout)")
     s.set_defaults(fn=c.cmd_export_yaml)
 
@@ -79,8 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("ask", help="the same question to math expert, language expert and merged model")
     o.models(s)
-    o.plan_options(s)
-    o.method_options(s)
+    o.recipe_options(s)
     o.pairing_options(s)
     s.add_argument("--question", help="free-text question (prompted in --mgsm-lang's MGSM format)")
     s.add_argument("--mgsm-lang", default="en", help="MGSM language code (default en)")
@@ -98,8 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lang", metavar="L", help="language expert")
     s.add_argument("--base", metavar="B", help="base model (task-vector methods, adapters, the shared-base check)")
     s.add_argument("--models", default="math,lang,merged", help="with --math/--lang: which of math,lang,merged")
-    o.plan_options(s)
-    o.method_options(s)
+    o.recipe_options(s)
     o.pairing_options(s)
     o.eval_options(s)
     o.engine_options(s)

@@ -97,6 +97,12 @@ def method_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--drop-rate", type=float, default=0.9, help="DARE: drop probability (default 0.9)")
 
 
+def recipe_options(p: argparse.ArgumentParser) -> None:
+    """A merge recipe: the layer map (plan) and the method."""
+    plan_options(p)
+    method_options(p)
+
+
 def pairing_options(p: argparse.ArgumentParser, force: bool = True) -> None:
     p.add_argument("--base-distance-threshold", type=float, default=BASE_DISTANCE_THRESHOLD,
                    help="largest sampled relative distance of an expert from the base before the pair is "

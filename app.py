@@ -1,52 +1,10 @@
 """layerswap app: `python app.py` starts on the offline demo models; pass --math/--lang/--base for your own.
 
-Works as a Hugging Face Space entry point too (it reads the same flags from LAYERSWAP_* env vars).
+The Hugging Face Space entry point (it reads the same flags from LAYERSWAP_* environment variables).
+`layerswap app` (after `pip install layerswap`) is the same program.
 """
 
-from __future__ import annotations
-
-import argparse
-import os
-import signal
-import sys
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="layerswap: merge two experts by layer swapping, in the browser.")
-    env = os.environ.get
-    p.add_argument("--math", default=env("LAYERSWAP_MATH"), help="math expert (folder or Hub id)")
-    p.add_argument("--lang", default=env("LAYERSWAP_LANG"), help="language expert (folder or Hub id)")
-    p.add_argument("--base", default=env("LAYERSWAP_BASE"), help="base model (for heatmaps)")
-    p.add_argument("--mgsm-dir", default=env("LAYERSWAP_MGSM_DIR"), help="folder of mgsm_XX.tsv files (default: demo set or the Hub)")
-    p.add_argument("--device", default=env("LAYERSWAP_DEVICE", "auto"), help="cpu, cuda or auto")
-    p.add_argument("--engine", default=env("LAYERSWAP_ENGINE"), choices=["auto", "vllm", "transformers"],
-                   help="auto (default): vLLM when installed, else transformers")
-    p.add_argument("--serving", default=env("LAYERSWAP_SERVING", "auto"), choices=["auto", "three", "one"],
-                   help="vLLM: three engines, or one engine with weights swapped per model (auto: by memory)")
-    p.add_argument("--host", default=env("GRADIO_SERVER_NAME", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(env("GRADIO_SERVER_PORT", "7860")))
-    p.add_argument("--share", action="store_true", help="public gradio.live link (needs internet)")
-    args = p.parse_args(argv)
-
-    from layerswap.demo import demo_mgsm_dir, demo_paths
-    from layerswap.ui import AppDefaults, create_app
-
-    label = ""
-    if not (args.math and args.lang):
-        print("No --math/--lang given: starting on the demo models (built offline on first run).")
-        paths, label = demo_paths()
-        args.math, args.lang, args.base = str(paths["math"]), str(paths["lang"]), str(paths["base"])
-        if not args.mgsm_dir and demo_mgsm_dir():
-            args.mgsm_dir = str(demo_mgsm_dir())
-    defaults = AppDefaults(math=args.math, lang=args.lang, base=args.base or "", label=label,
-                           mgsm_dir=args.mgsm_dir, device=args.device, engine=args.engine, serving=args.serving)
-    demo, app = create_app(defaults)
-    if app.wb.engine_note:
-        print(f"engine: {app.wb.engine_note}", flush=True)
-    # vLLM engines run in child processes: on SIGTERM exit normally so that they are shut down too
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share)
-
+from layerswap.ui.launch import main
 
 if __name__ == "__main__":
     main()

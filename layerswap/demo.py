@@ -15,7 +15,13 @@ from pathlib import Path
 
 import torch
 
-ASSETS_DEMO = Path(__file__).resolve().parent.parent / "assets" / "demo"
+
+
+def assets_dir() -> Path:
+    """The shipped assets: `layerswap/assets` when installed from a wheel, else a checkout's `assets/`."""
+    here = Path(__file__).resolve().parent
+    installed = here / "assets"
+    return installed if installed.is_dir() else here.parent / "assets"
 
 _CORPUS = """
 Question: Roger has 5 tennis balls. He buys 2 more cans of tennis balls. Each can has 3 tennis balls.
@@ -130,8 +136,9 @@ def demo_paths(cache: str | os.PathLike | None = None) -> tuple[dict[str, Path],
 
     Returns ``(paths, label)``; `label` is shown in the UI so nobody mistakes demo models for real ones.
     """
-    if all((ASSETS_DEMO / r / "config.json").exists() for r in ("base", "math", "lang")):
-        return {r: ASSETS_DEMO / r for r in ("base", "math", "lang")}, "demo organism (tiny models trained on a synthetic two-language world; see assets/demo/README.md)"
+    demo = assets_dir() / "demo"
+    if all((demo / r / "config.json").exists() for r in ("base", "math", "lang")):
+        return {r: demo / r for r in ("base", "math", "lang")}, "demo organism (tiny models trained on a synthetic two-language world; see assets/demo/README.md)"
     from .cache import cache_dir
 
     cache = Path(cache) / "random-demo-v1" if cache else cache_dir("random-demo-v1")
@@ -139,5 +146,5 @@ def demo_paths(cache: str | os.PathLike | None = None) -> tuple[dict[str, Path],
 
 
 def demo_mgsm_dir() -> Path | None:
-    d = ASSETS_DEMO / "mgsm"
+    d = assets_dir() / "demo" / "mgsm"
     return d if d.exists() else None

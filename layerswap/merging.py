@@ -351,8 +351,8 @@ Built with layerswap {provenance['layerswap_version']} on {provenance['created']
 (layer swapping: Bandarkar et al., "Layer Swapping for Zero-Shot Cross-Lingual Transfer in
 Large Language Models", ICLR 2025).
 
-- **Math expert**: `{math.ref}`{f" (PEFT adapter merged into its base)" if math.adapter else ""}
-- **Language expert**: `{lang.ref}`{f" (PEFT adapter merged into its base)" if lang.adapter else ""}
+- **Math expert**: `{math.ref}`{" (PEFT adapter merged into its base)" if math.adapter else ""}
+- **Language expert**: `{lang.ref}`{" (PEFT adapter merged into its base)" if lang.adapter else ""}
 - **Base**: {f"`{base}`" if base else "not given"}; sampled relative distances: {dist}
 {how}
 The tokenizer and config are the math expert's. The merge itself says nothing about quality:

@@ -1,4 +1,4 @@
-"""Plotly figures: the analysis heatmaps and profile, the first version's diff heatmap, the layer-source strip."""
+"""Plotly figures: the analysis heatmaps and profile, the layer-source strip and the MGSM accuracy bars."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from .analysis import METRICS, PANEL_METRICS, PANELS, Analysis, DiffResult, MergedStats
+from .analysis import METRICS, PANEL_METRICS, PANELS, Analysis, MergedStats, format_value
 from .errors import UserError
 from .plans import Plan, source_label
 
@@ -20,31 +20,6 @@ MATH_COLOR = "#1b9e77"
 def _z(values: np.ndarray) -> list[list[float | None]]:
     """Plain lists (NaN as null): readable in any plotly.js and by API clients."""
     return [[None if np.isnan(v) else float(v) for v in row] for row in np.asarray(values, dtype=float)]
-
-
-def diff_heatmap(diff: DiffResult, title: str | None = None, height: int = 380) -> go.Figure:
-    """Rows: parameter types; columns: layers; hover: tensor name and value."""
-    z = _z(diff.values)
-    text = [[n or "" for n in row] for row in diff.names]
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            x=list(range(diff.num_layers)),
-            y=diff.row_labels,
-            customdata=text,
-            colorscale="Viridis",
-            colorbar={"title": {"text": "rel. change"}},
-            hovertemplate="layer %{x} · %{y}<br>%{customdata}<br>value %{z:.4g}<extra></extra>",
-        )
-    )
-    fig.update_layout(
-        title=title or f"{METRICS[diff.metric]}<br><sup>{diff.expert} vs {diff.base}</sup>",
-        xaxis={"title": "layer", "dtick": 1 if diff.num_layers <= 40 else 4},
-        yaxis={"title": "parameter type", "autorange": "reversed"},
-        height=height,
-        margin={"l": 80, "r": 20, "t": 70, "b": 50},
-    )
-    return fig
 
 
 def layer_strip(layer_weights: list[float], height: int = 190) -> go.Figure:
@@ -97,32 +72,6 @@ def save_figure(fig: go.Figure, out: str | os.PathLike) -> Path:
     return out
 
 
-def combined_diff_figure(diffs: list[DiffResult], labels: list[str], layer_weights: list[float] | None = None,
-                         height_per_panel: int = 300) -> go.Figure:
-    """Stacked heatmaps (one per expert) on one shared colour scale, so magnitudes compare."""
-    from plotly.subplots import make_subplots
-
-    zmax = float(np.nanmax([np.nanmax(d.values) for d in diffs])) if diffs else 1.0
-    fig = make_subplots(rows=len(diffs), cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=[f"{lab} vs base" for lab in labels])
-    for i, d in enumerate(diffs):
-        fig.add_trace(
-            go.Heatmap(
-                z=_z(d.values), x=list(range(d.num_layers)), y=d.row_labels,
-                customdata=[[n or "" for n in row] for row in d.names],
-                zmin=0, zmax=zmax, colorscale="Viridis", showscale=(i == 0),
-                colorbar={"title": {"text": "rel. change"}},
-                hovertemplate=f"{labels[i]}<br>layer %{{x}} · %{{y}}<br>%{{customdata}}<br>value %{{z:.4g}}<extra></extra>",
-            ),
-            row=i + 1, col=1,
-        )
-        fig.update_yaxes(autorange="reversed", row=i + 1, col=1)
-    fig.update_xaxes(title_text="layer", dtick=1 if diffs and diffs[0].num_layers <= 40 else 4, row=len(diffs), col=1)
-    fig.update_layout(height=height_per_panel * len(diffs) + 60, margin={"l": 80, "r": 20, "t": 50, "b": 50},
-                      title=METRICS[diffs[0].metric] if diffs else "")
-    return fig
-
-
 MODEL_COLORS = {"math expert": MATH_COLOR, "language expert": LANG_COLOR, "merged model": "#7570b3"}
 
 
@@ -150,16 +99,6 @@ CHANGE_SCALE = "Viridis"
 OVERLAP_SCALE = "RdBu_r"
 
 
-def _fmt(metric: str, v: float | None) -> str:
-    if v is None or not np.isfinite(v):
-        return "–"
-    if metric in ("relative", "topk", "jaccard"):
-        return f"{100 * v:.3g}%"
-    if metric == "cosine":
-        return f"{v:+.3f}"
-    return f"{v:.3g}"
-
-
 def panel_metric(panel: str, metric: str, overlap_metric: str) -> str:
     """The metric a panel shows: the overlap panel has its own; vs-expert panels fall back to relative."""
     if panel == "overlap":
@@ -175,19 +114,20 @@ def _hover(an: Analysis, k: float | None, merged: MergedStats | None) -> list[st
     for r in rows:
         lines = [f"<b>{r['tensor']}</b>", f"shape {r['shape'].replace('x', '×')} · {r['numel']:,} entries"]
         for role, name in (("math", "math"), ("lang", "language")):
-            t = f" · top-{kk:g}% share {_fmt('topk', r.get(f'topk_share_{role}'))}" if kk is not None else ""
-            lines.append(f"{name} vs base: rel {_fmt('relative', r[f'relative_{role}'])} · "
-                         f"mean|Δ| {_fmt('mean_abs', r[f'mean_abs_{role}'])}{t}")
-        ov = f"overlap: cosine {_fmt('cosine', r['cosine'])}"
+            t = f" · top-{kk:g}% share {format_value('topk', r.get(f'topk_share_{role}'))}" if kk is not None else ""
+            lines.append(f"{name} vs base: rel {format_value('relative', r[f'relative_{role}'])} · "
+                         f"mean|Δ| {format_value('mean_abs', r[f'mean_abs_{role}'])}{t}")
+        ov = f"overlap: cosine {format_value('cosine', r['cosine'])}"
         if kk is not None:
-            ov += f" · top-{kk:g}% Jaccard {_fmt('jaccard', r.get('topk_jaccard'))}"
+            ov += f" · top-{kk:g}% Jaccard {format_value('jaccard', r.get('topk_jaccard'))}"
         lines.append(ov)
-        lines.append(f"math vs language: rel {_fmt('relative', r['relative_math_vs_lang'])}")
+        lines.append(f"math vs language: rel {format_value('relative', r['relative_math_vs_lang'])}")
         if merged is not None:
-            t = f" · top-{kk:g}% share ≈{_fmt('topk', r.get('topk_share_merged'))}" if kk is not None else ""
-            lines.append(f"merged (w_lang {r['w_lang']:.3g}) vs base: rel {_fmt('relative', r['relative_merged'])}{t}")
-            lines.append(f"merged vs math: rel {_fmt('relative', r['relative_merged_vs_math'])} · "
-                         f"vs language: rel {_fmt('relative', r['relative_merged_vs_lang'])}")
+            t = f" · top-{kk:g}% share ≈{format_value('topk', r.get('topk_share_merged'))}" if kk is not None else ""
+            lines.append(f"merged (w_lang {r['w_lang']:.3g}) vs base: "
+                         f"rel {format_value('relative', r['relative_merged'])}{t}")
+            lines.append(f"merged vs math: rel {format_value('relative', r['relative_merged_vs_math'])} · "
+                         f"vs language: rel {format_value('relative', r['relative_merged_vs_lang'])}")
         out.append("<br>".join(lines))
     return out
 
@@ -217,7 +157,8 @@ def normalise(grids: dict[str, np.ndarray], norm: str) -> tuple[dict[str, np.nda
 def plan_cell_weights(an: Analysis, plan: Plan) -> np.ndarray:
     """w_lang per (parameter type, layer) cell, through Plan.tensor_weight (per-module plans included)."""
     lw = plan.layer_weights(an.num_layers)
-    return np.asarray([[plan.tensor_weight(layer, p, lw) for layer in range(an.num_layers)] for p in an.ptypes])
+    return np.asarray([[plan.tensor_weight(layer, p, lw, an.arch) for layer in range(an.num_layers)]
+                       for p in an.ptypes])
 
 
 def _runs(flags: list[bool]) -> list[tuple[int, int]]:

@@ -57,7 +57,7 @@ def _rss_now() -> int:
 def work_floor_reader(paths, args) -> dict:
     from layerswap import Checkpoint
     from layerswap.analysis import CPU_CHUNK
-    from layerswap.stream import ChunkStream
+    from layerswap.analysis.stream import ChunkStream
 
     cks = [Checkpoint.open(paths[r]) for r in ROLES]
     names = sorted(cks[0].tensors, key=lambda n: cks[0].tensors[n].start)

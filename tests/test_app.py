@@ -11,7 +11,8 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from layerswap import Plan
-from tests.conftest import find_mgsm_dir
+from layerswap import mgsm
+from tests.helpers import DEMO_MGSM
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +50,12 @@ def test_load_build_ask_side_by_side(client, num_layers):
     assert strip["data"][0]["z"] == [[1, 1, 0.5] + [0] * (L - 5) + [0.5, 1]]
     assert "**Built.** swap b=2 u=1 tb=1 tu=1 (ramp)" in plan_md
 
-    data = find_mgsm_dir()
-    if data is not None:
-        prompt, *answers = client.predict("sw", 3, "", 24, api_name="/ask")
-        assert "Swali: James anaamua" in prompt and "Gold answer: 540" in prompt
-    else:
-        prompt, *answers = client.predict("en", None, "What is 2 + 3?", 24, api_name="/ask")
-        assert "Question: What is 2 + 3?" in prompt
+    item = mgsm.load("xx", DEMO_MGSM)[3]
+    prompt, *answers = client.predict("xx", 3, "", 24, api_name="/ask")
+    assert f"Sorvi: {item.question[:30]}" in prompt and f"Gold answer: {item.answer}" in prompt
     assert len(answers) == 3
+    prompt, *free = client.predict("en", None, "What is 2 + 3?", 24, api_name="/ask")
+    assert "Question: What is 2 + 3?" in prompt and len(free) == 3
     for name, a in zip(("math expert", "language expert", "merged model"), answers):
         assert a.startswith(f"**{name}** · transformers") and "flexible:" in a
 

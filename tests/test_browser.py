@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
+
+from layerswap import mgsm
+from tests.helpers import DEMO_MGSM, chromium_or_skip
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 pytestmark = pytest.mark.browser
 
 
-def _chromium() -> str | None:
-    return os.environ.get("LAYERSWAP_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 @pytest.fixture(scope="module")
 def browser():
-    exe = _chromium()
-    if exe is None:
-        if os.environ.get("LAYERSWAP_REQUIRE_BROWSER") == "1":
-            pytest.fail("LAYERSWAP_REQUIRE_BROWSER=1 but no chromium found (apt-get install chromium)")
-        pytest.skip("no chromium on this machine (apt-get install chromium) ")
+    exe = chromium_or_skip()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -36,12 +29,12 @@ def browser():
         b.close()
 
 
-def test_main_flow_in_browser(browser, app_url_plain):
+def test_main_flow_in_browser(browser, app_url):
     """`python app.py` as a newcomer opens it: the demo organism, its Kovani test set preselected."""
     from playwright.sync_api import expect
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(app_url_plain, wait_until="load")
+    page.goto(app_url, wait_until="load")
     expect(page.locator("#demo-label")).to_contain_text("demo")
     page.locator("#load").click()
     expect(page.locator("#report")).to_contain_text(re.compile(r"compatible: LlamaForCausalLM, \d+ layers"),
@@ -55,7 +48,8 @@ def test_main_flow_in_browser(browser, app_url_plain):
     expect(page.locator("#strip .js-plotly-plot")).to_be_visible(timeout=60_000)
 
     page.locator("#ask").click()  # question 0 of the preselected set
-    expect(page.locator("#prompt")).to_contain_text("Sorvi: Raj ovu 18 tenu.", timeout=120_000)
+    first = mgsm.load("xx", DEMO_MGSM)[0].question
+    expect(page.locator("#prompt")).to_contain_text(f"Sorvi: {first[:30]}", timeout=120_000)
     for role in ("math", "lang", "merged"):
         expect(page.locator(f"#answer-{role}")).to_contain_text("flexible:", timeout=120_000)
     page.locator("#free textarea").fill("Tom has 3 apples. Tom buys 4 more apples. How many apples does Tom have now?")

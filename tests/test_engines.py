@@ -11,7 +11,7 @@ import pytest
 from layerswap import UserError
 from layerswap.demo import build_tokenizer, make_tiny_llama
 from layerswap.engines import Engine, TransformersEngine, VLLMSettings, truncate_at_stop
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def test_generate_batched_greedy_and_stop(trio):

@@ -14,7 +14,7 @@ import yaml
 from layerswap import Checkpoint, MethodConfig, Plan, UserError, export_merge
 from layerswap.cli import main as cli
 from layerswap.interop import mergekit_config
-from tests.test_merge import read_dir
+from tests.helpers import read_dir
 
 PLANS = {
     "paper-like": (Plan(b=2, u=1, tb=1, tu=1), None),

@@ -7,7 +7,7 @@ import torch
 
 from layerswap import Checkpoint, MethodConfig, Plan, UserError, export_merge
 from layerswap import methods as M
-from tests.test_merge import read_dir
+from tests.helpers import read_dir
 
 T = lambda *v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
 

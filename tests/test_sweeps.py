@@ -11,16 +11,17 @@ from layerswap.cli import main as cli
 from layerswap.evaluation import EvalConfig
 from layerswap.sweeps import SweepPoint, ablation_suite, run_sweep, swap_grid
 from layerswap.workbench import Workbench
+from tests.helpers import DEMO_MGSM
 
 
 def _outputs(row, model):
     return [(r.lang, r.index, r.output) for r in row.report.results if r.model == model]
 
 
-def test_sweep_rows_are_the_recipes_merges(trio, mgsm_dir):
+def test_sweep_rows_are_the_recipes_merges(trio):
     wb = Workbench(engine="transformers")
     wb.load(str(trio["math"]), str(trio["lang"]), str(trio["base"]))
-    cfg = EvalConfig(langs=["sw", "en"], limit=3, max_new_tokens=6, source=str(mgsm_dir))
+    cfg = EvalConfig(langs=["xx", "en"], limit=3, max_new_tokens=6, source=str(DEMO_MGSM))
     points = [SweepPoint("math itself", Plan(b=0, u=0, tb=0, tu=0)),
               SweepPoint("all language", Plan(b=6, u=0, tb=0, tu=0)),
               SweepPoint("swap", Plan(b=1, u=1, tb=1, tu=1)),
@@ -52,10 +53,10 @@ def test_grids_and_suites():
     assert not any("TIES" in n for n in (p.name for p in ablation_suite(8, with_base=False)))
 
 
-def test_sweep_cli(trio, mgsm_dir, tmp_path, capsys):
+def test_sweep_cli(trio, tmp_path, capsys):
     rc = cli(["sweep", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "--b-values", "0-1",
-              "--u-values", "0-1", "--t-values", "0", "--langs", "sw", "--limit", "2", "--max-new-tokens", "4",
-              "--mgsm-dir", str(mgsm_dir), "--engine", "transformers", "-o", str(tmp_path / "s.csv"),
+              "--u-values", "0-1", "--t-values", "0", "--langs", "xx", "--limit", "2", "--max-new-tokens", "4",
+              "--mgsm-dir", str(DEMO_MGSM), "--engine", "transformers", "-o", str(tmp_path / "s.csv"),
               "--plot", str(tmp_path / "s.html"), "-q"])
     out = capsys.readouterr().out
     assert rc == 0 and "4 recipes on 6 layers" in out and "best merge" in out

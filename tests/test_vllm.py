@@ -14,7 +14,7 @@ import pytest
 from layerswap import Plan, mgsm
 from layerswap.cli import main as cli
 from layerswap.engines import TransformersEngine, VLLMEngine, open_engine
-from tests.conftest import vllm_or_skip
+from tests.helpers import vllm_or_skip
 
 NEW = 24
 

@@ -1,4 +1,5 @@
-"""Every bad input gives a clear one-line error, exits non-zero, and writes nothing."""
+"""Checkpoints: opening models, headers and compatibility, the shared-base check. Every bad input gives a
+clear one-line error, exits non-zero and writes nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 import torch
 
 from layerswap import Checkpoint, Plan, UserError, check_compatible, export_merge
+from layerswap.checkpoints import check_pairing
 from layerswap.demo import make_tiny_llama
+from tests.helpers import assert_nothing_written, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +54,6 @@ CASES = {
 }
 
 
-def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "layerswap.cli", *args], capture_output=True, text=True, timeout=120)
-
-
-def _assert_nothing_written(parent: Path, out: Path) -> None:
-    assert not out.exists()
-    assert not [p for p in parent.iterdir() if p.name.startswith(".")], "temporary folder left behind"
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_expert_api(case, bad, trio, tmp_path):
     key, msg = CASES[case]
@@ -67,18 +61,18 @@ def test_bad_expert_api(case, bad, trio, tmp_path):
         export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(bad[key]), Plan(b=1, u=1, tb=1, tu=1),
                      tmp_path / "out")
     assert msg in str(e.value)
-    _assert_nothing_written(tmp_path, tmp_path / "out")
+    assert_nothing_written(tmp_path, tmp_path / "out")
 
 
 @pytest.mark.parametrize("case", ["layer count", "shape", "architecture", "corrupt header", "pickle only"])
 def test_bad_expert_cli(case, bad, trio, tmp_path):
     key, msg = CASES[case]
-    r = _run_cli("merge", "--math", str(trio["math"]), "--lang", str(bad[key]), "--b", "1", "--u", "1",
+    r = run_cli("merge", "--math", str(trio["math"]), "--lang", str(bad[key]), "--b", "1", "--u", "1",
                  "-o", str(tmp_path / "out"))
     assert r.returncode == 2
     assert msg in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    _assert_nothing_written(tmp_path, tmp_path / "out")
+    assert_nothing_written(tmp_path, tmp_path / "out")
 
 
 def test_inspect_lists_every_mismatch(bad, trio):
@@ -86,14 +80,14 @@ def test_inspect_lists_every_mismatch(bad, trio):
     assert not rep.ok
     whats = {m.what for m in rep.errors}
     assert {"layer count", "tensor names", "shape"} <= whats
-    r = _run_cli("inspect", "--math", str(trio["math"]), "--lang", str(bad["layers4"]), "--base", str(bad["wide"]))
+    r = run_cli("inspect", "--math", str(trio["math"]), "--lang", str(bad["layers4"]), "--base", str(bad["wide"]))
     assert r.returncode == 1 and "NOT compatible" in r.stdout and "layer count" in r.stdout
 
 
 def test_missing_path(trio, tmp_path):
-    r = _run_cli("merge", "--math", str(trio["math"]), "--lang", str(tmp_path / "nope"), "-o", str(tmp_path / "o"))
+    r = run_cli("merge", "--math", str(trio["math"]), "--lang", str(tmp_path / "nope"), "-o", str(tmp_path / "o"))
     assert r.returncode == 2 and "no such directory" in r.stderr and "Traceback" not in r.stderr
-    _assert_nothing_written(tmp_path, tmp_path / "o")
+    assert_nothing_written(tmp_path, tmp_path / "o")
 
 
 def test_not_a_model_dir(trio, tmp_path):
@@ -102,50 +96,46 @@ def test_not_a_model_dir(trio, tmp_path):
         Checkpoint.open(tmp_path / "empty")
 
 
-@pytest.mark.parametrize("flags, msg", [
-    (["--b", "5", "--u", "2", "--tb", "1", "--tu", "1"], "exceeds the model's 6 layers; reduce them so the sum is at most 6"),
-    (["--b", "-1"], "b must be a whole number >= 0"),
-    (["--b", "1", "--tb", "1", "--transition-weight", "1.2"], "transition_weight must lie in [0, 1]"),
-])
-def test_invalid_plan_cli(flags, msg, trio, tmp_path):
-    r = _run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), *flags, "-o", str(tmp_path / "o"))
-    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
-    _assert_nothing_written(tmp_path, tmp_path / "o")
+@pytest.fixture(scope="module")
+def stranger(tmp_path_factory, tokenizer):
+    """Same architecture and shapes as the trio, but a different random 'pretraining'."""
+    return make_tiny_llama(tmp_path_factory.mktemp("stranger") / "m", layers=6, seed=99, tokenizer=tokenizer)
 
 
-def test_existing_output_is_not_touched(trio, tmp_path):
-    out = tmp_path / "o"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
-    r = _run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "-o", str(out))
-    assert r.returncode == 2 and "already exists" in r.stderr
-    assert [p.name for p in out.iterdir()] == ["keep.txt"]
-    r = _run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "-o", str(out), "--overwrite")
-    assert r.returncode == 0 and (out / "model.safetensors").exists() and not (out / "keep.txt").exists()
+def test_expert_from_another_base_is_refused_with_numbers(trio, stranger, tmp_path):
+    math, lang, base = Checkpoint.open(trio["math"]), Checkpoint.open(stranger), Checkpoint.open(trio["base"])
+    assert check_compatible(math, lang, base).ok  # headers agree
+    p = check_pairing(math, lang, base)
+    assert p.distances["math-base"] < 0.1 and p.distances["lang-base"] > 1.0
+    assert list(p.suspicious) == ["lang-base"]
+    with pytest.raises(UserError, match=r"may not share a base: sampled relative distances math-base 0\.0\d+, "
+                                        r"lang-base 1\.\d+ exceed the threshold 0\.5"):
+        export_merge(math, lang, Plan(b=1, u=1), tmp_path / "o", base=base)
+    assert not (tmp_path / "o").exists()
+    # without a base, the experts are compared with each other
+    assert check_pairing(math, lang).suspicious
+    assert not check_pairing(math, Checkpoint.open(trio["lang"])).suspicious
 
 
-def test_failure_midway_leaves_nothing(trio, tmp_path, monkeypatch):
-    import layerswap.merging as merging
-
-    calls = {"n": 0}
-    real = merging.linear
-
-    def flaky(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise RuntimeError("disk full")
-        return real(*a, **k)
-
-    monkeypatch.setattr(merging, "linear", flaky)
-    with pytest.raises(RuntimeError):
-        export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), Plan(b=1, u=1, tb=2, tu=2),
-                     tmp_path / "o")
-    _assert_nothing_written(tmp_path, tmp_path / "o")
+def test_force_runs_it_anyway(trio, stranger, tmp_path):
+    args = [sys.executable, "-m", "layerswap.cli", "merge", "--math", str(trio["math"]), "--lang", str(stranger),
+            "--base", str(trio["base"]), "--b", "1", "--u", "1", "-o", str(tmp_path / "o")]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "pass --force" in r.stderr
+    r = subprocess.run(args + ["--force"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "warning (--force)" in r.stdout and (tmp_path / "o" / "model.safetensors").exists()
+    r = subprocess.run([sys.executable, "-m", "layerswap.cli", "inspect", "--math", str(trio["math"]),
+                        "--lang", str(stranger), "--base", str(trio["base"])], capture_output=True, text=True)
+    assert r.returncode == 1 and "lang-base 1." in r.stdout
 
 
-def test_cuda_requested_without_gpu(trio, tmp_path):
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    r = _run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "--device", "cuda",
-                 "-o", str(tmp_path / "o"))
-    assert r.returncode == 2 and "no CUDA GPU" in r.stderr
+def test_mismatch_refused_from_headers_alone(trio, tokenizer, tmp_path, monkeypatch):
+    other = make_tiny_llama(tmp_path / "l4", layers=4, seed=1, tokenizer=tokenizer)
+
+    def no_reads(*a, **k):
+        raise AssertionError("weights were read")
+
+    monkeypatch.setattr(Checkpoint, "read", no_reads)
+    monkeypatch.setattr(Checkpoint, "get", no_reads)
+    with pytest.raises(UserError, match="layer count"):
+        export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(other), Plan(b=1, u=1), tmp_path / "o")

@@ -1,4 +1,4 @@
-"""Chunked reads of the same tensor from several checkpoints, prefetched on a background thread.
+"""Slices of the same tensors from several checkpoints, read with pread one block ahead on a background thread.
 
 The analysis walks base, math expert and language expert tensor by tensor, in slices of
 ``chunk_elems`` elements. Bytes are read with ``pread`` into a small pool of reusable buffers
@@ -14,18 +14,25 @@ arithmetic.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
-import torch
+from ..checkpoints import Checkpoint
+from ..tensorfile import ITEMSIZE, Files, pread_into, torch_dtype
 
-from .checkpoints import Checkpoint, TensorInfo
-from .tensorfile import ITEMSIZE, Files, pread_into, torch_dtype
+if TYPE_CHECKING:
+    import torch
 
 _STOP = object()
+CPU_CHUNK = 1 << 18  # 1 MiB float32 slices: the working set stays in cache
+CUDA_CHUNK = 1 << 23
+
+
+def default_chunk(device: str) -> int:
+    """Elements per slice on `device` (cpu or cuda[:N])."""
+    return CUDA_CHUNK if str(device).startswith("cuda") else CPU_CHUNK
 
 
 @dataclass
@@ -41,21 +48,6 @@ class Chunk:
     _slot: int = -1
 
 
-def read_range(ck: Checkpoint, name: str, start: int, count: int, files: Files | None = None) -> torch.Tensor:
-    """Elements ``start .. start+count`` of a tensor (flattened), freshly read, on the CPU."""
-    info = ck.tensors[name]
-    dtype, size = torch_dtype(info.dtype), ITEMSIZE[info.dtype]
-    buf = torch.empty(count * size, dtype=torch.uint8)
-    own = files is None
-    files = files or Files()
-    try:
-        pread_into(files.fd(info.file), memoryview(buf.numpy()), info.start + start * size, file=info.file, what=name)
-    finally:
-        if own:
-            files.close()
-    return buf.view(dtype)
-
-
 class ChunkStream:
     """Iterate over `names` in slices, reading every checkpoint's copy of each slice.
 
@@ -66,6 +58,8 @@ class ChunkStream:
 
     def __init__(self, checkpoints: Sequence[Checkpoint], names: Sequence[str], *, chunk_elems: int,
                  device: str = "cpu", prefetch: int = 2, read_bytes: int = 8 << 20):
+        import torch
+
         if chunk_elems <= 0:
             raise ValueError("chunk_elems must be positive")
         self.cks = list(checkpoints)

@@ -17,14 +17,15 @@ from pathlib import Path
 
 import gradio as gr
 
-from . import mgsm
-from .analysis import PANELS, write_csv
-from .errors import UserError
-from .methods import METHODS, MethodConfig
-from .plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan, default_plan
-from .plots import analysis_heatmaps, layer_profile, layer_strip
-from .ui_evaluate import EvaluateTab
-from .workbench import ROLE_NAMES, Answer, Workbench
+from .. import mgsm
+from ..analysis import PANELS, format_row, write_csv
+from ..errors import UserError
+from ..methods import METHODS, MethodConfig
+from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan, default_plan
+from ..plots import analysis_heatmaps, layer_profile, layer_strip
+from .evaluate import EvaluateTab
+from .events import errors_as_gradio
+from ..workbench import ROLE_NAMES, Answer, Workbench
 
 MAX_SLIDER = 64
 ZIP_LIMIT_BYTES = 2 * 10**9
@@ -46,19 +47,6 @@ class AppDefaults:
     default_lang: str | None = None
     engine: str | None = None  # auto (vLLM when installed), vllm, transformers; None: $LAYERSWAP_ENGINE
     serving: str = "auto"  # vLLM: three engines, or one with weights swapped (auto: by memory)
-
-
-def _errors_as_gradio(fn):
-    """User errors become gr.Error (shown as a modal with the fix); everything else propagates."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except UserError as e:
-            raise gr.Error(str(e), duration=None) from None
-
-    return wrapper
 
 
 class App(EvaluateTab):
@@ -142,11 +130,11 @@ class App(EvaluateTab):
                                  norm=norm, merged=merged, plan=plan)
         prof = layer_profile(an, metric if metric in ("relative", "mean_abs", "topk") else "relative", k, merged, plan,
                              norm)
-        nonlayer = _table([_display(r) for r in an.non_layer_rows(k, merged)])
+        nonlayer = _table([format_row(r) for r in an.non_layer_rows(k, merged)])
         ranked = an.most_changed(len(an.tensors) * 2, by=metric, k=k)
         csv_path = Path(tempfile.mkdtemp(prefix="layerswap-")) / f"most-changed-{metric}-k{k:g}.csv"
         write_csv(ranked, csv_path)
-        top = _table([_display(r) for r in ranked[:TOP_ROWS]])
+        top = _table([format_row(r) for r in ranked[:TOP_ROWS]])
         return heat, note + an.report(k, merged), prof, nonlayer, top, str(csv_path)
 
     # ---- events ---------------------------------------------------------------------------
@@ -194,7 +182,7 @@ class App(EvaluateTab):
         return _strip(lw, method, self.wb.num_layers), _plan_md(plan, method, self.wb.num_layers, built=True)
 
     def export_yaml(self):
-        from .interop import mergekit_yaml
+        from ..interop import mergekit_yaml
 
         if self.wb.plan is None:
             raise UserError("Build the merge first, then export its mergekit config.")
@@ -394,30 +382,30 @@ class App(EvaluateTab):
                            method, weight, lam, density, drop_rate]
             view_inputs = [panels, metric, overlap_metric, k, norm, *plan_inputs]
             view_outputs = [heat, summary_md, profile, nonlayer_df, top_df, top_csv]
-            view = _errors_as_gradio(self.heatmap)
+            view = errors_as_gradio(self.heatmap)
             demo.load(self.current, outputs=[report, b, u, tb, tu, strip], api_visibility="private")
-            load_btn.click(_errors_as_gradio(self.load), [base, math, lang, force], [report, b, u, tb, tu, heat],
+            load_btn.click(errors_as_gradio(self.load), [base, math, lang, force], [report, b, u, tb, tu, heat],
                            api_name="load", **model_q).then(
                 _if_base(self, view), view_inputs, view_outputs, api_name="analysis_after_load",
                 api_visibility="private", **model_q)
             # preview skips the queue, so a Build queued after it always has the last word
             gr.on([c.change for c in plan_inputs], self.preview, plan_inputs, [strip, plan_md],
                   api_name="preview", trigger_mode="always_last", show_progress="hidden", queue=False)
-            build_btn.click(_errors_as_gradio(self.build), plan_inputs, [strip, plan_md], api_name="build",
+            build_btn.click(errors_as_gradio(self.build), plan_inputs, [strip, plan_md], api_name="build",
                             **model_q).then(_if_base(self, view), view_inputs, view_outputs,
                                             api_name="analysis_after_build", api_visibility="private", **model_q)
             gr.on([c.change for c in (panels, metric, overlap_metric, k, norm)], view, view_inputs, view_outputs,
                   api_name="heatmap", trigger_mode="always_last", **model_q)
-            suggest_btn.click(_errors_as_gradio(self.suggest), [metric, k], [b, u, tb, tu, suggest_md],
+            suggest_btn.click(errors_as_gradio(self.suggest), [metric, k], [b, u, tb, tu, suggest_md],
                               api_name="suggest", **model_q).then(_if_base(self, view), view_inputs, view_outputs,
                                                                   api_name="analysis_after_suggest",
                                                                   api_visibility="private", **model_q)
             mlang.change(self.questions, [mlang], [question], api_name="questions")
-            ask_btn.click(_errors_as_gradio(self.ask), [mlang, question, free, max_new], [prompt_md, *ans],
+            ask_btn.click(errors_as_gradio(self.ask), [mlang, question, free, max_new], [prompt_md, *ans],
                           api_name="ask", **model_q)
-            export_btn.click(_errors_as_gradio(self.export), [out_dir, overwrite], [export_md, download],
+            export_btn.click(errors_as_gradio(self.export), [out_dir, overwrite], [export_md, download],
                              api_name="export", **model_q)
-            yaml_btn.click(_errors_as_gradio(self.export_yaml), None, [yaml_file], api_name="export_yaml")
+            yaml_btn.click(errors_as_gradio(self.export_yaml), None, [yaml_file], api_name="export_yaml")
         return demo
 
 
@@ -439,18 +427,6 @@ def _table(rows: list[dict]) -> dict:
     for r in rows:
         headers += [k for k in r if k not in headers]
     return {"headers": headers, "data": [[r.get(h, "") for h in headers] for r in rows]}
-
-
-def _display(row: dict) -> dict:
-    """A table row for people: percentages and 3 significant figures."""
-    out = {}
-    for key, v in row.items():
-        if isinstance(v, float):
-            pct = key.startswith(("relative", "topk")) or key in ("relative", "topk")
-            out[key] = f"{100 * v:.3g}%" if pct else f"{v:.3g}"
-        else:
-            out[key] = "" if v is None else v
-    return out
 
 
 def _strip(lw: list[float] | None, method: MethodConfig, L: int):

@@ -1,4 +1,4 @@
-"""The analysis figures: panels on shared scales, normalisations, plan overlay, profile, export."""
+"""layerswap.plots: the analysis heatmaps (panels on shared scales, normalisations, plan overlay), profile, export."""
 
 from __future__ import annotations
 
@@ -49,15 +49,6 @@ def test_normalisations():
         normalise(g, "zscore")
 
 
-class AttentionOnlyPlan(Plan):
-    """A per-module plan (as issue 4's `modules="attention"`): MLP tensors stay with the math expert."""
-
-    def tensor_weight(self, layer, ptype, layer_weights):
-        if layer is not None and ptype in ("gate_proj", "up_proj", "down_proj", "post_attention_layernorm"):
-            return 0.0
-        return super().tensor_weight(layer, ptype, layer_weights)
-
-
 def test_plan_overlay_by_column_and_by_cell(setup):
     _, an, plan, merged = setup
     fig = analysis_heatmaps(an, ["math"], plan=plan)
@@ -66,7 +57,7 @@ def test_plan_overlay_by_column_and_by_cell(setup):
     shaded = sorted((s.x0, s.x1) for s in shapes if s.fillcolor != "rgba(0,0,0,0)")
     assert outlined == [(-0.5, 0.5), (4.5, 5.5)] and shaded == [(0.5, 1.5), (3.5, 4.5)]
     assert all(s.yref == "y domain" for s in shapes)  # whole columns
-    per_module = AttentionOnlyPlan(b=1, u=1, tb=1, tu=1)
+    per_module = Plan(b=1, u=1, tb=1, tu=1, modules="attention")  # MLP tensors stay with the math expert
     w = plan_cell_weights(an, per_module)
     assert w.shape == (9, 6) and w[an.ptypes.index("up_proj")].max() == 0.0 and w[0, 0] == 1.0
     fig = analysis_heatmaps(an, ["math"], plan=per_module)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from layerswap import Checkpoint, Plan, export_merge
 from layerswap.cli import main as cli
+from tests.helpers import (assert_matches_plan, assert_nothing_written, expected_layer_weights, expected_weight, read_dir,
+                           run_cli)
 
 PLANS = {
     "none": Plan(b=0, u=0, tb=0, tu=0),
@@ -25,74 +25,6 @@ PLANS = {
     "nl-avg": Plan(b=2, u=1, tb=1, tu=1, non_layer="avg"),
     "nl-neighbour-ramp": Plan(b=0, u=0, tb=2, tu=3, transition="ramp"),
 }
-
-
-def expected_layer_weights(plan: Plan, L: int) -> list[float]:
-    """Independent restatement of the plan semantics."""
-    out = []
-    for i in range(L):
-        if i < plan.b or i >= L - plan.u:
-            out.append(1.0)
-        elif i < plan.b + plan.tb:
-            k = i - plan.b + 1
-            out.append(1 - k / (plan.tb + 1) if plan.transition == "ramp" else plan.transition_weight)
-        elif i >= L - plan.u - plan.tu:
-            k = i - (L - plan.u - plan.tu) + 1
-            out.append(k / (plan.tu + 1) if plan.transition == "ramp" else plan.transition_weight)
-        else:
-            out.append(0.0)
-    return out
-
-
-def expected_weight(name: str, plan: Plan, L: int) -> float:
-    lw = expected_layer_weights(plan, L)
-    parts = name.split(".")
-    if "layers" in parts:
-        return lw[int(parts[parts.index("layers") + 1])]
-    fixed = {"math": 0.0, "lang": 1.0, "avg": 0.5}
-    if plan.non_layer in fixed:
-        return fixed[plan.non_layer]
-    return lw[0] if "embed_tokens" in name else lw[-1]
-
-
-def expected_tensor(m: torch.Tensor, l: torch.Tensor, w: float) -> torch.Tensor:
-    """(1-w)*math + w*lang in float32, evaluated as mergekit's linear kernel does:
-    zeros, then a fused multiply-add of math*(1-w), then of lang*w; cast to the checkpoint dtype."""
-    if w == 0.0:
-        return m
-    if w == 1.0:
-        return l
-    acc = torch.zeros(m.shape, dtype=torch.float32)
-    acc.addcmul_(m, torch.tensor([1.0 - w], dtype=torch.float32))
-    acc.addcmul_(l, torch.tensor([w], dtype=torch.float32))
-    return acc.to(m.dtype)
-
-
-def read_dir(d: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for f in sorted(d.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as h:
-            for k in h.keys():
-                out[k] = h.get_tensor(k)
-    return out
-
-
-def assert_matches_plan(out_dir: Path, trio: dict[str, Path], plan: Plan) -> None:
-    m, l = read_dir(trio["math"]), read_dir(trio["lang"])
-    got = read_dir(out_dir)
-    L = json.loads((trio["math"] / "config.json").read_text())["num_hidden_layers"]
-    assert set(got) == set(m)
-    seen = set()
-    for name in m:
-        w = expected_weight(name, plan, L)
-        seen.add(w)
-        exp = expected_tensor(m[name], l[name], w)
-        assert got[name].dtype == m[name].dtype, name
-        assert torch.equal(got[name], exp), f"{name}: w={w}"
-        if w in (0.0, 1.0):  # copies are bit-exact copies of the source
-            src = m[name] if w == 0.0 else l[name]
-            assert got[name].view(torch.uint8).flatten().tolist() == src.view(torch.uint8).flatten().tolist()
-    assert seen  # at least one tensor checked
 
 
 @pytest.mark.parametrize("key", list(PLANS))
@@ -176,7 +108,7 @@ def test_in_memory_merge_equals_export_and_shares_tensors(trio, tmp_path):
 
 def test_tied_embeddings_and_biases(tmp_path, tokenizer):
     """Qwen2-style: q/k/v biases and tied embeddings (no lm_head tensor)."""
-    from tests.conftest import make_trio
+    from tests.helpers import make_trio
 
     t = make_trio(tmp_path / "q", tokenizer, layers=4, architecture="qwen2", tie_embeddings=True)
     math = Checkpoint.open(t["math"])
@@ -185,3 +117,79 @@ def test_tied_embeddings_and_biases(tmp_path, tokenizer):
     plan = Plan(b=1, u=1, tb=1, tu=0)
     export_merge(math, Checkpoint.open(t["lang"]), plan, tmp_path / "o")
     assert_matches_plan(tmp_path / "o", t, plan)
+
+
+@pytest.mark.parametrize("flags, msg", [
+    (["--b", "5", "--u", "2", "--tb", "1", "--tu", "1"], "exceeds the model's 6 layers; reduce them so the sum is at most 6"),
+    (["--b", "-1"], "b must be a whole number >= 0"),
+    (["--b", "1", "--tb", "1", "--transition-weight", "1.2"], "transition_weight must lie in [0, 1]"),
+])
+def test_invalid_plan_cli(flags, msg, trio, tmp_path):
+    r = run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), *flags, "-o", str(tmp_path / "o"))
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
+    assert_nothing_written(tmp_path, tmp_path / "o")
+
+
+def test_existing_output_is_not_touched(trio, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    r = run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "-o", str(out))
+    assert r.returncode == 2 and "already exists" in r.stderr
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    r = run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "-o", str(out), "--overwrite")
+    assert r.returncode == 0 and (out / "model.safetensors").exists() and not (out / "keep.txt").exists()
+
+
+def test_failure_midway_leaves_nothing(trio, tmp_path, monkeypatch):
+    import layerswap.merging as merging
+
+    calls = {"n": 0}
+    real = merging.linear
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("disk full")
+        return real(*a, **k)
+
+    monkeypatch.setattr(merging, "linear", flaky)
+    with pytest.raises(RuntimeError):
+        export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), Plan(b=1, u=1, tb=2, tu=2),
+                     tmp_path / "o")
+    assert_nothing_written(tmp_path, tmp_path / "o")
+
+
+def test_cuda_requested_without_gpu(trio, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "--device", "cuda",
+                 "-o", str(tmp_path / "o"))
+    assert r.returncode == 2 and "no CUDA GPU" in r.stderr
+
+
+def test_streaming_reads_are_bounded(trio, tmp_path, monkeypatch):
+    """Computed tensors are read in slices of at most CHUNK_ELEMS, never memory-mapped whole."""
+    import layerswap.merging as merging
+
+    monkeypatch.setattr(merging, "CHUNK_ELEMS", 512)
+    sizes = []
+    real = Checkpoint.read
+
+    def spy(self, name, start=0, count=None):
+        t = real(self, name, start, count)
+        sizes.append(t.numel())
+        return t
+
+    def no_mmap(*a, **k):
+        raise AssertionError("a tensor was memory-mapped whole")
+
+    from layerswap.checkpoints import Pairing
+
+    monkeypatch.setattr(Checkpoint, "read", spy)
+    monkeypatch.setattr(Checkpoint, "get", no_mmap)
+    monkeypatch.setattr(merging, "check_pairing", lambda *a, **k: Pairing({}, 0.5))  # only the merge's reads
+    plan = Plan(b=1, u=1, tb=2, tu=2, transition="ramp")
+    export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), plan, tmp_path / "o")
+    assert sizes and max(sizes) == 512  # the 64x128 MLP matrices (8192 elements) went in 16 slices
+    assert_matches_plan(tmp_path / "o", trio, plan)

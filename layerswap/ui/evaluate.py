@@ -1,6 +1,6 @@
 """The app's Evaluate tab: MGSM accuracy of math expert, language expert and merged model.
 
-A mixin of `layerswap.ui.App` (it uses the app's workbench, data folder and language list); like the
+A mixin of `layerswap.ui.app.App` (it uses the app's workbench, data folder and language list); like the
 rest of the UI it only calls the library (`Workbench.evaluate`, `evaluation`, `plots.eval_bars`).
 Stop sets a flag that the evaluation checks between batches; what is done is kept and shown.
 """
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from . import mgsm
-from .errors import UserError
-from .plots import eval_bars
+from .. import mgsm
+from ..errors import UserError
+from ..plots import eval_bars
+from .events import errors_as_gradio
 
 EVAL_ROLES = [("math expert", "math"), ("language expert", "lang"), ("merged model", "merged")]
 
@@ -23,7 +24,7 @@ class EvaluateTab:
     """Evaluate-tab events and layout; mixed into `App`."""
 
     def evaluate(self, langs, roles, limit, shots, mode, max_new, progress=gr.Progress()):
-        from .evaluation import EvalConfig
+        from ..evaluation import EvalConfig
 
         if not roles:
             raise UserError("Choose at least one model to evaluate.")
@@ -112,9 +113,7 @@ class EvaluateTab:
                 b_lang = gr.Dropdown([], label="Language", elem_id="eval-browse-lang")
                 b_pos = gr.Slider(0, 249, 0, step=1, label="Question", elem_id="eval-browse-pos")
             detail = gr.Markdown(elem_id="eval-detail")
-        from .ui import _errors_as_gradio
-
-        run_btn.click(_errors_as_gradio(self.evaluate), [langs, roles, limit, shots, mode, max_new],
+        run_btn.click(errors_as_gradio(self.evaluate), [langs, roles, limit, shots, mode, max_new],
                       [status, table, bars, results, b_lang, b_pos, detail], api_name="evaluate", **model_q)
         stop_btn.click(self.stop_eval, None, [status], api_name="stop_eval", queue=False)
         gr.on([b_lang.change, b_pos.release], self.browse, [b_lang, b_pos], [detail], api_name="browse",

@@ -1,0 +1,1 @@
+"""Data shipped with layerswap: the demo organism (demo/). Installed as the package `layerswap.assets`."""

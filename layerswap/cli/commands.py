@@ -1,0 +1,289 @@
+"""The command line's commands: each turns parsed options into library calls and prints the result."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+from ..errors import UserError
+from ..methods import MethodConfig
+from ..plans import Plan
+from ..roles import ANSWERING, ROLE_NAMES
+from .options import Bar, eval_config, int_list, method_from, parse_size, plan_from
+
+
+def _open(ref: str | None):
+    from ..checkpoints import Checkpoint
+
+    return Checkpoint.open(ref) if ref else None
+
+
+def _open_trio(args):
+    """Open base first, so adapters given as experts merge into it."""
+    from ..adapters import open_expert
+
+    base = _open(args.base)
+    return open_expert(args.math, args.base), open_expert(args.lang, args.base), base
+
+
+def cmd_inspect(args) -> int:
+    from ..checkpoints import check_compatible, check_pairing
+
+    math, lang, base = _open_trio(args)
+    rep = check_compatible(math, lang, base)
+    print(rep.summary())
+    if rep.ok:
+        pairing = check_pairing(math, lang, base, args.base_distance_threshold)
+        print(("  warning: " if pairing.suspicious else "  ") + pairing.message())
+        return 1 if pairing.suspicious else 0
+    return 1
+
+
+def cmd_merge(args) -> int:
+    from ..merging import export_merge
+
+    math, lang, base = _open_trio(args)
+    method = method_from(args)
+    plan = plan_from(args, math.num_layers, validate=method.spec.uses_plan)
+    _print_recipe(plan, method, math.num_layers)
+    bar = Bar(enabled=not args.quiet)
+    s = export_merge(math, lang, plan, args.out, method=method, base=base, device=args.device,
+                     overwrite=args.overwrite, shard_bytes=parse_size(args.out_shard_size), force=args.force,
+                     base_distance_threshold=args.base_distance_threshold, progress=bar)
+    bar.done()
+    if s.pairing is not None and s.pairing.suspicious:
+        print("warning (--force): " + s.pairing.message().replace("; pass --force to run it anyway", ""))
+    print(f"wrote {s.out} ({s.n_tensors} tensors: {s.n_copied} copied, {s.n_blended} computed; "
+          f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard{'s' if s.shards > 1 else ''})")
+    return 0
+
+
+def _print_recipe(plan: Plan, method: MethodConfig, num_layers: int) -> None:
+    if method.spec.uses_plan:
+        print(f"plan: {plan.title()} ({num_layers} layers)")
+        print(textwrap.indent(plan.describe(num_layers), "  "))
+    else:
+        print(f"method: {method.describe()}")
+
+
+def cmd_export_yaml(args) -> int:
+    from ..checkpoints import check_compatible
+    from ..interop import mergekit_yaml
+
+    math, lang, base = _open_trio(args)
+    check_compatible(math, lang, base).raise_if_bad()
+    method = method_from(args)
+    plan = plan_from(args, math.num_layers, validate=method.spec.uses_plan)
+    text = mergekit_yaml(math, lang, plan, method)
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out} (run: mergekit-yaml {args.out} OUT_DIR)")
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from ..analysis import METRICS, PANEL_METRICS, PANELS, analyze, format_value, write_csv
+    from ..checkpoints import check_compatible
+    from ..plots import analysis_heatmaps, layer_profile, save_figure
+
+    math, lang, base = _open(args.math), _open(args.lang), _open(args.base)
+    check_compatible(math, lang, base).raise_if_bad()
+    panels = [p.strip() for p in args.panels.split(",") if p.strip()]
+    for p in panels:
+        if p not in PANELS:
+            raise UserError(f"Unknown panel {p!r}; choose from {', '.join(PANELS)}.")
+    L = math.num_layers
+    plan = None if args.no_plan else plan_from(args, L)
+    if plan is None:
+        panels = [p for p in panels if not p.startswith("merged")]
+    ks = args.k or [1.0]
+    bar = Bar(enabled=not args.quiet)
+    cache = False if args.no_cache else (args.cache_dir or True)
+    an = analyze(base, math, lang, ks=ks, device=args.device, cache=cache, progress=bar, workers=args.workers)
+    bar.done()
+    k = ks[0]
+    merged = an.merged(plan, math, lang, base, device=args.device) if plan is not None else None
+    print(an.report(k, merged).replace("\n\n", "\n"))
+    if plan is not None:
+        print(f"plan overlay: b={plan.b} u={plan.u} tb={plan.tb} tu={plan.tu} ({L} layers)")
+    metric = args.metric
+    prof_metric = metric if metric in PANEL_METRICS["math"] else "relative"
+    print(f"\n{METRICS[prof_metric].replace('top-k%', f'top-{k:g}%')}, per layer (bottom to top):")
+    profiles = [("math", "math expert"), ("lang", "language expert")] + ([("merged", "merged")] if merged else [])
+    for panel, name in profiles:
+        vals = an.layer_profile(panel, prof_metric, k, merged)
+        print(f"  {name:>16}: " + " ".join(format_value(prof_metric, v) for v in vals))
+    print("\noutside the layers:")
+    for r in an.non_layer_rows(k, merged):
+        extra = (f", top-{k:g}% share math {format_value('topk', r['topk_share_math'])} lang "
+                 f"{format_value('topk', r['topk_share_lang'])}") if an.topk else ""
+        print(f"  {r['tensor']}: relative change math {format_value('relative', r['relative_math'])} lang "
+              f"{format_value('relative', r['relative_lang'])}{extra}")
+    ranked = an.most_changed(2 * len(an.tensors), by=prof_metric, k=k)
+    if args.top:
+        print(f"\nmost-changed tensors by {METRICS[prof_metric].replace('top-k%', f'top-{k:g}%')}:")
+        for r in ranked[:args.top]:
+            print(f"  {r['rank']:>3}. {r['expert']:<16} {r['tensor']:<48} {format_value(prof_metric, r[prof_metric])}")
+    s = an.suggest_plan(prof_metric, k)
+    print(f"\nsuggested plan: b={s.plan.b} u={s.plan.u} tb={s.plan.tb} tu={s.plan.tu}  (layers dominated by the "
+          f"language expert: {''.join('L' if d else '.' for d in s.lang_dominant)})")
+    print(textwrap.fill(f"rule: {s.rule}", 100, initial_indent="  ", subsequent_indent="  "))
+    if s.note:
+        print(f"  note: {s.note}")
+    if args.out:
+        fig = analysis_heatmaps(an, panels, metric=metric, overlap_metric=args.overlap_metric, k=k, norm=args.norm,
+                                merged=merged, plan=plan)
+        for out in args.out:
+            save_figure(fig, out)
+            print(f"wrote {out}")
+    if args.profile:
+        fig = layer_profile(an, prof_metric, k, merged, plan, args.norm)
+        for out in args.profile:
+            save_figure(fig, out)
+            print(f"wrote {out}")
+    if args.csv:
+        write_csv(an.rows(k, merged), args.csv)
+        print(f"wrote {args.csv} (every metric of every tensor)")
+    if args.top_csv:
+        write_csv(ranked, args.top_csv)
+        print(f"wrote {args.top_csv} (tensors ranked by {prof_metric}, both experts)")
+    return 0
+
+
+def _workbench(args, chat_template: bool | None = False):
+    """The session behind ask, eval and sweep, from the engine options (`chat_template`: the default
+    when --chat-template is not given; None uses the tokenizer's template when it has one)."""
+    from ..engines import VLLMSettings
+    from ..workbench import Workbench
+
+    return Workbench(device=args.device, engine=args.engine, serving=args.serving,
+                     vllm=VLLMSettings(max_model_len=args.max_model_len),
+                     chat_template=True if args.chat_template else chat_template)
+
+
+def cmd_ask(args) -> int:
+    if (args.question is None) == (args.index is None):
+        raise UserError("Give either --question \"...\" or --mgsm-lang XX --index N.")
+    wb = _workbench(args, chat_template=None)
+    try:
+        method = method_from(args)
+        wb.load(args.math, args.lang, args.base, force=args.force)
+        plan = plan_from(args, wb.num_layers, validate=method.spec.uses_plan)
+        wb.build(plan, method)
+        kw = dict(source=args.mgsm_dir, shots=args.shots, max_new_tokens=args.max_new_tokens)
+        if args.question is not None:
+            answers = wb.ask_question(args.question, args.mgsm_lang, **kw)
+        else:
+            answers = wb.ask_mgsm(args.mgsm_lang, args.index, **kw)
+        _print_recipe(plan, method, wb.num_layers)
+        print(f"engine: {wb.engine_note or answers[0].engine}")
+    finally:
+        wb.close()
+    print("prompt:\n" + textwrap.indent(answers[0].prompt, "  | "))
+    if answers[0].gold is not None:
+        print(f"gold answer: {answers[0].gold}")
+    for a in answers:
+        mark = "" if a.gold is None else ("  ✓" if a.scored.flexible_correct else "  ✗")
+        print(f"\n== {a.model} ({a.seconds:.1f}s) — strict: {a.scored.strict}  flexible: {a.scored.flexible}{mark}")
+        print(textwrap.indent(a.scored.output.strip() or "(empty)", "  "))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from ..engines import VLLMSettings, open_engine
+
+    if args.model and (args.math or args.lang):
+        raise UserError("Give either --model M, or --math M --lang L (to evaluate the experts and their merge).")
+    if not args.model and not (args.math and args.lang):
+        raise UserError("Give --model M, or --math M --lang L to evaluate the experts and their merge.")
+    cfg = eval_config(args)
+    if args.out and not Path(args.out).resolve().parent.is_dir():
+        raise UserError(f"Cannot write {args.out}: its folder does not exist.")
+    if args.model:
+        engine, note = open_engine(args.model, engine=args.engine, device=args.device,
+                                   settings=VLLMSettings(max_model_len=args.max_model_len),
+                                   use_chat_template=bool(args.chat_template))
+        engines = {Path(args.model).name or args.model: engine}
+    else:
+        roles = [r.strip() for r in args.models.split(",") if r.strip()]
+        bad = [r for r in roles if r not in ANSWERING]
+        if bad or not roles:
+            raise UserError(f"--models takes a comma list of math, lang, merged (got {args.models!r}).")
+        wb = _workbench(args)
+        method = method_from(args)
+        wb.load(args.math, args.lang, args.base, force=args.force)
+        plan = plan_from(args, wb.num_layers, validate=method.spec.uses_plan)
+        if "merged" in roles:
+            wb.build(plan, method)
+            _print_recipe(plan, method, wb.num_layers)
+        note = wb.engine_note
+        engines = {ROLE_NAMES[r]: wb.engines[r] for r in roles}
+    try:
+        return _run_eval(args, cfg, engines, note)
+    finally:
+        if args.model:
+            getattr(engine, "release", lambda: None)()  # back to the engine pool
+        else:
+            wb.close()
+
+
+def cmd_sweep(args) -> int:
+    from ..sweeps import ablation_suite, run_sweep, swap_grid, sweep_figure
+
+    cfg = eval_config(args)
+    wb = _workbench(args)
+    try:
+        wb.load(args.math, args.lang, args.base, force=args.force)
+        L = wb.num_layers
+        if args.suite == "grid":
+            points = swap_grid(L, int_list(args.b_values, "--b-values"), int_list(args.u_values, "--u-values"),
+                               int_list(args.t_values, "--t-values"), transition=args.transition,
+                               non_layer=args.non_layer)
+        else:
+            points = ablation_suite(L, plan_from(args, L), with_base=args.base is not None)
+        print(f"{len(points)} recipes on {L} layers; engine: {wb.engine_note or 'transformers'}; MGSM {cfg.mode}, "
+              f"{cfg.shots}-shot, {', '.join(cfg.langs)}, {'first ' + str(cfg.limit) if cfg.limit else 'all'} questions")
+        bar = Bar(enabled=not args.quiet)
+        result = run_sweep(wb, points, cfg, include_experts=not args.no_experts, progress=bar)
+        bar.done()
+    finally:
+        wb.close()
+    print(result.table_text("flexible"))
+    best = result.best()
+    print(f"\nbest merge (mean flexible accuracy; best of {len(result.merges())}, so optimistic): {best.name}")
+    if args.out:
+        result.write_csv(args.out)
+        print(f"wrote {args.out}")
+    if args.plot:
+        from ..plots import save_figure
+
+        save_figure(sweep_figure(result), args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _run_eval(args, cfg, engines: dict, note: str) -> int:
+    from ..evaluation import evaluate
+
+    print(f"engine: {note}")
+    print(f"MGSM {cfg.mode}, {cfg.shots}-shot, greedy, {cfg.max_new_tokens} new tokens; languages "
+          f"{', '.join(cfg.langs)}; {'first ' + str(cfg.limit) if cfg.limit else 'all'} questions each")
+    bar = Bar(enabled=not args.quiet)
+    report = evaluate(engines, cfg, progress=bar)
+    bar.done()
+    for metric in ("flexible", "strict"):
+        print(f"\naccuracy (%), {metric} extraction:")
+        print(report.table_text(metric))
+    if args.out:
+        report.write_jsonl(args.out)
+        print(f"\nwrote {len(report.results)} per-question results to {args.out}")
+    return 0
+
+
+def cmd_app(args) -> int:
+    from ..ui.launch import run
+
+    return run(args)

@@ -1,0 +1,197 @@
+"""The command line's shared option groups, and the library objects built from parsed options."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from ..checkpoints import BASE_DISTANCE_THRESHOLD
+from ..engines import ENGINE_CHOICES, SERVING_CHOICES
+from ..errors import UserError
+from ..methods import METHODS, MethodConfig
+from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, TRANSITIONS, Plan, default_plan
+
+DEVICE_HELP = "cpu, cuda or auto (default auto: cuda when torch sees a GPU)"
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def parse_size(s: str) -> int:
+    """'5GB', '500MB', '2G', '1000000' -> bytes (decimal units, like HF's max_shard_size)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B)?\s*", s.upper())
+    if not m:
+        raise UserError(f"Cannot read size {s!r}; write e.g. 5GB, 500MB or a number of bytes.")
+    mult = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[m.group(2)]
+    if m.group(3) == "IB":
+        mult = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2)]
+    return int(float(m.group(1)) * mult)
+
+
+def floats(s: str, what: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in s.split(","))
+    except ValueError:
+        raise UserError(f"{what} takes comma-separated numbers, e.g. 1,1,0.5,0 (got {s!r}).") from None
+
+
+def int_list(spec: str, what: str) -> list[int]:
+    """'0,1,2' or '0-3' (inclusive) -> ints."""
+    out: list[int] = []
+    try:
+        for part in spec.split(","):
+            if "-" in part.strip()[1:]:
+                lo, hi = part.split("-")
+                out += list(range(int(lo), int(hi) + 1))
+            elif part.strip():
+                out.append(int(part))
+    except ValueError:
+        raise UserError(f"{what} takes numbers like 0,1,2 or 0-3 (got {spec!r}).") from None
+    return out
+
+
+# ---- option groups ---------------------------------------------------------------------------------
+
+def models(p: argparse.ArgumentParser, base_required: bool = False) -> None:
+    p.add_argument("--math", required=True, metavar="M", help="math expert: local folder or Hub id")
+    p.add_argument("--lang", required=True, metavar="L", help="language expert: local folder or Hub id")
+    p.add_argument("--base", required=base_required, metavar="B", help="base model both experts were tuned from")
+
+
+def plan_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("plan (defaults: the literature's b=5 u=2 tb=1 tu=1 at 32 layers, scaled to the model)")
+    g.add_argument("--b", type=int, help="bottom layers taken from the language expert")
+    g.add_argument("--u", type=int, help="top layers taken from the language expert")
+    g.add_argument("--tb", type=int, help="bottom transition layers (blends)")
+    g.add_argument("--tu", type=int, help="top transition layers (blends)")
+    g.add_argument("--transition", choices=TRANSITIONS, default="flat",
+                   help="flat: every transition layer uses --transition-weight; ramp: linear steps (default flat)")
+    g.add_argument("--transition-weight", type=float, default=0.5, metavar="W",
+                   help="language-expert weight of flat transition layers (default 0.5)")
+    g.add_argument("--non-layer", choices=NON_LAYER_OPTIONS, default="neighbour",
+                   help="embeddings / final norm / lm_head: neighbour (embeddings follow layer 0, norm and "
+                        "lm_head follow the last layer), math, lang or avg (default neighbour)")
+    g = p.add_argument_group("other layer maps (ablations)")
+    g.add_argument("--map", choices=KINDS, default="swap",
+                   help="swap (b/u/tb/tu, default), weights (--layer-weights), middle / random (--map-k), alternating")
+    g.add_argument("--layer-weights", metavar="W0,W1,...", help="language-expert weight of every layer (--map weights)")
+    g.add_argument("--map-k", type=int, default=0, help="number of layers from the language expert (--map middle/random)")
+    g.add_argument("--offset", type=int, default=0, choices=[0, 1], help="first language layer (--map alternating)")
+    g.add_argument("--modules", choices=MODULES, default="all",
+                   help="apply the map to attention only or MLP only; the rest stays with the math expert")
+    g.add_argument("--seed", type=int, default=0, help="seed for --map random and DARE (default 0)")
+
+
+def method_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("merge method (default layer_swap; the others are the paper's baselines)")
+    g.add_argument("--method", choices=list(METHODS), default="layer_swap")
+    g.add_argument("--weight", type=float, default=0.5, help="soup: language expert's share (default 0.5)")
+    g.add_argument("--expert-weights", default="1,1", metavar="WM,WL",
+                   help="task arithmetic / TIES / DARE: weights of the math and language task vectors (default 1,1)")
+    g.add_argument("--lambda", dest="lam", type=float, default=1.0, help="task-vector scale (default 1.0)")
+    g.add_argument("--density", type=float, default=0.2, help="TIES: fraction of each task vector kept (default 0.2)")
+    g.add_argument("--drop-rate", type=float, default=0.9, help="DARE: drop probability (default 0.9)")
+
+
+def recipe_options(p: argparse.ArgumentParser) -> None:
+    """A merge recipe: the layer map (plan) and the method."""
+    plan_options(p)
+    method_options(p)
+
+
+def pairing_options(p: argparse.ArgumentParser, force: bool = True) -> None:
+    p.add_argument("--base-distance-threshold", type=float, default=BASE_DISTANCE_THRESHOLD,
+                   help="largest sampled relative distance of an expert from the base before the pair is "
+                        f"treated as not sharing it (default {BASE_DISTANCE_THRESHOLD})")
+    if force:
+        p.add_argument("--force", action="store_true", help="merge even if the experts seem not to share the base")
+
+
+def eval_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("MGSM evaluation (lm-eval mgsm_native_cot protocol by default)")
+    g.add_argument("--langs", default="sw,te,bn,ja", help="comma list of MGSM language codes (default sw,te,bn,ja)")
+    g.add_argument("--limit", type=int, help="first N questions per language (default: all 250)")
+    g.add_argument("--shots", type=int, default=0, choices=[0, 1, 2, 3, 4, 5, 6, 7, 8],
+                   help="few-shot exemplars from exemplars.json (default 0, as lm-eval; 8 for the 8-shot setup)")
+    g.add_argument("--mode", choices=("native_cot", "direct"), default="native_cot",
+                   help="lm-eval task family: mgsm_native_cot (default) or mgsm_direct")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--mgsm-dir", help="folder of mgsm_XX.tsv files (default: $LAYERSWAP_MGSM_DIR, else the Hub)")
+
+
+def engine_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--engine", choices=ENGINE_CHOICES, default=None,
+                   help="auto (default; $LAYERSWAP_ENGINE): vLLM when installed, else transformers")
+    g.add_argument("--serving", choices=SERVING_CHOICES, default="auto",
+                   help="with --math/--lang on vLLM: three engines, or one engine with weights swapped per model "
+                        "(auto: three when they fit in memory)")
+    g.add_argument("--max-model-len", type=int, help="vLLM context length (default: model's, at most 4096)")
+    g.add_argument("--device", default="auto", help=f"transformers engine and merges: {DEVICE_HELP}")
+    g.add_argument("--chat-template", action="store_true",
+                   help="wrap prompts in the tokenizer's chat template (default: plain prompts, as lm-eval)")
+
+
+# ---- library objects from options -----------------------------------------------------------------
+
+def plan_from(args, num_layers: int, validate: bool = True) -> Plan:
+    d = default_plan(num_layers)
+    counts = {k: getattr(args, k) for k in ("b", "u", "tb", "tu")}
+    if all(v is None for v in counts.values()):
+        counts = {k: getattr(d, k) for k in counts}
+    else:
+        counts = {k: (v if v is not None else getattr(d, k)) for k, v in counts.items()}
+    kind = getattr(args, "map", "swap")
+    weights = floats(args.layer_weights, "--layer-weights") if getattr(args, "layer_weights", None) else None
+    if weights is not None and kind == "swap":
+        kind = "weights"
+    plan = Plan(**counts, transition=args.transition, transition_weight=args.transition_weight,
+                non_layer=args.non_layer, kind=kind, weights=weights, k=getattr(args, "map_k", 0),
+                seed=getattr(args, "seed", 0), offset=getattr(args, "offset", 0),
+                modules=getattr(args, "modules", "all"))
+    if validate:
+        plan.validate(num_layers)
+    return plan
+
+
+def method_from(args) -> MethodConfig:
+    ew = floats(args.expert_weights, "--expert-weights")
+    if len(ew) != 2:
+        raise UserError("--expert-weights takes two numbers: math, language (e.g. 1,1).")
+    m = MethodConfig(name=args.method, weight=args.weight, expert_weights=ew, lam=args.lam, density=args.density,
+                     drop_rate=args.drop_rate, seed=args.seed)
+    m.validate()
+    return m
+
+
+def eval_config(args):
+    """The evaluation settings, with every data problem (missing TSV, exemplars) raised before any model loads."""
+    from ..evaluation import EvalConfig, build_prompts
+
+    cfg = EvalConfig(langs=[c.strip() for c in args.langs.split(",") if c.strip()], limit=args.limit,
+                     shots=args.shots, mode=args.mode, max_new_tokens=args.max_new_tokens, source=args.mgsm_dir)
+    cfg.validate()
+    for code in cfg.langs:
+        build_prompts(code, cfg)
+    return cfg
+
+
+class Bar:
+    """The one progress display: a tqdm bar on stderr fed by `progress(fraction, text)` callbacks
+    (hidden with -q, and when stderr is not a terminal)."""
+
+    def __init__(self, enabled: bool = True):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=1000, disable=None if enabled else True, file=sys.stderr,
+                        bar_format="{l_bar}{bar}| {elapsed}<{remaining}")
+
+    def __call__(self, frac: float, desc: str) -> None:
+        self.bar.set_description_str(desc[:40])
+        self.bar.update(int(frac * 1000) - self.bar.n)
+
+    def done(self) -> None:
+        self.bar.close()

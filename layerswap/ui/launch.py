@@ -1,0 +1,58 @@
+"""Starting the app: its flags (shared by `python app.py` and `layerswap app`), the default models, launch."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from ..engines import ENGINE_CHOICES, SERVING_CHOICES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The app's flags; each defaults to its LAYERSWAP_* environment variable (how a Space configures it)."""
+    env = os.environ.get
+    p.add_argument("--math", default=env("LAYERSWAP_MATH"), help="math expert (folder or Hub id)")
+    p.add_argument("--lang", default=env("LAYERSWAP_LANG"), help="language expert (folder or Hub id)")
+    p.add_argument("--base", default=env("LAYERSWAP_BASE"), help="base model (for heatmaps)")
+    p.add_argument("--mgsm-dir", default=env("LAYERSWAP_MGSM_DIR"),
+                   help="folder of mgsm_XX.tsv files (default: the demo's test sets, or the Hub)")
+    p.add_argument("--device", default=env("LAYERSWAP_DEVICE", "auto"),
+                   help="transformers engine and merges: cpu, cuda or auto (default auto: cuda when torch sees a GPU)")
+    p.add_argument("--engine", default=env("LAYERSWAP_ENGINE"), choices=ENGINE_CHOICES,
+                   help="auto (default): vLLM when installed, else transformers")
+    p.add_argument("--serving", default=env("LAYERSWAP_SERVING", "auto"), choices=SERVING_CHOICES,
+                   help="vLLM: three engines, or one engine with weights swapped per model (auto: by memory)")
+    p.add_argument("--host", default=env("GRADIO_SERVER_NAME", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(env("GRADIO_SERVER_PORT", "7860")))
+    p.add_argument("--share", action="store_true", help="public gradio.live link (needs internet)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the page on the given models (or the shipped demo organism) and serve it until stopped."""
+    from ..demo import demo_mgsm_dir, demo_paths
+    from .app import AppDefaults, create_app
+
+    label = ""
+    if not (args.math and args.lang):
+        print("No --math/--lang given: starting on the demo models (built offline on first run).")
+        paths, label = demo_paths()
+        args.math, args.lang, args.base = str(paths["math"]), str(paths["lang"]), str(paths["base"])
+        if not args.mgsm_dir and demo_mgsm_dir():
+            args.mgsm_dir = str(demo_mgsm_dir())
+    defaults = AppDefaults(math=args.math, lang=args.lang, base=args.base or "", label=label,
+                           mgsm_dir=args.mgsm_dir, device=args.device, engine=args.engine, serving=args.serving)
+    demo, app = create_app(defaults)
+    if app.wb.engine_note:
+        print(f"engine: {app.wb.engine_note}", flush=True)
+    # vLLM engines run in child processes: on SIGTERM exit normally so that they are shut down too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="app.py", description="layerswap: merge two experts by layer swapping, in the browser.")
+    add_arguments(p)
+    return run(p.parse_args(argv))

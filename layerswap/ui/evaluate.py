@@ -15,9 +15,10 @@ import gradio as gr
 from .. import mgsm
 from ..errors import UserError
 from ..plots import eval_bars
+from ..roles import ANSWERING, ROLE_NAMES
 from .events import errors_as_gradio
 
-EVAL_ROLES = [("math expert", "math"), ("language expert", "lang"), ("merged model", "merged")]
+EVAL_ROLES = [(ROLE_NAMES[r], r) for r in ANSWERING]
 
 
 class EvaluateTab:

@@ -1,4 +1,4 @@
-"""The `layerswap` command line: inspect, merge, export-yaml, diff, ask, eval, sweep, app.
+"""The `layerswap` command line: inspect, merge, push, export-yaml, diff, ask, eval, sweep, app.
 
 Every user error ends with a one-line reason on stderr and exit status 2 (1 for an
 incompatible `inspect`), never a traceback. `options` holds the shared option groups,
@@ -36,8 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--out", required=True, help="output folder (must not exist, unless --overwrite)")
     s.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     s.add_argument("--out-shard-size", default="5GB", help="maximum bytes per safetensors shard (default 5GB)")
+    s.add_argument("--push-to", metavar="REPO_ID", help="then push the folder to your own Hub repo (see `layerswap push`)")
+    s.add_argument("--private", action="store_true", help="with --push-to: create the repo private")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(fn=c.cmd_merge)
+
+    s = sub.add_parser("push", help="upload an exported merge to your own Hugging Face Hub repo (only what changed)")
+    s.add_argument("folder", metavar="OUT_DIR", help="a folder `layerswap merge` wrote")
+    s.add_argument("repo_id", metavar="REPO_ID", help="owner/name; created if it does not exist")
+    s.add_argument("--private", action="store_true", help="create the repo private")
+    s.add_argument("--revision", metavar="BRANCH", help="push to this branch (created from the default one)")
+    s.add_argument("--overwrite", action="store_true", help="push into a repo that is not a layerswap export")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(fn=c.cmd_push)
 
     s = sub.add_parser("export-yaml", help="the plan as a mergekit config (linear method) that reproduces the merge")
     o.models(s)

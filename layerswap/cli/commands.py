@@ -43,6 +43,14 @@ def cmd_inspect(args) -> int:
 def cmd_merge(args) -> int:
     from ..merging import export_merge
 
+    if args.push_to:  # a bad repo id or no network is said before a long merge, not after
+        from ..hub import hub_reachable
+        from ..publish import check_repo_id
+
+        check_repo_id(args.push_to)
+        if not hub_reachable():
+            raise UserError("--push-to needs the Hugging Face Hub, which is not reachable from this machine; "
+                            "merge without it now and run `layerswap push` later.")
     math, lang, base = _open_trio(args)
     method = method_from(args)
     plan = plan_from(args, math.num_layers, validate=method.spec.uses_plan)
@@ -56,6 +64,24 @@ def cmd_merge(args) -> int:
         print("warning (--force): " + s.pairing.message().replace("; pass --force to run it anyway", ""))
     print(f"wrote {s.out} ({s.n_tensors} tensors: {s.n_copied} copied, {s.n_blended} computed; "
           f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard{'s' if s.shards > 1 else ''})")
+    if args.push_to:
+        _push(s.out, args.push_to, private=args.private, revision=None, overwrite=False, quiet=args.quiet)
+    return 0
+
+
+def _push(folder, repo_id: str, *, private: bool, revision: str | None, overwrite: bool, quiet: bool) -> None:
+    from ..publish import push
+
+    bar = Bar(enabled=not quiet)
+    r = push(folder, repo_id, token=None, private=private, revision=revision, overwrite=overwrite, progress=bar)
+    bar.done()
+    print(f"pushed {folder} to {r.url}: {len(r.uploaded)} files sent ({r.bytes_sent / 1e6:.1f} MB), "
+          f"{len(r.unchanged)} unchanged" + (f"; commit {r.commit_url}" if r.commit_url else "; nothing new to commit"))
+
+
+def cmd_push(args) -> int:
+    _push(args.folder, args.repo_id, private=args.private, revision=args.revision, overwrite=args.overwrite,
+          quiet=args.quiet)
     return 0
 
 

@@ -210,6 +210,14 @@ class Checkpoint:
         return str(self.text_config.get("model_type", self.config.get("model_type", "?")))
 
     @property
+    def revision(self) -> str | None:
+        """The Hub commit a Hub-id checkpoint was downloaded at (its snapshot folder), else None."""
+        parts = self.path.parts
+        if len(parts) >= 2 and parts[-2] == "snapshots" and looks_like_hub_id(self.ref.split("@")[0]):
+            return parts[-1]
+        return None
+
+    @property
     def arch(self) -> Architecture:
         """This model's entry in the architecture table (parameter types, groups, labels)."""
         return architecture(self.model_type)

@@ -139,3 +139,11 @@ def test_mismatch_refused_from_headers_alone(trio, tokenizer, tmp_path, monkeypa
     monkeypatch.setattr(Checkpoint, "get", no_reads)
     with pytest.raises(UserError, match="layer count"):
         export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(other), Plan(b=1, u=1), tmp_path / "o")
+
+
+def test_revision_of_a_hub_download_is_its_snapshot(trio, tmp_path):
+    snap = tmp_path / "models--me--m" / "snapshots" / "0123abcd"
+    shutil.copytree(trio["math"], snap)
+    ck = Checkpoint.from_folder(snap, "me/m")
+    assert ck.revision == "0123abcd"
+    assert Checkpoint.open(trio["math"]).revision is None

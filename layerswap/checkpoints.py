@@ -128,6 +128,7 @@ class Checkpoint:
     config: dict
     tensors: dict[str, TensorInfo]
     adapter: str | None = None  # the PEFT adapter this checkpoint was merged from (set by adapters.open_expert)
+    adapter_base: str | None = None  # the base that adapter was merged into
     _files: Files = field(default_factory=Files, repr=False)
 
     # ---- construction -------------------------------------------------------------------

@@ -142,7 +142,7 @@ class EvaluateTab:
             results = gr.File(label="Per-question results (JSONL)", visible=False, elem_id="eval-file")
             gr.Markdown("#### Browse the answers")
             with gr.Row():
-                b_lang = gr.Dropdown([], label="Language", elem_id="eval-browse-lang")
+                b_lang = gr.Dropdown([], label="Language", elem_id="eval-browse-lang", allow_custom_value=True)
                 b_pos = gr.Slider(0, 249, 0, step=1, label="Question", elem_id="eval-browse-pos")
             detail = gr.Markdown("Run an evaluation to browse its questions.", elem_id="eval-detail")
         return TabIO([langs, roles, limit, shots, mode, max_new], [status, table, bars, results, b_lang, b_pos, detail],

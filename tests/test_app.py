@@ -12,7 +12,7 @@ from gradio_client.exceptions import AppError
 
 from layerswap import Checkpoint, Plan
 from layerswap import mgsm
-from tests.helpers import DEMO_MGSM
+from tests.helpers import DEMO_MGSM, shown
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_load_build_ask_side_by_side(client, num_layers):
     assert re.search(r"shared base: sampled relative distances math-base 0\.\d+", report)
     assert b["maximum"] == L and b["value"] + u["value"] + tb["value"] + tu["value"] <= L
     heat, *_ = client.predict(api_name="/heatmap")  # the analysis of the loaded models, default controls
-    fig = json.loads(heat["plot"])
+    fig = json.loads(shown(heat)["plot"])
     assert fig["data"][0]["type"] == "heatmap" and len(fig["data"]) == 4  # math, language, overlap, merged
     assert len(fig["data"][0]["z"][0]) == L
 
@@ -77,7 +77,7 @@ def test_heatmap_switch_and_export(client, tmp_path, num_layers):
     client.predict(base, math, lang, api_name="/load")
     heat, *_ = client.predict(["lang"], "relative", "cosine", 1.0, "raw", 2, 1, 1, 1, "flat", 0.5, "neighbour",
                               api_name="/heatmap")
-    fig = json.loads(heat["plot"])
+    fig = json.loads(shown(heat)["plot"])
     assert len(fig["data"]) == 1 and "language expert vs base" in fig["layout"]["annotations"][0]["text"]
     msg, dl = client.predict(str(tmp_path / "merged"), False, 1, 1, 0, 0, "flat", 0.5, "math", api_name="/export")
     assert "Wrote" in msg and (tmp_path / "merged" / "model.safetensors").exists()

@@ -104,3 +104,16 @@ def test_baseline_method_and_mergekit_yaml(client, num_layers):
     with pytest.raises(AppError, match="does not claim a mergekit equivalent"):
         client.predict(1, 1, 0, 0, "flat", 0.5, "neighbour", "swap", "", 2, 0, 0, "all", "ties", 0.5, 1.0, 0.3,
                        api_name="/export_yaml")
+
+
+def test_export_never_touches_inputs(client):
+    """The page's Export box with Overwrite: onto, above or inside an input (or the MGSM folder) is refused."""
+    from tests.helpers import DEMO
+    from tests.test_outputs import snapshot
+
+    before = snapshot(DEMO)
+    for target, word in ((DEMO / "math", "is an input"), (DEMO, "contains an input"),
+                         (DEMO / "mgsm" / "merged", "is inside an input"), (DEMO.parent, "contains an input")):
+        with pytest.raises(AppError, match=word):
+            client.predict(str(target), True, 1, 1, 0, 0, api_name="/export")
+    assert snapshot(DEMO) == before

@@ -14,6 +14,7 @@ from ..analysis import PANELS, format_row, write_csv
 from ..errors import UserError
 from ..plots import analysis_heatmaps, layer_profile
 from .controls import recipe
+from .session import cancellable
 
 K_CHOICES = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0]
 DEFAULT_PANELS = ["math", "lang", "overlap", "merged"]
@@ -53,8 +54,10 @@ class AnalysisTab:
         plan, method = recipe(*plan_values)
         plan = plan if method.spec.uses_plan else None
         k = float(k) if k not in (None, "") else 1.0
+        flag = self.shared.cancel_flag(v.sid)
+        flag.clear()
         with self.shared.lock:
-            an = wb.analysis(k, progress=lambda f, d: progress(0.9 * f, desc=d))
+            an = wb.analysis(k, progress=cancellable(lambda f, d: progress(0.9 * f, desc=d), flag))
             note = ""
             if plan is not None:
                 try:

@@ -300,6 +300,15 @@ class App(AnalysisTab, EvaluateTab):
         note = p.note + ("" if p.lang else " **Type a language expert** fine-tuned from this base, then Load.")
         return [gr.update(value=p.base), gr.update(value=p.math), gr.update(value=p.lang), note]
 
+    def start_loading(self) -> None:
+        """Load the default models (and build the opening plan) behind the served page."""
+        if self.d.math and self.d.lang:
+            self.shared.start_background(self.key, after=lambda wb: self.shared.ensure_built(wb, self.plan0,
+                                                                                          MethodConfig()))
+        else:
+            self.shared.status = "No default models: load some above."
+            self.shared.ready.set()
+
     def end(self, request: gr.Request):
         self.shared.end(safe_sid(request.session_hash))
 
@@ -467,14 +476,9 @@ def _answer_md(a: Answer) -> str:
             f"strict: `{s.strict}` · flexible: `{s.flexible}`{verdict}")
 
 
-def create_app(defaults: AppDefaults, shared: Shared | None = None, preload: bool = True) -> tuple[gr.Blocks, App]:
-    """Build the Blocks app; with `preload`, the default models start loading in the background."""
+def create_app(defaults: AppDefaults, shared: Shared | None = None) -> tuple[gr.Blocks, App]:
+    """Build the Blocks app; `App.start_loading` then loads the default models in the background."""
     app = App(defaults, shared)
-    if preload and defaults.math and defaults.lang:
-        app.shared.start_background(app.key, after=lambda wb: app.shared.ensure_built(wb, app.plan0, MethodConfig()))
-    else:
-        app.shared.status = "No default models: load some above."
-        app.shared.ready.set()
     return app.blocks(), app
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,17 @@ def test_export_never_touches_inputs(client):
         with pytest.raises(AppError, match=word):
             client.predict(str(target), True, 1, 1, 0, 0, api_name="/export")
     assert snapshot(DEMO) == before
+
+
+def test_push_refusals(client, tmp_path):
+    """Push uploads the visitor's own export with the visitor's token; refusals are immediate and readable."""
+    fresh = Client(client.src, verbose=False)
+    with pytest.raises(AppError, match="Export the merged model first"):
+        fresh.predict("me/merge", True, "", api_name="/push")
+    fresh.predict(str(tmp_path / "to-push"), False, 1, 1, 0, 0, api_name="/export")
+    with pytest.raises(AppError, match="owner/name|repo id|Repo id"):
+        fresh.predict("not a repo id", True, "hf_x", api_name="/push")
+    t = time.perf_counter()
+    with pytest.raises(AppError, match="not reachable"):  # this machine is offline: said at once
+        fresh.predict("me/merge", True, "hf_x", api_name="/push")
+    assert time.perf_counter() - t < 30

@@ -182,9 +182,14 @@ def evaluate(engines: Mapping[str, Engine], config: EvalConfig, *, progress: Pro
     done = 0
     p = progress or no_progress
 
-    def counter(base: int, where: str, of: int) -> Callable[[int], None]:
-        """Progress of one model on one language: `n` of its `of` questions answered."""
-        return lambda n: p((base + n) / total, f"{where} {n}/{of}")
+    def counter(base: int, where: str, batch: list, lang: mgsm.Language) -> Callable[[dict[int, str]], None]:
+        """Progress of one model on one language: questions answered, and accuracy so far (flexible)."""
+        def tick(answered: dict[int, str]) -> None:
+            n = len(answered)
+            right = sum(mgsm.score(out, batch[i].item.answer, lang, mode=config.mode).flexible_correct
+                        for i, out in answered.items())
+            p((base + n) / total, f"{where} {n}/{len(batch)} questions, {100 * right / max(n, 1):.0f}% right so far")
+        return tick
 
     p(0.0, "starting")
     for model, engine in engines.items():
@@ -196,7 +201,7 @@ def evaluate(engines: Mapping[str, Engine], config: EvalConfig, *, progress: Pro
                 break
             answered, report.cancelled = _answer(engine, [x.prompt for x in batch], config.max_new_tokens,
                                                  langs[code].stop, cancel, counter(done, f"{model}: {code}",
-                                                                                   len(batch)))
+                                                                                   batch, langs[code]))
             for i in sorted(answered):
                 x, out = batch[i], answered[i]
                 s = mgsm.score(out, x.item.answer, langs[code], mode=config.mode)
@@ -214,17 +219,18 @@ def evaluate(engines: Mapping[str, Engine], config: EvalConfig, *, progress: Pro
 
 
 def _answer(engine: Engine, prompts: list[str], max_new_tokens: int, stop: list[str],
-            cancel: threading.Event | None, answered_so_far: Callable[[int], None]) -> tuple[dict[int, str], bool]:
+            cancel: threading.Event | None,
+            answered_so_far: Callable[[dict[int, str]], None]) -> tuple[dict[int, str], bool]:
     """The engine's answers by prompt index, and whether a cancel stopped it (finished batches are kept).
 
-    The engine batches `prompts` itself; after each batch `answered_so_far(count)` reports progress
+    The engine batches `prompts` itself; after each batch `answered_so_far(answers)` reports progress
     and a set `cancel` stops the engine by raising from its callback.
     """
     answered: dict[int, str] = {}
 
     def on_batch(indices: list[int], outputs: list[str]) -> None:
         answered.update(zip(indices, outputs))
-        answered_so_far(len(answered))
+        answered_so_far(answered)
         if cancel is not None and cancel.is_set():
             raise Cancelled
 

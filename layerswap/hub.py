@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from functools import lru_cache
+import time
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 
@@ -14,17 +14,35 @@ def looks_like_hub_id(ref: str) -> bool:
     return bool(_HUB_ID_RE.match(ref)) and not ref.startswith((".", "/", "~"))
 
 
-@lru_cache(maxsize=1)
 def hub_reachable(timeout: float = 3.0) -> bool:
-    """One quick TCP check, so offline machines fail at once instead of after minutes of retries."""
-    import socket
+    """One quick TCP check of ``$HF_ENDPOINT`` (host and port), so offline machines fail at once
+    instead of after minutes of retries. ``HF_HUB_OFFLINE=1`` answers False without trying."""
     from urllib.parse import urlparse
 
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
-        socket.create_connection((host, 443), timeout=timeout).close()
-        return True
-    except OSError:
+        port = url.port or (80 if url.scheme == "http" else 443)
+    except ValueError:
         return False
+    return _can_connect(url.hostname or "huggingface.co", port, timeout)
+
+
+_CHECKED: dict[tuple[str, int], tuple[float, bool]] = {}
+RECHECK_S = 60.0  # a long-running app sees the network come back (or go) within a minute
+
+
+def _can_connect(host: str, port: int, timeout: float) -> bool:
+    import socket
+
+    seen = _CHECKED.get((host, port))
+    if seen and time.monotonic() - seen[0] < RECHECK_S:
+        return seen[1]
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        ok = True
+    except OSError:
+        ok = False
+    _CHECKED[(host, port)] = (time.monotonic(), ok)
+    return ok

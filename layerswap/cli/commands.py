@@ -73,7 +73,7 @@ def _push(folder, repo_id: str, *, private: bool, revision: str | None, overwrit
     from ..publish import push
 
     bar = Bar(enabled=not quiet)
-    r = push(folder, repo_id, token=None, private=private, revision=revision, overwrite=overwrite, progress=bar)
+    r = push(folder, repo_id, token=None, allow_ambient_token=True, private=private, revision=revision, overwrite=overwrite, progress=bar)
     bar.done()
     print(f"pushed {folder} to {r.url}: {len(r.uploaded)} files sent ({r.bytes_sent / 1e6:.1f} MB), "
           f"{len(r.unchanged)} unchanged" + (f"; commit {r.commit_url}" if r.commit_url else "; nothing new to commit"))

@@ -63,9 +63,14 @@ def model_entry(ck: Checkpoint, role: str) -> dict:
 
 
 def _mergekit_ref(entry: dict) -> str:
-    ref = f"{entry['ref']}@{entry['revision']}" if entry["revision"] else entry["ref"]
-    if "adapter_merged_into" in entry:
-        return f"{entry['adapter_merged_into']}+{entry['ref']}"  # mergekit's model+LoRA syntax
+    """How the card's mergekit config names a model: Hub id at its commit, or ``./folder`` (relative)."""
+    if entry["source"] == "hub":
+        ref = f"{entry['ref']}@{entry['revision']}" if entry["revision"] else entry["ref"]
+    else:
+        ref = f"./{entry['ref']}"
+    base = entry.get("adapter_merged_into")
+    if base:  # mergekit's model+LoRA syntax
+        return f"{base if looks_like_hub_id(base) else './' + base}+{ref}"
     return ref
 
 
@@ -127,7 +132,24 @@ def write_card(folder: str | os.PathLike, prov: dict) -> None:
         tmp.replace(folder / name)
 
 
-def attach_eval(folder: str | os.PathLike, report: "EvalReport", model: str | None = None) -> dict:
+def check_same_merge(prov: dict, folder: str | os.PathLike, checkpoints: dict[str, Checkpoint], plan: Plan,
+                     method: MethodConfig) -> None:
+    """Refuse to card an in-memory merge that is not the export's: other experts, plan or method."""
+    def same(a, b) -> bool:
+        return json.loads(json.dumps(a)) == json.loads(json.dumps(b))
+
+    diff = [f"the {ROLE_NAMES[r]}" for r in ("math", "lang")
+            if prov["models"][r]["fingerprint"] != checkpoints[r].fingerprint()]
+    if not same(prov["method"], method.to_dict()):
+        diff.append(f"the method ({MethodConfig.from_dict(prov['method']).describe()} there)")
+    elif method.spec.uses_plan and not same(prov["plan"], plan.to_dict()):
+        diff.append(f"the plan ({Plan.from_dict(prov['plan']).title()} there)")
+    if diff:
+        raise UserError(f"{folder} is not this merge: {', '.join(diff)} differ. Evaluate the export itself "
+                        f"(--model {folder} --card {folder}), or give the experts and recipe it was made with.")
+
+
+def attach_eval(folder: str | os.PathLike, report: EvalReport, model: str | None = None) -> dict:
     """Put `report`'s MGSM results into an export's card (README.md and layerswap.json); returns the provenance.
 
     `model`: the report's name for this export (default: its only model, else "merged model");
@@ -222,7 +244,7 @@ def _mergekit(prov: dict) -> str:
     if not prov.get("mergekit_yaml"):
         return f"No mergekit equivalent: {prov.get('mergekit_unavailable') or 'not written for this method'}\n"
     local = [e["ref"] for e in prov["models"].values() if e["source"] != "hub" and e["role"] != ROLE_NAMES["base"]]
-    where = (f"Local models are named by folder ({', '.join(f'`{r}`' for r in local)}): run it from the folder "
+    where = (f"Local models are named by folder ({', '.join(f'`./{r}`' for r in local)}): run it from the folder "
              "that holds them, or put their paths in. ") if local else ""
     return f"""{where}`mergekit-yaml merge.yml OUT_DIR` on this config rebuilds the same weights:
 

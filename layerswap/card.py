@@ -156,6 +156,9 @@ def attach_eval(folder: str | os.PathLike, report: EvalReport, model: str | None
     the report's other models (the experts, usually) are shown beside it for comparison.
     """
     prov = read_provenance(folder)
+    if "models" not in prov:
+        raise UserError(f"{folder} was exported by an older layerswap, whose card cannot take results: export the "
+                        "merge again, then attach the evaluation.")
     if not report.results:
         raise UserError("The evaluation measured nothing (cancelled before the first answer?); the card is unchanged.")
     merged = ROLE_NAMES["merged"]

@@ -241,8 +241,9 @@ class Workbench:
         return lw
 
     def export(self, out: str | Path, *, overwrite: bool = False, progress: Progress | None = None,
-               shard_bytes: int | None = None) -> MergeSummary:
-        """Write the current plan's merge to an HF folder (streamed from the checkpoints on disk)."""
+               shard_bytes: int | None = None, languages: list[str] | None = None) -> MergeSummary:
+        """Write the current plan's merge to an HF folder (streamed from the checkpoints on disk);
+        `languages` (ISO codes) go into the model card's front matter."""
         self._need(*EXPERTS)
         if self.plan is None:
             raise UserError("Build the merge first, then export it.")
@@ -250,7 +251,7 @@ class Workbench:
         return export_merge(self.checkpoints["math"], self.checkpoints["lang"], self.plan, out,
                             method=self.method, base=self.checkpoints.get("base"), device=self.device,
                             overwrite=overwrite, force=bool(self.pairing and self.pairing.suspicious),
-                            progress=progress, **kw)
+                            languages=languages, progress=progress, **kw)
 
     # ---- analysis ---------------------------------------------------------------------
     @property

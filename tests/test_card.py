@@ -198,6 +198,11 @@ def test_attach_eval_refusals(evaluated, tmp_path):
         attach_eval(out, report)  # two models, none called "merged model": which one is this export?
     with pytest.raises(UserError, match="measured nothing"):
         attach_eval(out, EvalReport(report.config, ["merged"]))
+    old = tmp_path / "old"  # an export written before the card had its models section
+    old.mkdir()
+    (old / "layerswap.json").write_text(json.dumps({"sources": {"math": "/x/math"}}))
+    with pytest.raises(UserError, match="older layerswap.*export the merge again"):
+        attach_eval(old, report, model="merged")
 
 
 # ---- the CLI paths --------------------------------------------------------------------------------

@@ -22,16 +22,18 @@ def open_expert(ref: str | os.PathLike, base: str | os.PathLike | None = None) -
     path = resolve(ref)
     if not is_adapter(path):
         return Checkpoint.from_folder(path, ref)
-    ck = Checkpoint.open(merge_adapter(path, base))
-    ck.ref, ck.adapter = str(ref), str(path)
+    merged, base_path = merge_adapter(path, base)
+    ck = Checkpoint.open(merged)
+    ck.ref, ck.adapter, ck.adapter_base = str(ref), str(path), str(base_path)
     return ck
 
 
-def merge_adapter(adapter_dir: str | os.PathLike, base: str | os.PathLike | None = None) -> Path:
+def merge_adapter(adapter_dir: str | os.PathLike, base: str | os.PathLike | None = None) -> tuple[Path, Path]:
     """Merge a PEFT adapter into its base (``merge_and_unload``) and save it as a safetensors model.
 
     The base is `base` if given, else the adapter's ``base_model_name_or_path``. The result is
     cached under ``$LAYERSWAP_CACHE/adapters-merged`` keyed by the adapter's and base's files.
+    Returns the merged folder and the base's folder.
     """
     adapter_dir = Path(adapter_dir)
     try:
@@ -49,7 +51,7 @@ def merge_adapter(adapter_dir: str | os.PathLike, base: str | os.PathLike | None
     key = hashlib.sha256(f"{fingerprint(own)}:{base_ck.fingerprint()}".encode()).hexdigest()[:20]
     out = cache_dir("adapters-merged") / key
     if (out / "config.json").exists():
-        return out
+        return out, base_path
     try:
         from peft import PeftModel
     except ImportError:
@@ -78,4 +80,4 @@ def merge_adapter(adapter_dir: str | os.PathLike, base: str | os.PathLike | None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
+    return out, base_path

@@ -28,14 +28,16 @@ from .errors import UserError
 from .hub import looks_like_hub_id
 from .interop import mergekit_yaml
 from .methods import MethodConfig
+from .outputs import EXPORT_MARK
 from .plans import Plan, source_label
+from .presets import ASSETS_PREFIX
 from .roles import ROLE_NAMES
 from .version import __version__
 
 if TYPE_CHECKING:
     from .evaluation import EvalReport
 
-PROVENANCE = "layerswap.json"
+PROVENANCE = EXPORT_MARK  # layerswap.json: every export has it, and only exports
 CARD = "README.md"
 RECIPE_KEYS = ("layerswap_version", "method", "plan", "layer_weights_lang", "non_layer_weights_lang", "models")
 _LANG_CODE = re.compile(r"^[a-z]{2,3}$")  # ISO 639-1/3, as the Hub's `language` field takes them
@@ -51,10 +53,12 @@ def _display_ref(ref: str) -> str:
 
 
 def model_entry(ck: Checkpoint, role: str) -> dict:
-    """One model of the merge as the card shows it: Hub id and commit, or folder name and fingerprint."""
-    entry = {"role": ROLE_NAMES[role], "ref": ck.hub_id or Path(ck.adapter or ck.path).name,
-             "source": "hub" if ck.hub_id else "local folder", "revision": ck.revision,
-             "fingerprint": ck.fingerprint()}
+    """One model of the merge as the card shows it: Hub id and commit, or folder name and fingerprint
+    (a model shipped with layerswap by its ``assets:`` reference)."""
+    shipped = ck.ref.startswith(ASSETS_PREFIX)
+    entry = {"role": ROLE_NAMES[role], "ref": ck.hub_id or (ck.ref if shipped else Path(ck.adapter or ck.path).name),
+             "source": "hub" if ck.hub_id else "layerswap asset" if shipped else "local folder",
+             "revision": ck.revision, "fingerprint": ck.fingerprint()}
     if ck.adapter:  # a PEFT adapter, merged into this base before the merge
         info = ck.path / "layerswap-adapter.json"
         base = json.loads(info.read_text()).get("base") if info.is_file() else None
@@ -62,12 +66,17 @@ def model_entry(ck: Checkpoint, role: str) -> dict:
     return entry
 
 
+def _folder(entry: dict) -> str:
+    """The folder name of a model that is not on the Hub (a shipped asset's last path part)."""
+    return Path(entry["ref"].removeprefix(ASSETS_PREFIX)).name
+
+
 def _mergekit_ref(entry: dict) -> str:
     """How the card's mergekit config names a model: Hub id at its commit, or ``./folder`` (relative)."""
     if entry["source"] == "hub":
         ref = f"{entry['ref']}@{entry['revision']}" if entry["revision"] else entry["ref"]
     else:
-        ref = f"./{entry['ref']}"
+        ref = f"./{_folder(entry)}"
     base = entry.get("adapter_merged_into")
     if base:  # mergekit's model+LoRA syntax
         return f"{base if looks_like_hub_id(base) else './' + base}+{ref}"
@@ -211,6 +220,8 @@ def _models_table(prov: dict) -> str:
         if e["source"] == "hub":
             name = f"[`{e['ref']}`](https://huggingface.co/{e['ref']})"
             rev = f"Hub commit `{e['revision']}`" if e["revision"] else "Hub (commit unknown)"
+        elif e["source"] == "layerswap asset":
+            name, rev = f"`{e['ref']}` (shipped with layerswap)", f"layerswap {prov['layerswap_version']}"
         else:
             name, rev = f"`{e['ref']}` (local folder)", "not on the Hub"
         if "adapter_merged_into" in e:
@@ -246,7 +257,7 @@ cast back to the checkpoint dtype; w = 0 or 1 copies the expert's tensor byte fo
 def _mergekit(prov: dict) -> str:
     if not prov.get("mergekit_yaml"):
         return f"No mergekit equivalent: {prov.get('mergekit_unavailable') or 'not written for this method'}\n"
-    local = [e["ref"] for e in prov["models"].values() if e["source"] != "hub" and e["role"] != ROLE_NAMES["base"]]
+    local = [_folder(e) for e in prov["models"].values() if e["source"] != "hub" and e["role"] != ROLE_NAMES["base"]]
     where = (f"Local models are named by folder ({', '.join(f'`./{r}`' for r in local)}): run it from the folder "
              "that holds them, or put their paths in. ") if local else ""
     return f"""{where}`mergekit-yaml merge.yml OUT_DIR` on this config rebuilds the same weights:

@@ -23,6 +23,7 @@ from .architectures import Architecture, architecture, classify
 from .cache import content_hash, fingerprint
 from .errors import UserError
 from .hub import hub_reachable, looks_like_hub_id
+from .presets import ASSETS_PREFIX, assets_path
 from .tensorfile import ITEMSIZE, Files, read_header, to_float64, torch_dtype
 
 if TYPE_CHECKING:
@@ -83,11 +84,14 @@ class TensorInfo:
 def resolve(ref: str | os.PathLike) -> Path:
     """A local directory, or a Hub repo id (``owner/name[@revision]``) downloaded to the HF cache.
 
-    Only config, safetensors and tokenizer files are downloaded.
+    Only config, safetensors and tokenizer files are downloaded. ``assets:NAME`` is a model shipped
+    with layerswap (`layerswap.presets`).
     """
     ref = str(ref).strip()
     if not ref:
         raise UserError("No model given: pass a local directory or a Hugging Face Hub id such as 'meta-llama/Llama-3.1-8B'.")
+    if ref.startswith(ASSETS_PREFIX):
+        return assets_path(ref)
     path = Path(ref).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -128,6 +132,7 @@ class Checkpoint:
     config: dict
     tensors: dict[str, TensorInfo]
     adapter: str | None = None  # the PEFT adapter this checkpoint was merged from (set by adapters.open_expert)
+    adapter_base: str | None = None  # the base that adapter was merged into
     _files: Files = field(default_factory=Files, repr=False)
 
     # ---- construction -------------------------------------------------------------------

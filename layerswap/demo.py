@@ -15,13 +15,11 @@ from pathlib import Path
 
 import torch
 
+from .plans import Plan
+from .presets import assets_dir
 
 
-def assets_dir() -> Path:
-    """The shipped assets: `layerswap/assets` when installed from a wheel, else a checkout's `assets/`."""
-    here = Path(__file__).resolve().parent
-    installed = here / "assets"
-    return installed if installed.is_dir() else here.parent / "assets"
+
 
 _CORPUS = """
 Question: Roger has 5 tennis balls. He buys 2 more cans of tennis balls. Each can has 3 tennis balls.
@@ -143,6 +141,35 @@ def demo_paths(cache: str | os.PathLike | None = None) -> tuple[dict[str, Path],
 
     cache = Path(cache) / "random-demo-v1" if cache else cache_dir("random-demo-v1")
     return build_random_demo(cache), "untrained demo models (random weights, answers are noise)"
+
+
+def demo_refs() -> tuple[dict[str, str], str, str, "Plan | None"]:
+    """The default models as references the page may show: ``assets:demo/...`` when the organism is
+    shipped (else the untrained models' folders), their label, a one-line summary of what they show
+    (with its measured numbers, from the card's results) and the recommended plan (if shipped)."""
+    from .presets import ASSETS_PREFIX
+
+    paths, label = demo_paths()
+    root = assets_dir() / "demo"
+    if paths["math"] != root / "math":
+        return {r: str(p) for r, p in paths.items()}, label, "", None
+    return {r: f"{ASSETS_PREFIX}demo/{r}" for r in paths}, label, demo_summary(), recommended_plan()
+
+
+def recommended_plan() -> "Plan | None":
+    """The organism's plan chosen on its dev set (`assets/demo/recommended_plan.json`), if shipped."""
+    f = assets_dir() / "demo" / "recommended_plan.json"
+    if not f.is_file():
+        return None
+    d = json.loads(f.read_text())
+    keys = ("b", "u", "tb", "tu", "transition", "transition_weight", "non_layer")
+    return Plan(**{k: d[k] for k in keys if k in d})
+
+
+def demo_summary() -> str:
+    """One line on what the shipped organism shows, from `assets/demo/summary.txt` (written by its build)."""
+    f = assets_dir() / "demo" / "summary.txt"
+    return f.read_text().strip().splitlines()[0] if f.is_file() else ""
 
 
 def demo_mgsm_dir() -> Path | None:

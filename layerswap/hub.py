@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-import time
+from functools import lru_cache
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 
@@ -14,35 +14,18 @@ def looks_like_hub_id(ref: str) -> bool:
     return bool(_HUB_ID_RE.match(ref)) and not ref.startswith((".", "/", "~"))
 
 
+@lru_cache(maxsize=1)
 def hub_reachable(timeout: float = 3.0) -> bool:
-    """One quick TCP check of ``$HF_ENDPOINT`` (host and port), so offline machines fail at once
-    instead of after minutes of retries. ``HF_HUB_OFFLINE=1`` answers False without trying."""
+    """One quick TCP check, so offline machines fail at once instead of after minutes of retries."""
+    import socket
     from urllib.parse import urlparse
 
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        port = url.port or (80 if url.scheme == "http" else 443)
-    except ValueError:
-        return False
-    return _can_connect(url.hostname or "huggingface.co", port, timeout)
-
-
-_CHECKED: dict[tuple[str, int], tuple[float, bool]] = {}
-RECHECK_S = 60.0  # a long-running app sees the network come back (or go) within a minute
-
-
-def _can_connect(host: str, port: int, timeout: float) -> bool:
-    import socket
-
-    seen = _CHECKED.get((host, port))
-    if seen and time.monotonic() - seen[0] < RECHECK_S:
-        return seen[1]
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
     try:
         socket.create_connection((host, port), timeout=timeout).close()
-        ok = True
+        return True
     except OSError:
-        ok = False
-    _CHECKED[(host, port)] = (time.monotonic(), ok)
-    return ok
+        return False

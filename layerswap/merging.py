@@ -29,6 +29,7 @@ from .card import check_languages, provenance, write_card
 from .checkpoints import BASE_DISTANCE_THRESHOLD, Checkpoint, Pairing, TensorInfo, check_compatible, check_pairing
 from .errors import UserError
 from .methods import MethodConfig, linear
+from .outputs import EXPORT_MARK, check_output_folder, input_paths
 from .plans import Plan, source_label
 from .runtime import Progress, resolve_device
 from .tensorfile import ITEMSIZE, ShardWriter
@@ -130,7 +131,8 @@ class MergeSummary:
 def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str | os.PathLike, *,
                  method: MethodConfig | None = None, base: Checkpoint | None = None, device: str = "auto",
                  shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False, force: bool = False,
-                 base_distance_threshold: float = BASE_DISTANCE_THRESHOLD, languages: list[str] | None = None,
+                 base_distance_threshold: float = BASE_DISTANCE_THRESHOLD, protect: tuple = (),
+                 languages: list[str] | None = None,
                  progress: Progress | None = None) -> MergeSummary:
     """Stream the merge to an HF folder: config, tokenizer, safetensors shards, model card.
 
@@ -140,9 +142,9 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
     Checks run before any weights are read in bulk: headers (architecture, layers, names,
     shapes, dtypes), the plan, and sampled distances from the base (refused above the threshold
     unless `force`). Output goes to a temporary sibling folder renamed into place at the end, so
-    a failure leaves nothing half-written.
+    a failure leaves nothing half-written. The output may not touch an input (nor the folders in
+    `protect`), and `overwrite` replaces only an earlier export (`layerswap.outputs`).
     """
-    out = Path(out).expanduser()
     method = method or MethodConfig()
     method.validate()
     languages = check_languages(languages)
@@ -154,8 +156,7 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
     recipes = recipes_for(list(math.tensors), math.num_layers, plan, method, math.arch)
     # torch (and a device) only matter when a tensor is computed: a copy-only merge never imports it
     device = resolve_device(device, ("cpu", "cuda")) if any(r.kind != "copy" for r in recipes.values()) else "cpu"
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"{out} already exists; choose a new folder or pass --overwrite.")
+    out = check_output_folder(out, input_paths(math, lang, base, extra=protect), overwrite)
     pairing = check_pairing(math, lang, base, base_distance_threshold)
     if pairing.suspicious and not force:
         raise UserError(pairing.message() + ".")
@@ -289,8 +290,8 @@ def _copy_side_files(math: Checkpoint, dst: Path) -> None:
 
 def _atomic_replace(tmp: Path, out: Path, overwrite: bool) -> None:
     if out.exists():
-        if not overwrite and (not out.is_dir() or any(out.iterdir())):
-            raise UserError(f"{out} appeared while merging; nothing was written. Choose a new folder.")
+        if out.is_dir() and any(out.iterdir()) and not (overwrite and (out / EXPORT_MARK).is_file()):
+            raise UserError(f"{out.name} appeared while merging; nothing was written. Choose a new folder.")
         old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
         out.rename(old)
         tmp.rename(out)

@@ -76,13 +76,26 @@ MODEL_COLORS = {"math expert": MATH_COLOR, "language expert": LANG_COLOR, "merge
 
 
 def eval_bars(report, metric: str = "flexible", height: int = 380) -> go.Figure:
-    """MGSM accuracy per language (and the average), one bar per model: an `evaluation.EvalReport`."""
+    """MGSM accuracy per language (and the average): an `evaluation.EvalReport`.
+
+    With the merged model present, it gets the bars and the two experts are drawn as reference
+    marks on each language (what the merge has to beat); otherwise one bar per model.
+    """
     rows = [r for r in report.table(metric) if r["language"] != "max"]
     x = [r["language"] for r in rows]
+    experts = {"math expert", "language expert"}
+    reference = set(report.models) & experts if any(m not in experts for m in report.models) else set()
     fig = go.Figure()
     for m in report.models:
-        fig.add_trace(go.Bar(name=m, x=x, y=[r[m] for r in rows], marker_color=MODEL_COLORS.get(m),
-                             hovertemplate=f"{m}<br>%{{x}}: %{{y:.1f}}%<extra></extra>"))
+        hover = f"{m}<br>%{{x}}: %{{y:.1f}}%<extra></extra>"
+        if m in reference:
+            fig.add_trace(go.Scatter(name=f"{m} (reference)", x=x, y=[r[m] for r in rows], mode="markers",
+                                     marker={"symbol": "line-ew-open", "size": 44, "color": MODEL_COLORS.get(m),
+                                             "line": {"width": 3, "color": MODEL_COLORS.get(m)}},
+                                     hovertemplate=hover))
+        else:
+            fig.add_trace(go.Bar(name=m, x=x, y=[r[m] for r in rows], marker_color=MODEL_COLORS.get(m),
+                                 hovertemplate=hover))
     fig.update_layout(barmode="group", height=height, yaxis={"title": {"text": f"accuracy (%), {metric}"},
                                                              "range": [0, 100]},
                       title=f"MGSM {report.config.mode}, {report.config.shots}-shot"

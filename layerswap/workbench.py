@@ -29,7 +29,7 @@ from . import mgsm
 from .adapters import open_expert
 from .analysis import Analysis, MergedStats, analyze
 from .checkpoints import Checkpoint, CompatReport, Pairing, check_compatible, check_pairing
-from .engines import (EngineStartError, SwappedEngine, TransformersEngine, VLLMEngine, VLLMSettings, load_model,
+from .engines import (EngineStartError, check_memory, SwappedEngine, TransformersEngine, VLLMEngine, VLLMSettings, load_model,
                       load_tokenizer, model_from_state_dict, plan_serving, resolve_engine_choice, vllm_device,
                       vllm_status)
 from .errors import UserError
@@ -81,12 +81,19 @@ class Workbench:
     # ---- loading ----------------------------------------------------------------------
     def load(self, math: str, lang: str, base: str | None = None, progress: Progress | None = None,
              force: bool = False) -> CompatReport:
-        """Open and check the checkpoints, then load both experts for generation.
+        """Open and check the checkpoints (`check`), then load both experts for generation (`start`)."""
+        report = self.check(math, lang, base, force=force, progress=progress)
+        self.start(progress)
+        return report
 
-        Checks headers (architecture, layers, names, shapes, dtypes) and sampled distances from
-        the base; raises UserError before loading any model if they cannot be merged (the
-        distance check is waived with `force`). PEFT adapters are merged into their base first
-        (the base given here, or the adapter's own).
+    def check(self, math: str, lang: str, base: str | None = None, *, force: bool = False,
+              progress: Progress | None = None) -> CompatReport:
+        """Open the checkpoints and check them; nothing is loaded and the models held so far stay.
+
+        Checks headers (architecture, layers, names, shapes, dtypes), sampled distances from the
+        base and, for the transformers engine, that both experts fit in memory; raises UserError
+        if they cannot be merged (the distance check is waived with `force`). PEFT adapters are
+        merged into their base first (the base given here, or the adapter's own).
         """
         p = progress or no_progress
         p(0.0, "reading checkpoint headers")
@@ -100,18 +107,26 @@ class Workbench:
         pairing = check_pairing(cks["math"], cks["lang"], cks.get("base"))
         if pairing.suspicious and not force:
             raise UserError(pairing.message() + ".")
+        if self.engine_choice == "transformers":
+            need = sum(t.nbytes for r in EXPERTS for t in cks[r].tensors.values())
+            check_memory(need, self.device, "the two experts")
         self.close()
         self.checkpoints, self.report, self.pairing = cks, report, pairing
+        return report
+
+    def start(self, progress: Progress | None = None) -> None:
+        """Load the checked experts into engines (vLLM when chosen and it fits, else transformers)."""
+        p = progress or no_progress
+        cks = self.checkpoints
         tok = load_tokenizer(cks["math"].path)
         if self._start_vllm(tok, p):
             p(1.0, "loaded")
-            return report
+            return
         for i, role in enumerate(EXPERTS):
             p(0.1 + 0.4 * i, f"loading the {ROLE_NAMES[role]}")
             self.engines[role] = TransformersEngine(load_model(cks[role].path, self.device), tok,
                                                     batch_size=self.batch_size, use_chat_template=self.chat_template)
         p(1.0, "loaded")
-        return report
 
     def _start_vllm(self, tok, p: Progress) -> bool:
         """Serve the experts with vLLM if chosen/available; False (with a note) means use transformers."""
@@ -222,6 +237,10 @@ class Workbench:
             self.plan, self.method, self.layer_weights = plan, method, lw
             p(1.0, "built")
             return lw
+        ck = self.checkpoints["math"]
+        new = [t.nbytes for t in ck.tensors.values()] if lw is None else [  # copies share the experts' tensors
+            t.nbytes for t in ck.tensors.values() if t.layer is not None and 0.0 < lw[t.layer] < 1.0]
+        check_memory(sum(new), self.device, f"the merged model ({method.spec.title})")
         p(0.1, "merging")
         math_sd, lang_sd = self.engines["math"].state_dict(), self.engines["lang"].state_dict()
         base = self.checkpoints.get("base")
@@ -240,18 +259,21 @@ class Workbench:
         p(1.0, "built")
         return lw
 
-    def export(self, out: str | Path, *, overwrite: bool = False, progress: Progress | None = None,
-               shard_bytes: int | None = None, languages: list[str] | None = None) -> MergeSummary:
-        """Write the current plan's merge to an HF folder (streamed from the checkpoints on disk);
+    def export(self, out: str | Path, *, plan: Plan | None = None, method: MethodConfig | None = None,
+               overwrite: bool = False, progress: Progress | None = None, shard_bytes: int | None = None,
+               protect: tuple = (), languages: list[str] | None = None) -> MergeSummary:
+        """Write a merge (`plan`/`method`, default: the built one) to an HF folder, streamed from disk;
+        the output may not touch the inputs nor the folders in `protect` (`layerswap.outputs`);
         `languages` (ISO codes) go into the model card's front matter."""
         self._need(*EXPERTS)
-        if self.plan is None:
+        plan, method = plan or self.plan, method or (self.method if plan is None else MethodConfig())
+        if plan is None:
             raise UserError("Build the merge first, then export it.")
         kw = {"shard_bytes": shard_bytes} if shard_bytes else {}
-        return export_merge(self.checkpoints["math"], self.checkpoints["lang"], self.plan, out,
-                            method=self.method, base=self.checkpoints.get("base"), device=self.device,
+        return export_merge(self.checkpoints["math"], self.checkpoints["lang"], plan, out,
+                            method=method, base=self.checkpoints.get("base"), device=self.device,
                             overwrite=overwrite, force=bool(self.pairing and self.pairing.suspicious),
-                            languages=languages, progress=progress, **kw)
+                            languages=languages, progress=progress, protect=protect, **kw)
 
     # ---- analysis ---------------------------------------------------------------------
     @property

@@ -167,7 +167,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_app(workdir: Path, *, mgsm_dir: Path | None, extra: list[str] = (), timeout: float = 240):
+def launch_app(workdir: Path, *, mgsm_dir: Path | None, extra: list[str] = (), timeout: float = 240,
+               env_extra: dict[str, str] | None = None):
     """`python app.py` exactly as a user starts it (no model flags: the default demo), on a free port.
 
     A generator for fixtures: yields the URL, stops the app afterwards.
@@ -178,6 +179,7 @@ def launch_app(workdir: Path, *, mgsm_dir: Path | None, extra: list[str] = (), t
     env.pop("LAYERSWAP_MGSM_DIR", None)
     if mgsm_dir is not None:
         env["LAYERSWAP_MGSM_DIR"] = str(mgsm_dir)
+    env.update(env_extra or {})
     log = workdir / "app.log"
     proc = subprocess.Popen([sys.executable, str(REPO / "app.py"), "--port", str(port), "--device", "cpu", *extra],
                             cwd=workdir, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)

@@ -10,7 +10,7 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from layerswap import Plan
+from layerswap import Checkpoint, Plan
 from layerswap import mgsm
 from tests.helpers import DEMO_MGSM
 
@@ -30,31 +30,35 @@ def _demo_paths(client) -> tuple[str, str, str]:
 @pytest.fixture(scope="module")
 def num_layers(client) -> int:
     _, math, _ = _demo_paths(client)
-    return json.loads((Path(math) / "config.json").read_text())["num_hidden_layers"]
+    assert math == "assets:demo/math"  # shipped models are named, never shown by server path
+    return Checkpoint.open(math).num_layers
 
 
 def test_load_build_ask_side_by_side(client, num_layers):
     L = num_layers
     base, math, lang = _demo_paths(client)
     assert "demo" in base
-    report, b, u, tb, tu, heat = client.predict(base, math, lang, api_name="/load")
+    report, b, u, tb, tu = client.predict(base, math, lang, api_name="/load")
     assert re.search(rf"compatible: LlamaForCausalLM, {L} layers", report)
     assert re.search(r"shared base: sampled relative distances math-base 0\.\d+", report)
     assert b["maximum"] == L and b["value"] + u["value"] + tb["value"] + tu["value"] <= L
+    heat, *_ = client.predict(api_name="/heatmap")  # the analysis of the loaded models, default controls
     fig = json.loads(heat["plot"])
     assert fig["data"][0]["type"] == "heatmap" and len(fig["data"]) == 4  # math, language, overlap, merged
     assert len(fig["data"][0]["z"][0]) == L
 
-    strip, plan_md = client.predict(2, 1, 1, 1, "ramp", 0.5, "neighbour", api_name="/build")
+    strip, plan_md, share = client.predict(2, 1, 1, 1, "ramp", 0.5, "neighbour", api_name="/build")
+    assert share.startswith("?") and "b=2" in share and "transition=ramp" in share and "math=assets%3Ademo%2Fmath" in share
     strip = json.loads(strip["plot"])
     assert strip["data"][0]["z"] == [[1, 1, 0.5] + [0] * (L - 5) + [0.5, 1]]
-    assert "**Built.** swap b=2 u=1 tb=1 tu=1 (ramp)" in plan_md
+    assert "**Built: the merged model answers with this plan.** swap b=2 u=1 tb=1 tu=1 (ramp)" in plan_md
 
     item = mgsm.load("xx", DEMO_MGSM)[3]
-    prompt, *answers = client.predict("xx", 3, "", 24, api_name="/ask")
+    prompt, *answers, strip, plan_md = client.predict("xx", 3, "", 24, 2, 1, 1, 1, "ramp", api_name="/ask")
     assert f"Sorvi: {item.question[:30]}" in prompt and f"Gold answer: {item.answer}" in prompt
+    assert "answers from swap b=2 u=1 tb=1 tu=1 (ramp)" in prompt and "**Built" in plan_md
     assert len(answers) == 3
-    prompt, *free = client.predict("en", None, "What is 2 + 3?", 24, api_name="/ask")
+    prompt, *free, _, _ = client.predict("en", None, "What is 2 + 3?", 24, api_name="/ask")
     assert "Question: What is 2 + 3?" in prompt and len(free) == 3
     for name, a in zip(("math expert", "language expert", "merged model"), answers):
         assert a.startswith(f"**{name}** · transformers") and "flexible:" in a
@@ -75,8 +79,7 @@ def test_heatmap_switch_and_export(client, tmp_path, num_layers):
                               api_name="/heatmap")
     fig = json.loads(heat["plot"])
     assert len(fig["data"]) == 1 and "language expert vs base" in fig["layout"]["annotations"][0]["text"]
-    client.predict(1, 1, 0, 0, "flat", 0.5, "math", api_name="/build")
-    msg, dl = client.predict(str(tmp_path / "merged"), False, api_name="/export")
+    msg, dl = client.predict(str(tmp_path / "merged"), False, 1, 1, 0, 0, "flat", 0.5, "math", api_name="/export")
     assert "Wrote" in msg and (tmp_path / "merged" / "model.safetensors").exists()
     assert dl["visible"] and Path(dl["value"]).suffix == ".zip"
     prov = json.loads((tmp_path / "merged" / "layerswap.json").read_text())
@@ -86,16 +89,18 @@ def test_heatmap_switch_and_export(client, tmp_path, num_layers):
 def test_baseline_method_and_mergekit_yaml(client, num_layers):
     base, math, lang = _demo_paths(client)
     client.predict(base, math, lang, api_name="/load")
-    strip, md = client.predict(1, 1, 0, 0, "flat", 0.5, "neighbour", "middle", "", 2, 0, 0, "attention",
-                               "layer_swap", 0.5, 1.0, 0.2, 0.9, api_name="/build")
+    strip, md, _ = client.predict(1, 1, 0, 0, "flat", 0.5, "neighbour", "middle", "", 2, 0, 0, "attention",
+                                  "layer_swap", 0.5, 1.0, 0.2, 0.9, api_name="/build")
     want = Plan(kind="middle", k=2, modules="attention").layer_weights(num_layers)
     assert json.loads(strip["plot"])["data"][0]["z"] == [want] and sum(want) == 2
     assert "middle k=2, attention only" in md
-    yml = client.predict(api_name="/export_yaml")
+    yml = client.predict(1, 1, 0, 0, "flat", 0.5, "neighbour", "middle", "", 2, 0, 0, "attention",
+                         api_name="/export_yaml")
     text = Path(yml["value"]).read_text()
     assert "merge_method: linear" in text and "filter: self_attn" in text
-    _, md = client.predict(1, 1, 0, 0, "flat", 0.5, "neighbour", "swap", "", 2, 0, 0, "all",
-                           "ties", 0.5, 1.0, 0.3, 0.9, api_name="/build")
+    _, md, _ = client.predict(1, 1, 0, 0, "flat", 0.5, "neighbour", "swap", "", 2, 0, 0, "all",
+                              "ties", 0.5, 1.0, 0.3, 0.9, api_name="/build")
     assert "TIES" in md and "density=0.3" in md
     with pytest.raises(AppError, match="does not claim a mergekit equivalent"):
-        client.predict(api_name="/export_yaml")
+        client.predict(1, 1, 0, 0, "flat", 0.5, "neighbour", "swap", "", 2, 0, 0, "all", "ties", 0.5, 1.0, 0.3,
+                       api_name="/export_yaml")

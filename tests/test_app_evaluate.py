@@ -21,7 +21,6 @@ def client(app_url):
     values = {x.get("props", {}).get("elem_id"): x.get("props", {}).get("value") for x in cfg["components"]}
     report, *_ = c.predict(values["base"], values["math"], values["lang"], api_name="/load")
     assert "**Engine:** transformers engine (chosen)" in report  # which engine answers is on the page
-    c.predict(2, 1, 1, 1, "flat", 0.5, "neighbour", api_name="/build")
     return c
 
 
@@ -38,7 +37,8 @@ def test_evaluate_three_models_table_bars_browser(client):
         assert all(v in (0, 33.3, 66.7, 100) for v in vals)
         assert rows["average"][col] == pytest.approx(sum(vals) / 2, abs=0.051) and rows["max"][col] == max(vals)
     fig = json.loads(bars["plot"])
-    assert [t["name"] for t in fig["data"]] == ["math expert", "language expert", "merged model"]
+    assert [t["name"] for t in fig["data"]] == ["math expert (reference)", "language expert (reference)", "merged model"]
+    assert [t["type"] for t in fig["data"]] == ["scatter", "scatter", "bar"]  # the experts as reference marks
     assert fig["data"][0]["x"] == ["xx", "en", "average"]
     lines = Path(results if isinstance(results, str) else results["value"]).read_text(encoding="utf-8").splitlines()
     assert len(lines) == 18 and json.loads(lines[0])["model"] == "math expert"

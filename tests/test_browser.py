@@ -29,41 +29,71 @@ def browser():
         b.close()
 
 
-def test_main_flow_in_browser(browser, app_url):
-    """`python app.py` as a newcomer opens it: the demo organism, its Kovani test set preselected."""
+def no_error_toast(page) -> None:
+    assert page.locator("[data-testid=toast-body].error").count() == 0, page.locator("[data-testid=toast-body]").all_inner_texts()
+
+
+def test_first_visit_every_tab_works(browser, app_url):
+    """A newcomer opens the page and, without Load or Build, asks, looks at the heatmaps and evaluates."""
     from playwright.sync_api import expect
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(app_url, wait_until="load")
     expect(page.locator("#demo-label")).to_contain_text("demo")
-    page.locator("#load").click()
-    expect(page.locator("#report")).to_contain_text(re.compile(r"compatible: LlamaForCausalLM, \d+ layers"),
-                                                   timeout=120_000)
-    expect(page.locator("#report")).to_contain_text("Loaded in", timeout=120_000)  # the click's answer, not the page's
-
-    page.locator("#b input[type=range]").fill("3")
-    expect(page.locator("#b input[type=number]")).to_have_value("3")
-    page.locator("#build").click()
-    expect(page.locator("#plan")).to_contain_text("Built. swap b=3", timeout=120_000)
-    expect(page.locator("#strip .js-plotly-plot")).to_be_visible(timeout=60_000)
-
-    page.locator("#ask").click()  # question 0 of the preselected set
+    page.locator("#ask").click()  # question 0 of the preselected Kovani set
     first = mgsm.load("xx", DEMO_MGSM)[0].question
-    expect(page.locator("#prompt")).to_contain_text(f"Sorvi: {first[:30]}", timeout=120_000)
+    expect(page.locator("#prompt")).to_contain_text(f"Sorvi: {first[:30]}", timeout=180_000)
     for role in ("math", "lang", "merged"):
         expect(page.locator(f"#answer-{role}")).to_contain_text("flexible:", timeout=120_000)
-    page.locator("#free textarea").fill("Tom has 3 apples. Tom buys 4 more apples. How many apples does Tom have now?")
-    page.locator("#ask").click()
-    expect(page.locator("#prompt")).to_contain_text("Sorvi: Tom has 3 apples.", timeout=120_000)
-    for role in ("math", "lang", "merged"):
-        expect(page.locator(f"#answer-{role}")).to_contain_text("flexible:", timeout=120_000)
+    expect(page.locator("#plan")).to_contain_text("Built: the merged model answers with this plan")
+    expect(page.locator("#report")).to_contain_text(re.compile(r"compatible: LlamaForCausalLM, \d+ layers"))
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "app.png"), full_page=True)
-    assert (ARTIFACTS / "app.png").stat().st_size > 10_000
 
-    # the analysis tab shows the heatmaps with the built plan drawn on them
+    page.locator("#b input[type=range]").fill("3")  # a new plan is built by the next question, no Build click
+    expect(page.locator("#b input[type=number]")).to_have_value("3")
+    page.locator("#free textarea").fill("Tom has 3 apples. Tom buys 4 more apples. How many apples does Tom have now?")
+    page.locator("#ask").click()
+    expect(page.locator("#prompt")).to_contain_text("answers from swap b=3", timeout=120_000)
+    for role in ("math", "lang", "merged"):
+        expect(page.locator(f"#answer-{role}")).to_contain_text("flexible:", timeout=120_000)
+
     page.get_by_role("tab", name="Where each expert changed").click()
     expect(page.locator("#heatmap .js-plotly-plot")).to_be_visible(timeout=120_000)
     expect(page.locator("#heatmap")).to_contain_text("plan b=3", timeout=120_000)
     page.screenshot(path=str(ARTIFACTS / "app-analysis.png"), full_page=True)
+
+    page.get_by_role("tab", name="Evaluate").click()
+    expect(page.locator("#eval-langs input[type=checkbox]:checked")).to_have_count(1)
+    expect(page.locator("#eval-langs label:has(input:checked)")).to_contain_text("(xx)")
+    expect(page.locator("#eval-limit")).to_contain_text("0 = all")
+    page.locator("#eval-limit input").fill("2")
+    page.locator("#eval-run").click()
+    expect(page.locator("#eval-status")).to_contain_text("Done:", timeout=180_000)
+    expect(page.locator("#eval-bars .js-plotly-plot")).to_be_visible()
+    page.screenshot(path=str(ARTIFACTS / "app-evaluate.png"), full_page=True)
+    no_error_toast(page)
     page.close()
+
+
+def test_shared_link_restores_plan_and_tab(browser, app_url):
+    """The share box's link, opened in a fresh browser context, shows the same plan on the same tab."""
+    from playwright.sync_api import expect
+
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = ctx.new_page()
+    page.goto(app_url, wait_until="load")
+    page.locator("#b input[type=range]").fill("2")
+    page.locator("#build").click()
+    expect(page.locator("#share textarea, #share input")).to_have_value(re.compile(r"b=2"), timeout=180_000)
+    query = page.locator("#share textarea, #share input").input_value().replace("tab=build", "tab=analysis")
+    ctx.close()
+
+    fresh = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = fresh.new_page()
+    page.goto(app_url + "/" + query, wait_until="load")
+    expect(page.locator("#b input[type=number]")).to_have_value("2", timeout=60_000)
+    expect(page.locator("#heatmap .js-plotly-plot")).to_be_visible(timeout=180_000)  # the analysis tab is open
+    expect(page.locator("#heatmap")).to_contain_text("plan b=2", timeout=120_000)
+    no_error_toast(page)
+    fresh.close()

@@ -229,3 +229,10 @@ def test_merge_languages_and_eval_card_cli(trio, tmp_path, capsys):
     other = ["--math", str(trio["math"]), "--lang", str(trio["lang"]), "--b", "2", "--u", "1"]
     assert cli(["eval", *other, "--card", str(out), *ev]) == 2
     assert "is not this merge: the plan (swap b=1 u=1" in capsys.readouterr().err
+
+
+def test_a_shipped_model_is_named_by_its_assets_reference():
+    ck = Checkpoint.open("assets:demo/math")
+    entry = model_entry(ck, "math")
+    assert (entry["ref"], entry["source"], entry["revision"]) == ("assets:demo/math", "layerswap asset", None)
+    assert _mergekit_ref(entry) == "./math"

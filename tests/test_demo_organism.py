@@ -75,17 +75,18 @@ def test_app_serves_the_organism_by_default(app_url):
     """`python app.py` with no flags and no MGSM folder: organism models, Kovani test set, trained answers."""
     client = Client(app_url, verbose=False)
     values = {c.get("props", {}).get("elem_id"): c.get("props", {}).get("value") for c in client.config["components"]}
-    assert values["math"] == str(DEMO / "math") and values["mgsm-lang"] == "xx"
+    assert values["math"] == "assets:demo/math" and values["mgsm-lang"] == "xx"
     L = Checkpoint.open(DEMO / "math").num_layers
     report, b, *_ = client.predict(values["base"], values["math"], values["lang"], api_name="/load")
     assert f"compatible: LlamaForCausalLM, {L} layers" in report and b["maximum"] == L
     p = default_plan(L)
-    strip, md = client.predict(p.b, p.u, p.tb, p.tu, p.transition, p.transition_weight, p.non_layer, api_name="/build")
+    strip, md, _ = client.predict(p.b, p.u, p.tb, p.tu, p.transition, p.transition_weight, p.non_layer,
+                                  api_name="/build")
     assert json.loads(strip["plot"])["data"][0]["z"] == [Plan(b=p.b, u=p.u, tb=p.tb, tu=p.tu).layer_weights(L)]
-    prompt, math_a, lang_a, merged_a = client.predict("en", 0, "", 96, api_name="/ask")
+    prompt, math_a, lang_a, merged_a, *_ = client.predict("en", 0, "", 96, api_name="/ask")
     assert "```\nQuestion: Raj has 18 eggs." in prompt and "Gold answer: 5" in prompt
     assert "The answer is" in math_a  # a trained math expert: random weights never produce this
-    prompt, math_a, lang_a, merged_a = client.predict("xx", 0, "", 96, api_name="/ask")
+    prompt, math_a, lang_a, merged_a, *_ = client.predict("xx", 0, "", 96, api_name="/ask")
     assert "```\nSorvi: Raj ovu 18 tenu." in prompt and "Gold answer: 5" in prompt
     kovani = _words(DEMO / "mgsm" / "mgsm_xx.tsv") - _words(DEMO / "mgsm" / "mgsm_en.tsv")
     assert _words_of(lang_a.split("```")[1]) & kovani  # the language expert answers in Kovani

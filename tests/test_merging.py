@@ -139,7 +139,8 @@ def test_existing_output_is_not_touched(trio, tmp_path):
     assert r.returncode == 2 and "already exists" in r.stderr
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     r = run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "-o", str(out), "--overwrite")
-    assert r.returncode == 0 and (out / "model.safetensors").exists() and not (out / "keep.txt").exists()
+    assert r.returncode == 2 and "not an earlier layerswap export" in r.stderr  # --overwrite replaces exports only
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
 def test_failure_midway_leaves_nothing(trio, tmp_path, monkeypatch):

@@ -117,8 +117,12 @@ def test_extra_languages_json(tmp_path):
 
 
 def test_offline_hub_fails_fast(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read at every call, never cached
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    mgsm.hub_reachable.cache_clear()
     mgsm._load.cache_clear()
     monkeypatch.delenv("LAYERSWAP_MGSM_DIR", raising=False)
-    with pytest.raises(UserError, match="point --mgsm-dir"):
-        mgsm.load("te")
+    try:
+        with pytest.raises(UserError, match="point --mgsm-dir"):
+            mgsm.load("te")
+    finally:
+        mgsm.hub_reachable.cache_clear()

@@ -27,6 +27,21 @@ def _open_trio(args):
     return open_expert(args.math, args.base), open_expert(args.lang, args.base), base
 
 
+def _check_files(outs, *checkpoints, extra=()) -> None:
+    """Refuse file outputs that are, or sit inside, an input, before any long work starts."""
+    from ..outputs import check_output_file, input_paths
+
+    inputs = input_paths(*checkpoints, extra=extra)
+    for out in outs:
+        if out and out != "-":
+            check_output_file(out, inputs)
+
+
+def _mgsm_dir(args) -> tuple:
+    source = getattr(args, "mgsm_dir", None)
+    return (source,) if source and Path(source).is_dir() else ()
+
+
 def cmd_inspect(args) -> int:
     from ..checkpoints import check_compatible, check_pairing
 
@@ -102,6 +117,7 @@ def cmd_export_yaml(args) -> int:
     check_compatible(math, lang, base).raise_if_bad()
     method = method_from(args)
     plan = plan_from(args, math.num_layers, validate=method.spec.uses_plan)
+    _check_files([args.out], math, lang, base)
     text = mergekit_yaml(math, lang, plan, method)
     if args.out == "-":
         sys.stdout.write(text)
@@ -118,6 +134,7 @@ def cmd_diff(args) -> int:
 
     math, lang, base = _open(args.math), _open(args.lang), _open(args.base)
     check_compatible(math, lang, base).raise_if_bad()
+    _check_files([*args.out, *args.profile, args.csv, args.top_csv], math, lang, base)
     panels = [p.strip() for p in args.panels.split(",") if p.strip()]
     for p in panels:
         if p not in PANELS:
@@ -227,8 +244,7 @@ def cmd_eval(args) -> int:
     if not args.model and not (args.math and args.lang):
         raise UserError("Give --model M, or --math M --lang L to evaluate the experts and their merge.")
     cfg = eval_config(args)
-    if args.out and not Path(args.out).resolve().parent.is_dir():
-        raise UserError(f"Cannot write {args.out}: its folder does not exist.")
+    _check_files([args.out], extra=(args.model, args.math, args.lang, args.base, *_mgsm_dir(args)))
     prov = _card_target(args)
     if args.model:
         engine, note = open_engine(args.model, engine=args.engine, device=args.device,
@@ -266,6 +282,7 @@ def cmd_sweep(args) -> int:
     from ..sweeps import ablation_suite, run_sweep, swap_grid, sweep_figure
 
     cfg = eval_config(args)
+    _check_files([args.out, args.plot], extra=(args.math, args.lang, args.base, *_mgsm_dir(args)))
     wb = _workbench(args)
     try:
         wb.load(args.math, args.lang, args.base, force=args.force)

@@ -12,7 +12,7 @@ import os
 
 from ..errors import UserError
 from .base import Engine, OnBatch, TokenizingEngine, chat_template_choice, load_tokenizer, truncate_at_stop
-from .serving import SERVING_CHOICES, ServingPlan, plan_serving
+from .serving import SERVING_CHOICES, ServingPlan, check_memory, plan_serving
 from .transformers_engine import TransformersEngine, load_model, model_from_state_dict
 from .vllm_engine import (VLLM_INSTALL_HINT, EngineStartError, SwappedEngine, VLLMEngine, VLLMSettings, preflight,
                           vllm_device, vllm_status)
@@ -20,6 +20,7 @@ from .vllm_engine import (VLLM_INSTALL_HINT, EngineStartError, SwappedEngine, VL
 ENGINE_CHOICES = ("auto", "vllm", "transformers")
 
 __all__ = [
+    "check_memory",
     "ENGINE_CHOICES", "SERVING_CHOICES", "VLLM_INSTALL_HINT", "Engine", "EngineStartError", "OnBatch", "ServingPlan",
     "SwappedEngine", "TokenizingEngine", "TransformersEngine", "VLLMEngine", "VLLMSettings", "chat_template_choice",
     "load_model", "load_tokenizer", "model_from_state_dict", "open_engine", "plan_serving", "preflight",

@@ -88,6 +88,15 @@ def available_memory(device: str) -> int:
     return int(psutil.virtual_memory().available)
 
 
+def check_memory(need: int, device: str, what: str) -> None:
+    """Refuse, with the numbers, to load `need` bytes for `what` when the device has less free."""
+    have = available_memory("cuda" if str(device).startswith("cuda") else "cpu")
+    if need > have:
+        where = "free GPU memory" if str(device).startswith("cuda") else "available RAM"
+        raise UserError(f"Loading {what} needs {_gib(need)}, more than the {where} ({_gib(have)}); nothing was "
+                        "loaded and the models held so far stay. Use smaller models or free memory first.")
+
+
 def kv_bytes_per_token(ck: Checkpoint, dtype: str) -> int:
     tc = text_config(ck.config)
     heads = int(tc["num_attention_heads"])

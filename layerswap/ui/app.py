@@ -1,39 +1,40 @@
-"""The Gradio app. It only calls the library (`Workbench`, `mgsm`, `plots`).
+"""The Gradio app. It only calls the library (`Workbench`, `mgsm`, `plots`, `hosting`).
 
-One `Workbench` holds the loaded models for everybody using this app process (a research tool
-on one machine or one Space); model-touching events share one queue so they never race.
+Each browser tab is a `Visitor` (its models and evaluation, in `gr.State`); every event carries the
+visitor's own plan controls, so Ask, Export and Evaluate always use that visitor's plan (the
+shared merged model is rebuilt when it holds another one). Models are shared between visitors
+who use the same trio and run one job at a time (`session.Shared`). The page is served at once;
+the default models load behind a visible status, and the current plan is built whenever a tab
+needs it. In hosted mode (`layerswap.hosting`) visitors name models by Hub id or preset only,
+exports go to the visitor's own folder, and no server path is shown.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
-import tempfile
 import time
-import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
 
 from .. import mgsm
-from ..analysis import PANELS, format_row, write_csv
 from ..errors import UserError
+from ..hosting import Policy, fetch
+from ..hub import looks_like_hub_id
 from ..methods import METHODS, MethodConfig
 from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan, default_plan
-from ..plots import analysis_heatmaps, layer_profile, layer_strip
-from .evaluate import EvaluateTab
-from .events import errors_as_gradio
+from ..presets import Preset, presets
 from ..workbench import ROLE_NAMES, Answer, Workbench
+from .analysis_tab import AnalysisTab
+from .controls import PLAN_KEYS, plan_md, query_string, recipe, restore, strip_figure
+from .evaluate import EvaluateTab
+from .events import guarded
+from .session import Shared, Visitor, cancellable, safe_sid
 
 MAX_SLIDER = 64
-ZIP_LIMIT_BYTES = 2 * 10**9
-K_CHOICES = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0]
-DEFAULT_PANELS = ["math", "lang", "overlap", "merged"]
-METRIC_CHOICES = [("relative change ‖Δ‖/‖θ_base‖", "relative"), ("mean |Δ|", "mean_abs"),
-                  ("share of the top-k% most-changed entries", "topk")]
-TOP_ROWS = 20
+EXPORT_NAME = "layerswap-merge"
 
 
 @dataclass
@@ -47,16 +48,40 @@ class AppDefaults:
     default_lang: str | None = None
     engine: str | None = None  # auto (vLLM when installed), vllm, transformers; None: $LAYERSWAP_ENGINE
     serving: str = "auto"  # vLLM: three engines, or one with weights swapped (auto: by memory)
+    plan: Plan | None = None  # the plan the page opens on (default: the literature's, scaled)
+    summary: str = ""  # one line on what the default models show
+    policy: Policy = field(default_factory=Policy)
+    capacity: int = 1  # model trios held at once
+    gpu: str = "cpu"  # cpu, dedicated or zerogpu (`hosting.gpu_mode`)
 
 
-class App(EvaluateTab):
-    def __init__(self, defaults: AppDefaults, workbench: Workbench | None = None):
+class App(AnalysisTab, EvaluateTab):
+    def __init__(self, defaults: AppDefaults, shared: Shared | None = None):
         self.d = defaults
-        self.wb = workbench or Workbench(device=defaults.device, engine=defaults.engine, serving=defaults.serving)
-        self.last_eval = None  # the latest EvalReport (shared, like the models)
-        self._cancel = threading.Event()
+        self.policy = defaults.policy
+        self.shared = shared or Shared(lambda: Workbench(device=defaults.device, engine=defaults.engine,
+                                                         serving=defaults.serving), defaults.capacity)
+        self.presets: dict[str, Preset] = presets()
+        self.key = (defaults.base, defaults.math, defaults.lang)
+        self.plan0 = defaults.plan or self._default_plan()
 
     # ---- helpers --------------------------------------------------------------------------
+    def event(self, fn):
+        """A model-touching event: errors made readable; on ZeroGPU, run where the GPU is attached."""
+        if self.d.gpu == "zerogpu":
+            import spaces  # the ZeroGPU runtime of Hugging Face Spaces
+
+            fn = spaces.GPU(duration=300)(fn)
+        return guarded(fn, self.policy)
+
+    def _default_plan(self) -> Plan:
+        from ..checkpoints import Checkpoint
+
+        try:
+            return default_plan(Checkpoint.open(self.d.math).num_layers) if self.d.math else Plan()
+        except UserError:
+            return Plan()
+
     def _source(self) -> str | None:
         return self.d.mgsm_dir
 
@@ -81,222 +106,262 @@ class App(EvaluateTab):
             return []
         return [(f"{it.index}: {it.question[:90]}{'…' if len(it.question) > 90 else ''}", it.index) for it in items]
 
-    def _recipe(self, b, u, tb, tu, transition, tw, non_layer, kind="swap", layer_weights="", k=0, seed=0,
-                offset=0, modules="all", method="layer_swap", weight=0.5, lam=1.0, density=0.2,
-                drop_rate=0.9) -> tuple[Plan, MethodConfig]:
-        weights = None
-        if kind == "weights":
-            try:
-                weights = tuple(float(x) for x in str(layer_weights).replace(" ", "").split(",") if x)
-            except ValueError:
-                raise UserError("Layer weights: comma-separated numbers in [0, 1], one per layer.") from None
-        plan = Plan(int(b), int(u), int(tb), int(tu), transition, float(tw), non_layer, kind=kind, weights=weights,
-                    k=int(k), seed=int(seed), offset=int(offset), modules=modules)
-        m = MethodConfig(method, weight=float(weight), lam=float(lam), density=float(density),
-                         drop_rate=float(drop_rate), seed=int(seed))
-        m.validate()
-        return plan, m
+    def visitor(self, v: Visitor | None, request: gr.Request | None) -> Visitor:
+        """The tab's own state (API clients that never opened the page get a fresh one)."""
+        if v is None:
+            v = Visitor(safe_sid(getattr(request, "session_hash", None)), self.key)
+        return v
 
-    def _models_md(self) -> str:
-        if not self.wb.report:
+    def workbench(self, v: Visitor, progress) -> Workbench:
+        """The visitor's models, waiting for the background start and loading them again if dropped."""
+        self.shared.wait_ready(lambda f, d: progress(0, desc=d))
+        if v.refs == self.key and self.shared.start_error and self.shared.loaded(v.refs) is None:
+            raise UserError(f"The default models did not load ({self.shared.start_error}); load others above.")
+        flag = self.shared.cancel_flag(v.sid)
+        return self.shared.workbench(v.refs, v.force, cancellable(lambda f, d: progress(f, desc=d), flag))
+
+    def built(self, v: Visitor, values, progress) -> tuple[Workbench, Plan, object]:
+        """The visitor's models with the visitor's plan built into the merged model."""
+        wb = self.workbench(v, progress)
+        plan, method = recipe(*values)
+        if method.spec.uses_plan:
+            plan.layer_weights(wb.num_layers)  # validates against the model before any work
+        flag = self.shared.cancel_flag(v.sid)
+        self.shared.ensure_built(wb, plan, method, cancellable(lambda f, d: progress(f, desc=d), flag))
+        return wb, plan, method
+
+    def _models_md(self, wb: Workbench | None) -> str:
+        if wb is None or not wb.report:
             return "No models loaded yet."
-        md = self.wb.report.markdown()
-        if self.wb.pairing is not None:
-            md += ("\n- **warning** " if self.wb.pairing.suspicious else "\n- ") + self.wb.pairing.message()
-        if self.wb.engine_note:
-            md += f"\n\n**Engine:** {self.wb.engine_note}"
+        md = wb.report.markdown()
+        if wb.pairing is not None:
+            md += ("\n- **warning** " if wb.pairing.suspicious else "\n- ") + wb.pairing.message()
+        if wb.engine_note:
+            md += f"\n\n**Engine:** {wb.engine_note}"
         return md
 
-    def _slider_updates(self, L: int | None):
-        if L is None:
-            return [gr.update()] * 4
-        p = default_plan(L)
-        return [gr.update(maximum=L, value=v) for v in (p.b, p.u, p.tb, p.tu)]
-
-    def _analysis_view(self, panels, metric, overlap_metric, k, norm, plan: Plan | None, progress=None):
-        """Heatmaps, summary, profile, non-layer table, top table and its CSV for the current controls."""
-        p = progress or (lambda f, d: None)
-        k = float(k) if k not in (None, "") else 1.0
-        an = self.wb.analysis(k, progress=lambda f, d: p(0.9 * f, d))
-        note = ""
-        if plan is not None:
-            try:
-                plan.layer_weights(an.num_layers)
-            except UserError as e:
-                plan, note = None, f"**No plan overlay:** {e}\n\n"
-        merged = self.wb.merged_stats(plan) if plan is not None else None
-        panels = [x for x in (panels or []) if merged is not None or not x.startswith("merged")]
-        heat = analysis_heatmaps(an, panels or ["math", "lang"], metric=metric, overlap_metric=overlap_metric, k=k,
-                                 norm=norm, merged=merged, plan=plan)
-        prof = layer_profile(an, metric if metric in ("relative", "mean_abs", "topk") else "relative", k, merged, plan,
-                             norm)
-        nonlayer = _table([format_row(r) for r in an.non_layer_rows(k, merged)])
-        ranked = an.most_changed(len(an.tensors) * 2, by=metric, k=k)
-        csv_path = Path(tempfile.mkdtemp(prefix="layerswap-")) / f"most-changed-{metric}-k{k:g}.csv"
-        write_csv(ranked, csv_path)
-        top = _table([format_row(r) for r in ranked[:TOP_ROWS]])
-        return heat, note + an.report(k, merged), prof, nonlayer, top, str(csv_path)
+    def _strip_and_md(self, wb: Workbench, plan: Plan, method, built: bool):
+        L = wb.num_layers
+        lw = plan.layer_weights(L) if method.spec.uses_plan else None
+        return strip_figure(lw, L), plan_md(plan, method, L, built)
 
     # ---- events ---------------------------------------------------------------------------
-    def current(self):
-        """Page open: show what the shared workbench holds (no reload)."""
-        L = self.wb.num_layers if "math" in self.wb.engines else None
-        strip = _strip(self.wb.layer_weights, self.wb.method, L) if self.wb.plan is not None else None
-        return [self._models_md(), *self._slider_updates(L), strip]
+    def open_page(self, v: Visitor | None, request: gr.Request):
+        """Page open: this tab's own state; plan, tab and models restored from the URL if it has them."""
+        v = self.visitor(v, request)
+        params = dict(request.query_params) if request is not None else {}
+        refs = tuple(self.policy.check_ref(params.get(k, "")) for k in ("base", "math", "lang"))
+        if refs[1] and refs[2]:
+            v.refs = refs  # loaded by the view that follows
+        updates, tab = restore(params)
+        status = self.shared.status if not self.shared.ready.is_set() else "Models ready."
+        return [v, status, *[gr.update(value=r) for r in v.refs], *updates, gr.Tabs(selected=tab or "build")]
 
-    def load(self, base: str, math: str, lang: str, force: bool = False, progress=gr.Progress()):
-        progress(0, desc="reading headers")
+    def first_view(self, v: Visitor, *values, progress=gr.Progress()):
+        """After the page opened: the models' report and the plan built, once the models are there."""
+        wb, plan, method = self.built(v, values, progress)
+        sliders = [gr.update(maximum=wb.num_layers)] * 4
+        return [v, self._models_md(wb), *self._strip_and_md(wb, plan, method, built=True), query_string(v.refs, values),
+                *sliders]
+
+    def load(self, v: Visitor | None, base: str, math: str, lang: str, force: bool = False,
+             request: gr.Request = None, progress=gr.Progress()):
+        v = self.visitor(v, request)
+        refs = (self.policy.check_ref(base, "base"), self.policy.check_ref(math, "math expert"),
+                self.policy.check_ref(lang, "language expert"))
+        flag = self.shared.cancel_flag(v.sid)
+        flag.clear()
         t0 = time.perf_counter()
+        if self.policy.hosted:  # size-checked, token-free, cancellable downloads before anything loads
+            for ref in refs:
+                if ref and looks_like_hub_id(ref) and not ref.startswith("assets:"):
+                    fetch(ref, self.policy.limits, progress=lambda f, d: progress(f * 0.5, desc=d), cancel=flag)
+        self.shared.wait_ready(lambda f, d: progress(0, desc=d))
         try:
-            self.wb.load(math.strip(), lang.strip(), base.strip() or None,
-                         progress=lambda f, d: progress(f * 0.8, desc=d), force=bool(force))
-        except UserError:
-            if self.wb.report and not self.wb.report.ok:
-                raise UserError("The models cannot be merged:\n" + self.wb.report.summary())
-            raise
-        heat = None
-        if "base" in self.wb.checkpoints:
-            progress(0.85, desc="measuring how far each expert moved")
-            plan = default_plan(self.wb.num_layers)
-            heat = self._analysis_view(DEFAULT_PANELS, "relative", "cosine", 1.0, "raw", plan,
-                                       progress=lambda f, d: progress(0.85 + 0.15 * f, desc=d))[0]
-        report = self._models_md() + f"\n\nLoaded in {time.perf_counter() - t0:.1f} s."
-        return [report, *self._slider_updates(self.wb.num_layers), heat]
+            wb = self.shared.workbench(refs, bool(force), cancellable(lambda f, d: progress(0.5 + f * 0.5, desc=d), flag))
+        except UserError as e:
+            raise UserError(f"The models cannot be loaded: {e}") from None
+        v.refs, v.force = refs, bool(force)
+        report = self._models_md(wb) + f"\n\nLoaded in {time.perf_counter() - t0:.1f} s."
+        L = wb.num_layers
+        p = default_plan(L)
+        return [v, report] + [gr.update(maximum=L, value=x) for x in (p.b, p.u, p.tb, p.tu)]
 
-    def preview(self, *values):
-        """Plan strip for the current controls (no merge)."""
-        if "math" not in self.wb.engines:
-            return None, "Load models to see the plan."
-        L = self.wb.num_layers
+    def preview(self, v: Visitor | None, *values):
+        """Plan strip for the current controls (no merge); says whether the merged model holds it."""
+        wb = self.shared.loaded(v.refs if v else self.key)
+        if wb is None or "math" not in wb.checkpoints:
+            return gr.update(), "Loading the models…"
         try:
-            plan, method = self._recipe(*values)
-            lw = plan.layer_weights(L) if method.spec.uses_plan else None
+            plan, method = recipe(*values)
+            from .session import same_recipe
+
+            return self._strip_and_md(wb, plan, method, built=same_recipe(wb, plan, method))
         except UserError as e:
             return None, f"**Invalid plan:** {e}"
-        return _strip(lw, method, L), _plan_md(plan, method, L, built=False)
 
-    def build(self, *values, progress=gr.Progress()):
-        plan, method = self._recipe(*values)
-        progress(0, desc="merging")
-        lw = self.wb.build(plan, method, progress=lambda f, d: progress(f, desc=d))
-        return _strip(lw, method, self.wb.num_layers), _plan_md(plan, method, self.wb.num_layers, built=True)
-
-    def export_yaml(self):
-        from ..interop import mergekit_yaml
-
-        if self.wb.plan is None:
-            raise UserError("Build the merge first, then export its mergekit config.")
-        text = mergekit_yaml(self.wb.checkpoints["math"], self.wb.checkpoints["lang"], self.wb.plan, self.wb.method)
-        path = Path(tempfile.mkdtemp(prefix="layerswap-")) / "layerswap-mergekit.yml"
-        path.write_text(text)
-        return gr.update(value=str(path), visible=True)
-
-    def heatmap(self, panels, metric, overlap_metric, k, norm, *plan_values, progress=gr.Progress()):
-        """Everything in the 'where each expert changed' section, for the controls and the plan.
-
-        The plan overlay and merged-model panels follow the current layer map; methods without one
-        (soup, TIES, ...) get no overlay.
-        """
-        if "base" not in self.wb.checkpoints:
-            raise UserError("The heatmaps compare each expert with the base: load a base model too.")
-        plan, method = self._recipe(*plan_values)
-        plan = plan if method.spec.uses_plan else None
-        heat, summary, prof, nonlayer, top, csv_path = self._analysis_view(
-            panels, metric, overlap_metric, k, norm, plan, progress=lambda f, d: progress(f, desc=d))
-        return heat, summary, prof, nonlayer, top, gr.update(value=csv_path, visible=True)
-
-    def suggest(self, metric, k):
-        """Propose b, u, tb, tu from the analysis and put them on the sliders."""
-        if "base" not in self.wb.checkpoints:
-            raise UserError("Suggesting a plan needs the analysis against the base: load a base model too.")
-        k = float(k) if k not in (None, "") else 1.0
-        an = self.wb.analysis(k)
-        s = an.suggest_plan(metric if metric in ("relative", "mean_abs", "topk") else "relative", k)
-        return [gr.update(value=v) for v in (s.plan.b, s.plan.u, s.plan.tb, s.plan.tu)] + [s.markdown()]
+    def build(self, v: Visitor | None, *values, request: gr.Request = None, progress=gr.Progress()):
+        v = self.visitor(v, request)
+        self.shared.cancel_flag(v.sid).clear()
+        wb, plan, method = self.built(v, values, progress)
+        return [v, *self._strip_and_md(wb, plan, method, built=True), query_string(v.refs, values)]
 
     def questions(self, lang: str):
         choices = self._question_choices(lang)
         return gr.update(choices=choices, value=choices[0][1] if choices else None)
 
-    def ask(self, lang: str, index, free_text: str, max_new_tokens, progress=gr.Progress()):
+    def ask(self, v: Visitor | None, lang: str, index, free_text: str, max_new_tokens, *values,
+            request: gr.Request = None, progress=gr.Progress()):
+        """The visitor's plan is built if needed; the three answers appear as each model finishes."""
+        v = self.visitor(v, request)
         if not lang:
             raise UserError("Choose a language.")
+        free_text = self.policy.check_text(free_text or "", "question")
+        self.shared.cancel_flag(v.sid).clear()
+        wb, plan, method = self.built(v, values, progress)
+        strip, pmd = self._strip_and_md(wb, plan, method, built=True)
         src = self._source()
-        progress(0, desc="asking")
-        kw = dict(source=src, max_new_tokens=int(max_new_tokens), progress=lambda f, d: progress(f, desc=d))
-        if free_text and free_text.strip():
-            answers = self.wb.ask_question(free_text, lang, **kw)
+        if free_text.strip():
+            gold, prompt_lang = None, mgsm.get_language(lang, src)
+            prompt = mgsm.build_prompt(free_text.strip(), prompt_lang)
         else:
             if index is None:
                 raise UserError("Pick a question, or type your own.")
-            answers = self.wb.ask_mgsm(lang, int(index), **kw)
-        a0 = answers[0]
-        head = f"**Prompt** ({a0.engine} engine, greedy, MGSM native CoT)\n\n```\n{a0.prompt}\n```"
-        if a0.gold is not None:
-            head += f"\n\n**Gold answer: {a0.gold}**"
-        return [head] + [_answer_md(a) for a in answers]
+            items = mgsm.load(lang, src)
+            if not 0 <= int(index) < len(items):
+                raise UserError(f"MGSM {lang} has questions 0..{len(items) - 1}.")
+            item = items[int(index)]
+            gold, prompt_lang = item.answer, mgsm.get_language(lang, src)
+            prompt = mgsm.build_prompt(item.question, prompt_lang)
+        head = f"**Prompt** (greedy, MGSM native CoT; answers from {plan_md(plan, method, wb.num_layers, True, short=True)})"
+        head += f"\n\n```\n{prompt}\n```" + (f"\n\n**Gold answer: {gold}**" if gold is not None else "")
+        cols = [f"**{ROLE_NAMES[r]}** · answering…" for r in ("math", "lang", "merged")]
+        yield [v, head, *cols, strip, pmd]
+        with self.shared.lock:
+            for i, role in enumerate(("math", "lang", "merged")):
+                self.shared.ensure_built(wb, plan, method)  # another visitor may have built in between
+                (a,) = wb.ask(prompt, prompt_lang, gold, roles=(role,), max_new_tokens=int(max_new_tokens))
+                cols[i] = _answer_md(a)
+                yield [v, head, *cols, strip, pmd]
 
-    def export(self, out_dir: str, overwrite: bool, progress=gr.Progress()):
-        out = (out_dir or "").strip()
-        if not out:
-            raise UserError("Give an output folder for the merged model.")
-        progress(0, desc="writing shards")
-        s = self.wb.export(out, overwrite=overwrite, progress=lambda f, d: progress(f, desc=d))
-        msg = (f"Wrote `{s.out}`: {s.n_tensors} tensors ({s.n_copied} copied, {s.n_blended} blended), "
-               f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard(s), with config, tokenizer and model card.")
-        zip_path = None
-        if s.bytes_written <= ZIP_LIMIT_BYTES:
-            progress(0.95, desc="zipping for download")
-            tmp = Path(tempfile.mkdtemp(prefix="layerswap-"))
-            zip_path = shutil.make_archive(str(tmp / Path(s.out).name), "zip", root_dir=s.out)
+    def export(self, v: Visitor | None, out_dir: str, overwrite: bool, *values, request: gr.Request = None,
+               progress=gr.Progress()):
+        v = self.visitor(v, request)
+        flag = self.shared.cancel_flag(v.sid)
+        flag.clear()
+        wb = self.workbench(v, progress)
+        plan, method = recipe(*values)
+        if self.policy.hosted:  # the visitor's own folder, replaced by each export
+            out, overwrite = self.shared.folder(v.sid) / EXPORT_NAME, True
         else:
-            msg += " (too large to offer as a download; copy it from the server.)"
-        return msg, gr.update(value=zip_path, visible=zip_path is not None)
+            out = (out_dir or "").strip()
+            if not out:
+                raise UserError("Give an output folder for the merged model.")
+        with self.shared.lock:
+            s = wb.export(out, plan=plan, method=method, overwrite=overwrite,
+                          protect=tuple(p for p in (self._source(),) if p),
+                          progress=cancellable(lambda f, d: progress(f, desc=d), flag))
+        where = EXPORT_NAME if self.policy.hosted else f"`{s.out}`"
+        msg = (f"Wrote {where}: {s.n_tensors} tensors ({s.n_copied} copied, {s.n_blended} computed), "
+               f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard(s), with config, tokenizer and model card.")
+        cap = self.policy.limits.zip_bytes
+        zip_path = None
+        if s.bytes_written <= cap:
+            progress(0.95, desc="zipping for download")
+            zdir = self.shared.folder(v.sid) / "download"
+            shutil.rmtree(zdir, ignore_errors=True)
+            zdir.mkdir()
+            zip_path = shutil.make_archive(str(zdir / EXPORT_NAME), "zip", root_dir=s.out)
+        else:
+            msg += (f" It is over the {cap / 1e9:.1f} GB download cap: push it to the Hub instead."
+                    if self.policy.hosted else " (too large to offer as a download; copy it from the server.)")
+        return v, msg, gr.update(value=zip_path, visible=zip_path is not None)
+
+    def export_yaml(self, v: Visitor | None, *values, request: gr.Request = None, progress=gr.Progress()):
+        from ..interop import mergekit_yaml
+
+        v = self.visitor(v, request)
+        wb = self.workbench(v, progress)
+        plan, method = recipe(*values)
+        text = self.policy.scrub(mergekit_yaml(wb.checkpoints["math"], wb.checkpoints["lang"], plan, method))
+        path = self.shared.folder(v.sid) / "layerswap-mergekit.yml"
+        path.write_text(text)
+        return v, gr.update(value=str(path), visible=True)
+
+    def stop(self, v: Visitor | None, request: gr.Request = None):
+        v = self.visitor(v, request)
+        self.shared.cancel_flag(v.sid).set()
+        return "**Stopping** your running job…"
+
+    def pick_preset(self, name: str):
+        p = self.presets.get(name)
+        if p is None:
+            return [gr.update()] * 4
+        note = p.note + ("" if p.lang else " **Type a language expert** fine-tuned from this base, then Load.")
+        return [gr.update(value=p.base), gr.update(value=p.math), gr.update(value=p.lang), note]
+
+    def end(self, request: gr.Request):
+        self.shared.end(safe_sid(request.session_hash))
 
     # ---- layout ---------------------------------------------------------------------------
     def blocks(self) -> gr.Blocks:
-        d = self.d
-        model_q = dict(concurrency_id="models", concurrency_limit=1)
-        with gr.Blocks(title="layerswap") as demo:
+        d, pol = self.d, self.policy
+        lane = dict(concurrency_id="models", concurrency_limit=1)
+        p0 = self.plan0
+        with gr.Blocks(title="layerswap", delete_cache=(3600, 3600)) as demo:
+            visitor = gr.State(None)
             gr.Markdown(
                 "# layerswap\nMerge a **math expert** and a **language expert** fine-tuned from one base by "
                 "layer swapping (Bandarkar et al., ICLR 2025): the bottom *b* and top *u* layers come from the "
                 "language expert, the middle from the math expert, with *tb*/*tu* blended transition layers."
             )
             if d.label:
-                gr.Markdown(f"> **Default models: {d.label}.**", elem_id="demo-label")
+                gr.Markdown(f"> **Default models: {d.label}.**" + (f" {d.summary}" if d.summary else ""),
+                            elem_id="demo-label")
+            if pol.hosted:
+                gr.Markdown(f"> **Hosted mode** ({d.gpu} GPU mode):  models by Hub id (public, no token) or preset only; exports stay "
+                            f"in your own temporary folder. Limits: {pol.limits.markdown()}.", elem_id="hosted")
+            status = gr.Markdown(self.shared.status, elem_id="status")
             with gr.Group():
                 gr.Markdown("### 1 · Models")
                 with gr.Row():
+                    preset = gr.Dropdown([(p.label, k) for k, p in self.presets.items()], value=None,
+                                         label="Presets", elem_id="preset", scale=3)
+                    preset_md = gr.Markdown(elem_id="preset-note")
+                src = "Hub id" if pol.hosted else "folder or Hub id"
+                with gr.Row():
                     base = gr.Textbox(d.base, label="Base model (optional; needed for heatmaps)", elem_id="base")
-                    math = gr.Textbox(d.math, label="Math expert (folder or Hub id)", elem_id="math")
-                    lang = gr.Textbox(d.lang, label="Language expert (folder or Hub id)", elem_id="lang")
+                    math = gr.Textbox(d.math, label=f"Math expert ({src})", elem_id="math")
+                    lang = gr.Textbox(d.lang, label=f"Language expert ({src})", elem_id="lang")
                 with gr.Row():
                     force = gr.Checkbox(False, label="Force: load even if the experts seem not to share the base",
                                         scale=3)
                     load_btn = gr.Button("Load", variant="primary", elem_id="load", scale=1)
-                report = gr.Markdown("No models loaded yet.", elem_id="report")
-            with gr.Tabs(elem_id="main-tabs"):
+                    stop_btn = gr.Button("Stop my job", variant="stop", elem_id="stop", scale=1)
+                report = gr.Markdown("Loading the default models…", elem_id="report")
+            with gr.Tabs(elem_id="main-tabs") as tabs:
                 with gr.Tab("Build & ask", id="build", elem_id="tab-build"):
                     with gr.Group():
-                        gr.Markdown("### 2 · Plan")
+                        gr.Markdown("### 2 · Plan (built automatically when you ask, evaluate or analyse)")
                         with gr.Row():
-                            b = gr.Slider(0, MAX_SLIDER, 5, step=1, label="b: bottom layers from language expert", elem_id="b")
-                            u = gr.Slider(0, MAX_SLIDER, 2, step=1, label="u: top layers from language expert", elem_id="u")
-                            tb = gr.Slider(0, MAX_SLIDER, 1, step=1, label="tb: bottom transition layers", elem_id="tb")
-                            tu = gr.Slider(0, MAX_SLIDER, 1, step=1, label="tu: top transition layers", elem_id="tu")
+                            b = gr.Slider(0, MAX_SLIDER, p0.b, step=1, label="b: bottom layers from language expert", elem_id="b")
+                            u = gr.Slider(0, MAX_SLIDER, p0.u, step=1, label="u: top layers from language expert", elem_id="u")
+                            tb = gr.Slider(0, MAX_SLIDER, p0.tb, step=1, label="tb: bottom transition layers", elem_id="tb")
+                            tu = gr.Slider(0, MAX_SLIDER, p0.tu, step=1, label="tu: top transition layers", elem_id="tu")
                         with gr.Row():
-                            transition = gr.Radio(["flat", "ramp"], value="flat", label="Transition weights",
-                                                  info="flat: one weight; ramp: linear steps between the experts")
-                            tw = gr.Slider(0, 1, 0.5, step=0.05, label="Flat transition weight (language share)")
-                            non_layer = gr.Dropdown(list(NON_LAYER_OPTIONS), value="neighbour",
-                                                    label="Embeddings, final norm, lm_head",
+                            transition = gr.Radio(["flat", "ramp"], value=p0.transition, label="Transition weights",
+                                                  info="flat: one weight; ramp: linear steps between the experts",
+                                                  elem_id="transition")
+                            tw = gr.Slider(0, 1, p0.transition_weight, step=0.05,
+                                           label="Flat transition weight (language share)", elem_id="tw")
+                            non_layer = gr.Dropdown(list(NON_LAYER_OPTIONS), value=p0.non_layer,
+                                                    label="Embeddings, final norm, lm_head", elem_id="non-layer-src",
                                                     info="neighbour: embeddings follow layer 0, norm and lm_head the last layer")
                         with gr.Accordion("Other layer maps (ablations) and baseline methods", open=False):
                             with gr.Row():
-                                kind = gr.Radio(list(KINDS), value="swap", label="Layer map",
+                                kind = gr.Radio(list(KINDS), value="swap", label="Layer map", elem_id="kind",
                                                 info="swap uses b/u/tb/tu; middle/random use k; weights uses the list")
-                                modules = gr.Radio(list(MODULES), value="all", label="Modules",
+                                modules = gr.Radio(list(MODULES), value="all", label="Modules", elem_id="modules",
                                                    info="apply the map to attention or MLP only")
                             with gr.Row():
                                 map_k = gr.Slider(0, MAX_SLIDER, 4, step=1, label="k: layers from the language expert")
@@ -311,23 +376,25 @@ class App(EvaluateTab):
                                 lam = gr.Number(1.0, label="Task-vector scale (lambda)")
                                 density = gr.Slider(0.01, 1, 0.2, step=0.01, label="TIES density")
                                 drop_rate = gr.Slider(0, 0.99, 0.9, step=0.01, label="DARE drop rate")
-                        build_btn = gr.Button("Build merge", variant="primary", elem_id="build")
+                        with gr.Row():
+                            build_btn = gr.Button("Build merge now", variant="primary", elem_id="build")
+                            share = gr.Textbox(label="Share this view (append to the page address)", elem_id="share",
+                                               interactive=False, buttons=["copy"], scale=3)
                         strip = gr.Plot(label="Layer sources", elem_id="strip")
-                        plan_md = gr.Markdown(elem_id="plan")
+                        plan_out = gr.Markdown(elem_id="plan")
                     with gr.Group():
                         gr.Markdown("### 3 · Ask: math expert vs language expert vs merged")
-                        lang_choices = self._langs()
                         first_lang = self._default_lang()
                         qchoices = self._question_choices(first_lang)
                         with gr.Row():
-                            mlang = gr.Dropdown(lang_choices, value=first_lang, label="MGSM language", elem_id="mgsm-lang")
+                            mlang = gr.Dropdown(self._langs(), value=first_lang, label="MGSM language", elem_id="mgsm-lang")
                             question = gr.Dropdown(qchoices, value=qchoices[0][1] if qchoices else None,
                                                    label="Question from the set", elem_id="question", scale=3,
                                                    info=None if qchoices else "No MGSM data here: start the app with "
                                                    "--mgsm-dir (a folder of mgsm_XX.tsv) or go online; free text works.")
                             max_new = gr.Slider(16, 512, mgsm.MAX_NEW_TOKENS, step=16, label="Max new tokens")
                         free = gr.Textbox(label="…or your own question (overrides the set; prompted in the chosen language's format)",
-                                          lines=2, elem_id="free",
+                                          lines=2, elem_id="free", max_length=pol.limits.text_chars if pol.hosted else None,
                                           placeholder="e.g. Tom has 3 apples. Tom buys 4 more apples. "
                                                       "How many apples does Tom have now?")
                         ask_btn = gr.Button("Ask all three", variant="primary", elem_id="ask")
@@ -337,109 +404,57 @@ class App(EvaluateTab):
                     with gr.Group():
                         gr.Markdown("### 4 · Export")
                         with gr.Row():
-                            out_dir = gr.Textbox(str(Path("exports") / "layerswap-merge"), label="Output folder (on the server)",
-                                                 scale=3)
-                            overwrite = gr.Checkbox(False, label="Overwrite")
+                            out_dir = gr.Textbox(str(Path("exports") / EXPORT_NAME), label="Output folder (on the server)",
+                                                 scale=3, visible=not pol.hosted, elem_id="out-dir")
+                            overwrite = gr.Checkbox(False, label="Overwrite an earlier export", visible=not pol.hosted)
                         with gr.Row():
                             export_btn = gr.Button("Export merged model", elem_id="export")
                             yaml_btn = gr.Button("mergekit YAML", elem_id="export-yaml")
-                        export_md = gr.Markdown()
+                        export_md = gr.Markdown(elem_id="export-status")
                         with gr.Row():
-                            download = gr.DownloadButton("Download .zip", visible=False)
+                            download = gr.DownloadButton("Download .zip", visible=False, elem_id="download")
                             yaml_file = gr.DownloadButton("Download mergekit YAML", visible=False, elem_id="yaml-file")
-                with gr.Tab("Where each expert changed", id="analysis", elem_id="tab-analysis"):
-                    with gr.Group():
-                        gr.Markdown("### Where each expert changed\nEach cell is one tensor (layer × parameter type); the "
-                                    "current plan is drawn on top (outlined: from the language expert, shaded: blended). "
-                                    "A reconstruction of the paper's analysis: its exact metric and normalisation are not in "
-                                    "its public text, so several are offered.")
-                        with gr.Row():
-                            panels = gr.CheckboxGroup([(label, key) for key, label in PANELS.items()], value=DEFAULT_PANELS,
-                                                      label="Panels", elem_id="panels", scale=3)
-                            metric = gr.Radio(METRIC_CHOICES, value="relative", label="Metric", elem_id="metric", scale=2)
-                        with gr.Row():
-                            overlap_metric = gr.Radio([("cosine of the task vectors", "cosine"),
-                                                       ("Jaccard of the top-k% sets", "jaccard")], value="cosine",
-                                                      label="Overlap panel", elem_id="overlap-metric")
-                            k = gr.Dropdown(K_CHOICES, value=1.0, label="k (% of all entries)", elem_id="k",
-                                            info="a new k streams the models once more (then cached)")
-                            norm = gr.Radio([("raw", "raw"), ("per row", "row"), ("log", "log")], value="raw",
-                                            label="Normalisation", elem_id="norm")
-                        heat = gr.Plot(label="Change from the base, per layer and parameter type", elem_id="heatmap")
-                        summary_md = gr.Markdown(elem_id="analysis-summary")
-                        profile = gr.Plot(label="Change by depth", elem_id="profile")
-                        with gr.Row():
-                            suggest_btn = gr.Button("Suggest plan (sets the sliders)", elem_id="suggest")
-                        suggest_md = gr.Markdown(elem_id="suggestion")
-                        nonlayer_df = gr.Dataframe(label="Embeddings, final norm, lm_head (outside the layer grid)",
-                                                   elem_id="non-layer", interactive=False)
-                        top_df = gr.Dataframe(label=f"Most-changed tensors (top {TOP_ROWS} by the chosen metric)",
-                                              elem_id="top-table", interactive=False)
-                        top_csv = gr.DownloadButton("Download the full ranking (CSV)", visible=False, elem_id="top-csv")
-                self._evaluate_tab(model_q)
+                analysis_io = self._analysis_tab()
+                eval_io = self._evaluate_tab()
 
             plan_inputs = [b, u, tb, tu, transition, tw, non_layer, kind, layer_weights, map_k, seed, offset, modules,
                            method, weight, lam, density, drop_rate]
-            view_inputs = [panels, metric, overlap_metric, k, norm, *plan_inputs]
-            view_outputs = [heat, summary_md, profile, nonlayer_df, top_df, top_csv]
-            view = errors_as_gradio(self.heatmap)
-            demo.load(self.current, outputs=[report, b, u, tb, tu, strip], api_visibility="private")
-            load_btn.click(errors_as_gradio(self.load), [base, math, lang, force], [report, b, u, tb, tu, heat],
-                           api_name="load", **model_q).then(
-                _if_base(self, view), view_inputs, view_outputs, api_name="analysis_after_load",
-                api_visibility="private", **model_q)
+            assert len(plan_inputs) == len(PLAN_KEYS)
+            refs = [base, math, lang]
+            on = dict(show_progress_on=[status])
+            opened = demo.load(self.open_page, [visitor], [visitor, status, *refs, *plan_inputs, tabs],
+                               api_visibility="private", queue=False)
+            opened.then(self.event(self.first_view), [visitor, *plan_inputs],
+                        [visitor, report, strip, plan_out, share, b, u, tb, tu], api_visibility="private", **lane, **on).then(
+                self.event(self.view), [visitor, *analysis_io.inputs, *plan_inputs], analysis_io.outputs,
+                api_visibility="private", **lane, **on).then(
+                lambda: "Models ready.", None, [status], queue=False, api_visibility="private")
+            demo.unload(self.end)
+            preset.change(self.pick_preset, [preset], [*refs, preset_md], api_name="preset", queue=False)
+            load_btn.click(self.event(self.load), [visitor, *refs, force], [visitor, report, b, u, tb, tu],
+                           api_name="load", **lane, **on).then(
+                self.event(self.first_view), [visitor, *plan_inputs], [visitor, report, strip, plan_out, share, b, u, tb, tu],
+                api_visibility="private", **lane, **on).then(
+                self.event(self.view), [visitor, *analysis_io.inputs, *plan_inputs], analysis_io.outputs,
+                api_visibility="private", **lane, **on)
+            stop_btn.click(self.stop, [visitor], [status], api_name="stop", queue=False)
             # preview skips the queue, so a Build queued after it always has the last word
-            gr.on([c.change for c in plan_inputs], self.preview, plan_inputs, [strip, plan_md],
+            gr.on([c.change for c in plan_inputs], self.preview, [visitor, *plan_inputs], [strip, plan_out],
                   api_name="preview", trigger_mode="always_last", show_progress="hidden", queue=False)
-            build_btn.click(errors_as_gradio(self.build), plan_inputs, [strip, plan_md], api_name="build",
-                            **model_q).then(_if_base(self, view), view_inputs, view_outputs,
-                                            api_name="analysis_after_build", api_visibility="private", **model_q)
-            gr.on([c.change for c in (panels, metric, overlap_metric, k, norm)], view, view_inputs, view_outputs,
-                  api_name="heatmap", trigger_mode="always_last", **model_q)
-            suggest_btn.click(errors_as_gradio(self.suggest), [metric, k], [b, u, tb, tu, suggest_md],
-                              api_name="suggest", **model_q).then(_if_base(self, view), view_inputs, view_outputs,
-                                                                  api_name="analysis_after_suggest",
-                                                                  api_visibility="private", **model_q)
+            build_btn.click(self.event(self.build), [visitor, *plan_inputs], [visitor, strip, plan_out, share],
+                            api_name="build", **lane, **on).then(
+                self.event(self.view), [visitor, *analysis_io.inputs, *plan_inputs], analysis_io.outputs,
+                api_visibility="private", **lane, **on)
             mlang.change(self.questions, [mlang], [question], api_name="questions")
-            ask_btn.click(errors_as_gradio(self.ask), [mlang, question, free, max_new], [prompt_md, *ans],
-                          api_name="ask", **model_q)
-            export_btn.click(errors_as_gradio(self.export), [out_dir, overwrite], [export_md, download],
-                             api_name="export", **model_q)
-            yaml_btn.click(errors_as_gradio(self.export_yaml), None, [yaml_file], api_name="export_yaml")
+            ask_btn.click(self.event(self.ask), [visitor, mlang, question, free, max_new, *plan_inputs],
+                          [visitor, prompt_md, *ans, strip, plan_out], api_name="ask", **lane, **on)
+            export_btn.click(self.event(self.export), [visitor, out_dir, overwrite, *plan_inputs],
+                             [visitor, export_md, download], api_name="export", **lane, **on)
+            yaml_btn.click(self.event(self.export_yaml), [visitor, *plan_inputs], [visitor, yaml_file],
+                           api_name="export_yaml", **lane, **on)
+            self._wire_analysis(analysis_io, visitor, plan_inputs, [b, u, tb, tu], lane, on)
+            self._wire_evaluate(eval_io, visitor, plan_inputs, lane, on)
         return demo
-
-
-def _if_base(app: "App", fn):
-    """Run a follow-up view only when a base is loaded (otherwise leave the section as it is)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        if "base" not in app.wb.checkpoints:
-            return [gr.update()] * 6
-        return fn(*args, **kwargs)
-
-    return wrapper
-
-
-def _table(rows: list[dict]) -> dict:
-    """Rows of dicts as the headers + data a gr.Dataframe takes."""
-    headers: list[str] = []
-    for r in rows:
-        headers += [k for k in r if k not in headers]
-    return {"headers": headers, "data": [[r.get(h, "") for h in headers] for r in rows]}
-
-
-def _strip(lw: list[float] | None, method: MethodConfig, L: int):
-    """The layer-source strip; methods without a plan touch every layer alike (shown as blends)."""
-    return layer_strip(lw if lw is not None else [0.5] * L)
-
-
-def _plan_md(plan: Plan, method: MethodConfig, L: int, built: bool) -> str:
-    state = "**Built.**" if built else "*Preview — not built yet.*"
-    if not method.spec.uses_plan:
-        return f"{state} {method.describe()} on every tensor ({L} layers). {method.spec.description}"
-    lines = plan.describe(L).replace("\n", "  \n")
-    return f"{state} {plan.title()} ({L} layers)  \n{lines}"
 
 
 def _answer_md(a: Answer) -> str:
@@ -452,11 +467,14 @@ def _answer_md(a: Answer) -> str:
             f"strict: `{s.strict}` · flexible: `{s.flexible}`{verdict}")
 
 
-def create_app(defaults: AppDefaults, workbench: Workbench | None = None, preload: bool = True) -> tuple[gr.Blocks, App]:
-    """Build the Blocks app; with `preload`, load the default models before serving."""
-    app = App(defaults, workbench)
-    if preload and defaults.math and defaults.lang and "math" not in app.wb.engines:
-        app.wb.load(defaults.math, defaults.lang, defaults.base or None)
+def create_app(defaults: AppDefaults, shared: Shared | None = None, preload: bool = True) -> tuple[gr.Blocks, App]:
+    """Build the Blocks app; with `preload`, the default models start loading in the background."""
+    app = App(defaults, shared)
+    if preload and defaults.math and defaults.lang:
+        app.shared.start_background(app.key, after=lambda wb: app.shared.ensure_built(wb, app.plan0, MethodConfig()))
+    else:
+        app.shared.status = "No default models: load some above."
+        app.shared.ready.set()
     return app.blocks(), app
 
 

@@ -1,14 +1,14 @@
 """The app's Evaluate tab: MGSM accuracy of math expert, language expert and merged model.
 
-A mixin of `layerswap.ui.app.App` (it uses the app's workbench, data folder and language list); like the
-rest of the UI it only calls the library (`Workbench.evaluate`, `evaluation`, `plots.eval_bars`).
-Stop sets a flag that the evaluation checks between batches; what is done is kept and shown.
+A mixin of `layerswap.ui.app.App` (it uses the visitor's models, the data folder and language list); like the
+rest of the UI it only calls the library (`Workbench.evaluate`, `evaluation`, `plots.eval_bars`). The
+visitor's plan is built first when the merged model is evaluated. Stop sets the visitor's flag, checked
+between batches; what is done is kept and shown. The target languages are preselected.
 """
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
+import time
 
 import gradio as gr
 
@@ -16,7 +16,8 @@ from .. import mgsm
 from ..errors import UserError
 from ..plots import eval_bars
 from ..roles import ANSWERING, ROLE_NAMES
-from .events import errors_as_gradio
+from .analysis_tab import TabIO
+from .controls import recipe
 
 EVAL_ROLES = [(ROLE_NAMES[r], r) for r in ANSWERING]
 
@@ -24,39 +25,64 @@ EVAL_ROLES = [(ROLE_NAMES[r], r) for r in ANSWERING]
 class EvaluateTab:
     """Evaluate-tab events and layout; mixed into `App`."""
 
-    def evaluate(self, langs, roles, limit, shots, mode, max_new, progress=gr.Progress()):
+    def evaluate(self, v, langs, roles, limit, shots, mode, max_new, *plan_values, request: gr.Request = None,
+                 progress=gr.Progress()):
         from ..evaluation import EvalConfig
 
+        v = self.visitor(v, request)
         if not roles:
             raise UserError("Choose at least one model to evaluate.")
         cfg = EvalConfig(langs=list(langs or []), limit=int(limit) if limit else None, shots=int(shots), mode=mode,
                          max_new_tokens=int(max_new), source=self._source())
         cfg.validate()
-        self._cancel.clear()
+        counts = self._counts()
+        self.policy.check_eval(cfg.limit, max((counts.get(c, 0) for c in cfg.langs), default=0))
+        flag = self.shared.cancel_flag(v.sid)
+        flag.clear()
         progress(0, desc="starting")
         order = [r for _, r in EVAL_ROLES if r in roles]
-        report = self.wb.evaluate(cfg, tuple(order), progress=lambda f, d: progress(f, desc=d), cancel=self._cancel)
-        self.last_eval = report
-        path = Path(tempfile.mkdtemp(prefix="layerswap-eval-")) / "mgsm_results.jsonl"
+        wb = self.built(v, plan_values, progress)[0] if "merged" in order else self.workbench(v, progress)
+        t0 = time.perf_counter()
+
+        def tick(f: float, d: str) -> None:
+            left = (time.perf_counter() - t0) * (1 - f) / f if f > 0.02 else None
+            progress(f, desc=d + (f" · about {left:.0f} s left" if left is not None else ""))
+
+        with self.shared.lock:  # one lane: nobody rebuilds the merged model while it answers
+            if "merged" in order:
+                self.shared.ensure_built(wb, *recipe(*plan_values))
+            report = wb.evaluate(cfg, tuple(order), progress=tick, cancel=flag)
+        v.last_eval = report
+        path = self.shared.folder(v.sid) / "mgsm_results.jsonl"
         report.write_jsonl(path)
         n = len(report.results)
-        status = (f"**{'Cancelled' if report.cancelled else 'Done'}:** {n} answers "
-                  f"({', '.join(f'{m}: {report.engines[m]}' for m in report.engines)} engine). "
-                  f"Engine: {self.wb.engine_note}")
+        status = (f"**{'Cancelled' if report.cancelled else 'Done'}:** {n} answers in {time.perf_counter() - t0:.0f} s "
+                  f"({', '.join(f'{m}: {report.engines[m]}' for m in report.engines)} engine).")
         first = report.results[0] if report.results else None
-        return (status, self._eval_table(report), eval_bars(report), gr.update(value=str(path), visible=True),
+        return (v, status, self._eval_table(report), eval_bars(report), gr.update(value=str(path), visible=True),
                 gr.update(choices=list(dict.fromkeys(r.lang for r in report.results)),
                           value=first.lang if first else None),
                 gr.update(value=0, maximum=max(0, report.counts(report.models[0], first.lang) - 1) if first else 0),
-                self.browse(first.lang if first else None, 0))
+                self.browse(v, first.lang if first else None, 0))
 
-    def stop_eval(self):
-        self._cancel.set()
+    def _counts(self) -> dict[str, int]:
+        """Questions per language in the data folder (what "0 = all" means)."""
+        out = {}
+        for _, c in self._langs():
+            try:
+                out[c] = len(mgsm.load(c, self._source()))
+            except UserError:
+                pass
+        return out
+
+    def stop_eval(self, v, request: gr.Request = None):
+        v = self.visitor(v, request)
+        self.shared.cancel_flag(v.sid).set()
         return "**Stopping** after the current batch…"
 
-    def browse(self, lang, position):
-        """One question of the last evaluation: prompt, each model's output and extractions, gold."""
-        rep = self.last_eval
+    def browse(self, v, lang, position, request: gr.Request = None):
+        """One question of the visitor's last evaluation: prompt, each model's output and extractions, gold."""
+        rep = v.last_eval if v is not None else None
         if rep is None or not lang:
             return "Run an evaluation to browse its questions."
         rows = [r for r in rep.results if r.lang == lang]
@@ -82,21 +108,26 @@ class EvaluateTab:
 
         return pd.DataFrame(data, columns=headers)
 
-    def _evaluate_tab(self, model_q: dict) -> None:
+    def _evaluate_tab(self) -> TabIO:
         with gr.Tab("Evaluate", id="evaluate", elem_id="tab-evaluate"):
             gr.Markdown("### MGSM evaluation: math expert vs language expert vs merged model\n"
                         "lm-evaluation-harness `mgsm_native_cot` by default (greedy, native stop words, strict "
                         "and flexible extraction, exact match); every question of the chosen languages unless "
-                        "limited. Per-question results download as JSONL.")
+                        "limited. The merged model is your current plan (built first if needed). Per-question "
+                        "results download as JSONL.")
             codes = [c for _, c in self._langs()]
-            default = [c for c in mgsm.PAPER_LANGS if c in codes] or codes[:1]
+            targets = [c for c in mgsm.PAPER_LANGS if c in codes] or [c for c in codes if c != "en"] or codes[:1]
+            counts = self._counts()
+            sizes = sorted({counts[c] for c in codes if c in counts})
+            size_txt = (f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}") if sizes else "all"
+            cap = f"; this server: at most {self.policy.limits.eval_questions:,}" if self.policy.hosted else ""
             with gr.Row():
-                langs = gr.CheckboxGroup(self._langs(), value=default, label="Languages", elem_id="eval-langs")
+                langs = gr.CheckboxGroup(self._langs(), value=targets, label="Languages", elem_id="eval-langs")
                 roles = gr.CheckboxGroup(EVAL_ROLES, value=["math", "lang", "merged"], label="Models",
                                          elem_id="eval-models")
             with gr.Row():
-                limit = gr.Number(0, precision=0, minimum=0, label="Questions per language (0 = all 250)",
-                                  elem_id="eval-limit")
+                limit = gr.Number(0, precision=0, minimum=0, elem_id="eval-limit",
+                                  label=f"Questions per language (0 = all {size_txt}{cap})")
                 shots = gr.Radio([0, 8], value=0, label="Few-shot exemplars", elem_id="eval-shots")
                 mode = gr.Radio([("native CoT (mgsm_native_cot)", "native_cot"), ("direct (mgsm_direct)", "direct")],
                                 value="native_cot", label="Protocol", elem_id="eval-mode")
@@ -104,18 +135,24 @@ class EvaluateTab:
             with gr.Row():
                 run_btn = gr.Button("Evaluate", variant="primary", elem_id="eval-run")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="eval-stop")
-            status = gr.Markdown(elem_id="eval-status")
-            table = gr.Dataframe(label="Accuracy (%) per language, then average and max", interactive=False,
+            status = gr.Markdown("Choose languages and models, then Evaluate.", elem_id="eval-status")
+            table = gr.Dataframe(value=None, label="Accuracy (%) per language, then average and max", interactive=False,
                                  elem_id="eval-table")
-            bars = gr.Plot(label="Accuracy per language", elem_id="eval-bars")
+            bars = gr.Plot(label="Accuracy per language (experts as reference marks)", elem_id="eval-bars")
             results = gr.File(label="Per-question results (JSONL)", visible=False, elem_id="eval-file")
             gr.Markdown("#### Browse the answers")
             with gr.Row():
-                b_lang = gr.Dropdown([], label="Language", elem_id="eval-browse-lang")
+                b_lang = gr.Dropdown([], label="Language", elem_id="eval-browse-lang", allow_custom_value=True)
                 b_pos = gr.Slider(0, 249, 0, step=1, label="Question", elem_id="eval-browse-pos")
-            detail = gr.Markdown(elem_id="eval-detail")
-        run_btn.click(errors_as_gradio(self.evaluate), [langs, roles, limit, shots, mode, max_new],
-                      [status, table, bars, results, b_lang, b_pos, detail], api_name="evaluate", **model_q)
-        stop_btn.click(self.stop_eval, None, [status], api_name="stop_eval", queue=False)
-        gr.on([b_lang.change, b_pos.release], self.browse, [b_lang, b_pos], [detail], api_name="browse",
+            detail = gr.Markdown("Run an evaluation to browse its questions.", elem_id="eval-detail")
+        return TabIO([langs, roles, limit, shots, mode, max_new], [status, table, bars, results, b_lang, b_pos, detail],
+                     {"run": run_btn, "stop": stop_btn})
+
+    def _wire_evaluate(self, io: TabIO, visitor, plan_inputs, lane: dict, on: dict) -> None:
+        status = io.outputs[0]
+        io.extra["run"].click(self.event(self.evaluate), [visitor, *io.inputs, *plan_inputs],
+                              [visitor, *io.outputs], api_name="evaluate", **lane, show_progress_on=[status])
+        io.extra["stop"].click(self.stop_eval, [visitor], [status], api_name="stop_eval", queue=False)
+        b_lang, b_pos, detail = io.outputs[4:]
+        gr.on([b_lang.change, b_pos.release], self.browse, [visitor, b_lang, b_pos], [detail], api_name="browse",
               queue=False)

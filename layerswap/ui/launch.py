@@ -27,28 +27,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=env("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env("GRADIO_SERVER_PORT", "7860")))
     p.add_argument("--share", action="store_true", help="public gradio.live link (needs internet)")
+    p.add_argument("--max-models", type=int, default=int(env("LAYERSWAP_MAX_MODELS", "1")),
+                   help="model trios held at once for all visitors (default 1; more need more memory)")
+    p.add_argument("--max-queue", type=int, default=int(env("LAYERSWAP_MAX_QUEUE", "32")),
+                   help="jobs waiting in the queue before new ones are refused (default 32)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build the page on the given models (or the shipped demo organism) and serve it until stopped."""
-    from ..demo import demo_mgsm_dir, demo_paths
+    """Serve the page at once on the given models (or the shipped demo organism); they load behind it."""
+    from ..demo import demo_mgsm_dir, demo_refs
+    from ..hosting import Policy, forbid_implicit_token, gpu_mode
     from .app import AppDefaults, create_app
 
-    label = ""
+    policy = Policy.from_env()
+    if policy.hosted:
+        forbid_implicit_token()
+    gpu = gpu_mode()
+    if gpu == "zerogpu":  # vLLM cannot run there: transformers inside the GPU-decorated functions
+        args.engine, args.device = "transformers", "cuda"
+    label, summary, plan = "", "", None
     if not (args.math and args.lang):
         print("No --math/--lang given: starting on the demo models (built offline on first run).")
-        paths, label = demo_paths()
-        args.math, args.lang, args.base = str(paths["math"]), str(paths["lang"]), str(paths["base"])
+        refs, label, summary, plan = demo_refs()
+        args.math, args.lang, args.base = refs["math"], refs["lang"], refs["base"]
         if not args.mgsm_dir and demo_mgsm_dir():
             args.mgsm_dir = str(demo_mgsm_dir())
-    defaults = AppDefaults(math=args.math, lang=args.lang, base=args.base or "", label=label,
-                           mgsm_dir=args.mgsm_dir, device=args.device, engine=args.engine, serving=args.serving)
+    defaults = AppDefaults(math=args.math, lang=args.lang, base=args.base or "", label=label, summary=summary,
+                           plan=plan, mgsm_dir=args.mgsm_dir, device=args.device, engine=args.engine,
+                           serving=args.serving, policy=policy, capacity=args.max_models, gpu=gpu)
     demo, app = create_app(defaults)
-    if app.wb.engine_note:
-        print(f"engine: {app.wb.engine_note}", flush=True)
+    print(f"serving the page now; {'hosted mode, ' if policy.hosted else ''}GPU mode: {gpu}; models load in the "
+          "background", flush=True)
     # vLLM engines run in child processes: on SIGTERM exit normally so that they are shut down too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    demo.queue(default_concurrency_limit=1).launch(server_name=args.host, server_port=args.port, share=args.share)
+    try:
+        demo.queue(default_concurrency_limit=1, max_size=args.max_queue).launch(
+            server_name=args.host, server_port=args.port, share=args.share)
+    finally:
+        app.shared.close()
     return 0
 
 

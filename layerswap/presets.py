@@ -1,0 +1,79 @@
+"""Shipped model trios (`assets/presets.yaml`) and `assets:` references to the shipped models.
+
+    presets()                       # {"demo": Preset(...), ...}, in file order
+    assets_path("assets:demo/math") # the folder, never outside assets/
+
+An `assets:` reference names a model shipped with layerswap by its place under `assets/`; the
+library, CLI and app accept it wherever a model folder or Hub id is accepted, and it is what the
+page shows instead of a server path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+
+ASSETS_PREFIX = "assets:"
+
+
+def assets_dir() -> Path:
+    """The shipped assets: `layerswap/assets` when installed from a wheel, else a checkout's `assets/`."""
+    here = Path(__file__).resolve().parent
+    installed = here / "assets"
+    return installed if installed.is_dir() else here.parent / "assets"
+
+
+def assets_path(ref: str) -> Path:
+    """The folder of an ``assets:`` reference; refuses anything that leaves `assets/` or is missing."""
+    rel = ref[len(ASSETS_PREFIX):].strip().strip("/")
+    root = assets_dir().resolve()
+    path = (root / rel).resolve()
+    if not rel or root not in path.parents or not path.is_dir():
+        names = ", ".join(f"{ASSETS_PREFIX}{p}" for p in shipped_models()) or "none"
+        raise UserError(f"{ref}: no such shipped model (shipped: {names}).")
+    return path
+
+
+def shipped_models() -> list[str]:
+    """Every shipped model folder (one with a config.json), as paths relative to `assets/`."""
+    root = assets_dir()
+    return sorted(str(p.parent.relative_to(root)) for p in root.rglob("config.json")) if root.is_dir() else []
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    label: str
+    math: str
+    lang: str
+    base: str = ""
+    note: str = ""
+    offline: bool = False  # every model shipped (assets:), so it works without the Hub
+
+    @property
+    def refs(self) -> tuple[str, str, str]:
+        return self.base, self.math, self.lang
+
+
+def presets(path: str | Path | None = None) -> dict[str, Preset]:
+    """The presets file (default `assets/presets.yaml`); entries whose shipped models are missing are left out."""
+    import yaml
+
+    path = Path(path) if path else assets_dir() / "presets.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"{path.name} is not valid YAML ({e}).") from None
+    out: dict[str, Preset] = {}
+    for name, p in (raw.get("presets") or {}).items():
+        refs = [p.get(k, "") or "" for k in ("math", "lang", "base")]
+        shipped = [r for r in refs if r.startswith(ASSETS_PREFIX)]
+        if any(not (assets_dir() / r[len(ASSETS_PREFIX):] / "config.json").is_file() for r in shipped):
+            continue
+        out[name] = Preset(name, p.get("label", name), refs[0], refs[1], refs[2], p.get("note", ""),
+                           offline=len(shipped) == len([r for r in refs if r]))
+    return out

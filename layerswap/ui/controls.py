@@ -1,0 +1,89 @@
+"""The plan controls: their values as a recipe, as a shareable query string, and back.
+
+The page sends the same 18 plan values with every event (`PLAN_KEYS` order), so each visitor's
+events use that visitor's plan. `query_string` writes them (with the models and tab) for a link;
+`restore` reads such a link back into control updates.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import gradio as gr
+
+from ..errors import UserError
+from ..methods import METHODS, MethodConfig
+from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan
+from ..plots import layer_strip
+
+PLAN_KEYS = ("b", "u", "tb", "tu", "transition", "tw", "non_layer", "kind", "weights", "k", "seed", "offset",
+             "modules", "method", "weight", "lam", "density", "drop_rate")
+_INTS = {"b", "u", "tb", "tu", "k", "seed", "offset"}
+_FLOATS = {"tw", "weight", "lam", "density", "drop_rate"}
+_CHOICES = {"transition": ("flat", "ramp"), "non_layer": tuple(NON_LAYER_OPTIONS), "kind": tuple(KINDS),
+            "modules": tuple(MODULES), "method": tuple(METHODS)}
+TABS = ("build", "analysis", "evaluate")
+
+
+def recipe(b, u, tb, tu, transition, tw, non_layer, kind="swap", layer_weights="", k=0, seed=0, offset=0,
+           modules="all", method="layer_swap", weight=0.5, lam=1.0, density=0.2,
+           drop_rate=0.9) -> tuple[Plan, MethodConfig]:
+    """The plan and method of the controls' values (validated where they do not need the model)."""
+    weights = None
+    if kind == "weights":
+        try:
+            weights = tuple(float(x) for x in str(layer_weights).replace(" ", "").split(",") if x)
+        except ValueError:
+            raise UserError("Layer weights: comma-separated numbers in [0, 1], one per layer.") from None
+    try:
+        plan = Plan(int(b), int(u), int(tb), int(tu), transition, float(tw), non_layer, kind=kind, weights=weights,
+                    k=int(k), seed=int(seed), offset=int(offset), modules=modules)
+        m = MethodConfig(method, weight=float(weight), lam=float(lam), density=float(density),
+                         drop_rate=float(drop_rate), seed=int(seed))
+    except (TypeError, ValueError) as e:
+        raise UserError(f"Invalid plan value ({e}).") from None
+    m.validate()
+    return plan, m
+
+
+def strip_figure(lw: list[float] | None, num_layers: int):
+    """The layer-source strip; methods without a plan touch every layer alike (shown as blends)."""
+    return layer_strip(lw if lw is not None else [0.5] * num_layers)
+
+
+def plan_md(plan: Plan, method: MethodConfig, num_layers: int, built: bool, short: bool = False) -> str:
+    title = plan.title() if method.spec.uses_plan else f"{method.describe()} on every tensor"
+    if short:
+        return f"{title}, {num_layers} layers"
+    state = "**Built: the merged model answers with this plan.**" if built else \
+        "*Preview: built automatically when you ask, evaluate or analyse.*"
+    if not method.spec.uses_plan:
+        return f"{state} {title} ({num_layers} layers). {method.spec.description}"
+    lines = plan.describe(num_layers).replace("\n", "  \n")
+    return f"{state} {title} ({num_layers} layers)  \n{lines}"
+
+
+def query_string(refs: tuple[str, str, str], values, tab: str = "build") -> str:
+    """`?base=..&math=..&lang=..&b=..` for the page address: opening it restores this view."""
+    q = dict(zip(("base", "math", "lang"), refs))
+    q.update({k: v for k, v in zip(PLAN_KEYS, values)})
+    q["tab"] = tab
+    return "?" + urlencode({k: v for k, v in q.items() if v not in (None, "")})
+
+
+def restore(params: dict) -> tuple[list, str | None]:
+    """Control updates (PLAN_KEYS order) and the tab from a link's query parameters; bad values are ignored."""
+    out = []
+    for key in PLAN_KEYS:
+        raw = params.get(key)
+        try:
+            if raw is None:
+                raise ValueError
+            val = int(float(raw)) if key in _INTS else float(raw) if key in _FLOATS else str(raw)[:2000]
+            if key in _CHOICES and val not in _CHOICES[key]:
+                raise ValueError
+            out.append(gr.update(value=val))
+        except ValueError:
+            out.append(gr.update())
+    tab = params.get("tab")
+    return out, tab if tab in TABS else None

@@ -1,0 +1,127 @@
+"""Hosted mode through the Gradio API, as a stranger would use it: no server paths in or out, writes only
+in the visitor's own folder, size-checked token-free downloads, no state shared between visitors."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+from layerswap.errors import UserError
+from layerswap.hosting import Limits, Policy, hosted_from_env, plan_download, scrub_paths
+from tests.helpers import launch_app
+
+SIZES = {"config.json": 700, "tokenizer.json": 9_000_000, "model-00001-of-00002.safetensors": 60 * 10**9,
+         "model-00002-of-00002.safetensors": 40 * 10**9, "README.md": 5000, "pytorch_model.bin": 10**9}
+
+
+class FakeHub(BaseHTTPRequestHandler):
+    """The Hub's model-info endpoint on loopback: a 100 GB model; records the Authorization headers it saw."""
+
+    seen: list = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        FakeHub.seen.append((self.path, self.headers.get("Authorization")))
+        body = json.dumps({"id": "big/model", "modelId": "big/model", "sha": "a" * 40, "private": False,
+                           "siblings": [{"rfilename": n, "size": s} for n, s in SIZES.items()]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture(scope="module")
+def fake_hub():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hosted_url(tmp_path_factory, fake_hub):
+    env = {"LAYERSWAP_HOSTED": "1", "HF_ENDPOINT": fake_hub, "HF_TOKEN": "hf_owner_secret_token",
+           "LAYERSWAP_MAX_DOWNLOAD_BYTES": str(50 * 10**9), "LAYERSWAP_MAX_EVAL_QUESTIONS": "5"}
+    yield from launch_app(tmp_path_factory.mktemp("hosted"), mgsm_dir=None, env_extra=env)
+
+
+def test_policy_rules():
+    assert hosted_from_env({"SPACE_ID": "me/space"}) and not hosted_from_env({"SPACE_ID": "x", "LAYERSWAP_HOSTED": "0"})
+    assert hosted_from_env({"LAYERSWAP_HOSTED": "1"}) and not hosted_from_env({})
+    pol = Policy(hosted=True, allowlist=frozenset({"ok/model"}))
+    assert pol.check_ref("ok/model@main") == "ok/model@main" and pol.check_ref("assets:demo/math")
+    for bad in ("/etc", "../assets/demo/math", "~/models", "./x", "a/b/c"):
+        with pytest.raises(UserError, match="Hub id"):
+            pol.check_ref(bad)
+    with pytest.raises(UserError, match="not on this server's list"):
+        pol.check_ref("other/model")
+    assert Policy().check_ref("/any/local/folder") == "/any/local/folder"  # a local research tool: anything
+    assert scrub_paths("at /srv/app/assets/demo/math: 12 / 3 and https://hf.co/a/b") == "at math: 12 / 3 and https://hf.co/a/b"
+
+
+def test_download_is_size_checked_without_a_token(fake_hub, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", fake_hub)
+    monkeypatch.setenv("HF_TOKEN", "hf_owner_secret_token")
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "ENDPOINT", fake_hub)
+    from layerswap.hub import hub_reachable
+
+    hub_reachable.cache_clear()
+    FakeHub.seen.clear()
+    with pytest.raises(UserError, match=r"100\.01 GB, more than this server's download cap \(50\.00 GB\)"):
+        plan_download("big/model", Limits(download_bytes=50 * 10**9))
+    assert FakeHub.seen and all(auth is None for _, auth in FakeHub.seen)  # the owner's token never went out
+    hub_reachable.cache_clear()
+
+
+def test_visitor_cannot_name_server_paths(hosted_url):
+    c = Client(hosted_url, verbose=False)
+    for ref in ("/etc", "../../etc", "assets:../../..", "/root/.cache/huggingface"):
+        with pytest.raises(AppError) as e:
+            c.predict("", ref, "assets:demo/lang", api_name="/load")
+        assert not any(p in str(e.value) for p in ("/work", "/root", "/tmp", "/srv", "/home"))
+
+
+def test_oversized_download_refused_and_no_token(hosted_url):
+    c = Client(hosted_url, verbose=False)
+    FakeHub.seen.clear()
+    with pytest.raises(AppError, match="more than this server's download cap"):
+        c.predict("", "big/model", "assets:demo/lang", api_name="/load")
+
+
+def test_export_stays_in_the_visitors_folder(hosted_url, tmp_path):
+    c = Client(hosted_url, verbose=False)
+    target = tmp_path / "evil"
+    msg, dl = c.predict(str(target), True, 1, 1, 0, 0, api_name="/export")
+    assert "Wrote layerswap-merge" in msg and not target.exists()
+    assert not any(p in msg for p in ("/tmp", "/work", "/root"))
+    assert dl["visible"] and Path(dl["value"]).name == "layerswap-merge.zip"
+    yml = c.predict(1, 1, 0, 0, api_name="/export_yaml")
+    text = Path(yml["value"]).read_text()
+    assert "merge_method" in text and not any(p in text for p in ("/work", "/root", "/tmp", "/srv", "/home"))
+
+
+def test_visitors_do_not_share_state(hosted_url):
+    a, b = Client(hosted_url, verbose=False), Client(hosted_url, verbose=False)
+    pa, *_ = a.predict("xx", 0, "", 16, 1, 0, 0, 0, api_name="/ask")
+    pb, *_ = b.predict("xx", 0, "", 16, 3, 1, 1, 1, api_name="/ask")
+    pa2, *_ = a.predict("xx", 0, "", 16, 1, 0, 0, 0, api_name="/ask")
+    assert "answers from swap b=1 u=0 tb=0 tu=0" in pa and "answers from swap b=1 u=0 tb=0 tu=0" in pa2
+    assert "answers from swap b=3 u=1 tb=1 tu=1" in pb
+    a.predict(["xx"], ["math"], 2, api_name="/evaluate")
+    assert "xx question" in a.predict("xx", 0, api_name="/browse")
+    assert b.predict("xx", 0, api_name="/browse") == "Run an evaluation to browse its questions."
+    with pytest.raises(AppError, match="up to 5 questions per language"):
+        b.predict(["xx"], ["math"], 0, api_name="/evaluate")
+    with pytest.raises(AppError, match="characters; this server takes up to 2,000"):
+        b.predict("xx", 0, "x" * 2001, 16, api_name="/ask")

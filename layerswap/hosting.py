@@ -52,12 +52,17 @@ def gpu_mode(env: Mapping[str, str] = os.environ) -> str:
         return "cpu"
 
 
+def on_space(env: Mapping[str, str] = os.environ) -> bool:
+    """Running as a Hugging Face Space (where the page's Hugging Face login is real OAuth)."""
+    return bool(env.get("SPACE_ID"))
+
+
 def hosted_from_env(env: Mapping[str, str] = os.environ) -> bool:
     """`LAYERSWAP_HOSTED` (1/0) when set, else on when the Spaces environment is detected."""
     v = env.get(HOSTED_ENV, "").strip().lower()
     if v:
         return v in ("1", "true", "yes", "on")
-    return bool(env.get("SPACE_ID") or env.get("SYSTEM") == "spaces")
+    return on_space(env) or env.get("SYSTEM") == "spaces"
 
 
 def _int_env(env: Mapping[str, str], name: str, default: int) -> int:

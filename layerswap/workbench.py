@@ -194,8 +194,11 @@ class Workbench:
             self.engines["merged"] = eng
 
     def close(self) -> None:
+        """Release engines, scratch merges and open checkpoint files (when the models are replaced)."""
         self._release_vllm()
         self.engines.clear()
+        for ck in self.checkpoints.values():
+            ck.close()
         self.checkpoints.clear()
         self.plan = self.layer_weights = self.pairing = None
         self.method = MethodConfig()

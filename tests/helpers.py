@@ -202,3 +202,11 @@ def launch_app(workdir: Path, *, mgsm_dir: Path | None, extra: list[str] = (), t
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+def shown(x):
+    """The value of an output the app sent as an update (``gr.update(value=..., visible=True)``)."""
+    if isinstance(x, dict) and x.get("__type__") == "update":
+        assert x.get("visible", True), "the output was hidden"
+        return x.get("value")
+    return x

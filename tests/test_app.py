@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from gradio_client.exceptions import AppError
 
 from layerswap import Checkpoint, Plan
 from layerswap import mgsm
-from tests.helpers import DEMO_MGSM
+from tests.helpers import DEMO_MGSM, shown
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_load_build_ask_side_by_side(client, num_layers):
     assert re.search(r"shared base: sampled relative distances math-base 0\.\d+", report)
     assert b["maximum"] == L and b["value"] + u["value"] + tb["value"] + tu["value"] <= L
     heat, *_ = client.predict(api_name="/heatmap")  # the analysis of the loaded models, default controls
-    fig = json.loads(heat["plot"])
+    fig = json.loads(shown(heat)["plot"])
     assert fig["data"][0]["type"] == "heatmap" and len(fig["data"]) == 4  # math, language, overlap, merged
     assert len(fig["data"][0]["z"][0]) == L
 
@@ -77,7 +78,7 @@ def test_heatmap_switch_and_export(client, tmp_path, num_layers):
     client.predict(base, math, lang, api_name="/load")
     heat, *_ = client.predict(["lang"], "relative", "cosine", 1.0, "raw", 2, 1, 1, 1, "flat", 0.5, "neighbour",
                               api_name="/heatmap")
-    fig = json.loads(heat["plot"])
+    fig = json.loads(shown(heat)["plot"])
     assert len(fig["data"]) == 1 and "language expert vs base" in fig["layout"]["annotations"][0]["text"]
     msg, dl = client.predict(str(tmp_path / "merged"), False, 1, 1, 0, 0, "flat", 0.5, "math", api_name="/export")
     assert "Wrote" in msg and (tmp_path / "merged" / "model.safetensors").exists()
@@ -104,3 +105,30 @@ def test_baseline_method_and_mergekit_yaml(client, num_layers):
     with pytest.raises(AppError, match="does not claim a mergekit equivalent"):
         client.predict(1, 1, 0, 0, "flat", 0.5, "neighbour", "swap", "", 2, 0, 0, "all", "ties", 0.5, 1.0, 0.3,
                        api_name="/export_yaml")
+
+
+def test_export_never_touches_inputs(client):
+    """The page's Export box with Overwrite: onto, above or inside an input (or the MGSM folder) is refused."""
+    from tests.helpers import DEMO
+    from tests.test_outputs import snapshot
+
+    before = snapshot(DEMO)
+    for target, word in ((DEMO / "math", "is an input"), (DEMO, "contains an input"),
+                         (DEMO / "mgsm" / "merged", "is inside an input"), (DEMO.parent, "contains an input")):
+        with pytest.raises(AppError, match=word):
+            client.predict(str(target), True, 1, 1, 0, 0, api_name="/export")
+    assert snapshot(DEMO) == before
+
+
+def test_push_refusals(client, tmp_path):
+    """Push uploads the visitor's own export with the visitor's token; refusals are immediate and readable."""
+    fresh = Client(client.src, verbose=False)
+    with pytest.raises(AppError, match="Export the merged model first"):
+        fresh.predict("me/merge", True, "", api_name="/push")
+    fresh.predict(str(tmp_path / "to-push"), False, 1, 1, 0, 0, api_name="/export")
+    with pytest.raises(AppError, match="owner/name|repo id|Repo id"):
+        fresh.predict("not a repo id", True, "hf_x", api_name="/push")
+    t = time.perf_counter()
+    with pytest.raises(AppError, match="not reachable"):  # this machine is offline: said at once
+        fresh.predict("me/merge", True, "hf_x", api_name="/push")
+    assert time.perf_counter() - t < 30

@@ -12,6 +12,7 @@ from gradio_client import Client
 
 from layerswap import Checkpoint, Plan
 from layerswap.analysis import analyze
+from tests.helpers import shown
 
 PLAN_ARGS = (2, 1, 1, 1, "flat", 0.5, "neighbour")
 
@@ -34,6 +35,7 @@ def loaded(client, tmp_path_factory):
 def heatmap(client, panels, metric="relative", overlap="cosine", k=1.0, norm="raw", plan=PLAN_ARGS):
     heat, summary, profile, nonlayer, top, csv_file = client.predict(panels, metric, overlap, k, norm, *plan,
                                                                      api_name="/heatmap")
+    heat, profile, nonlayer, top = (shown(x) for x in (heat, profile, nonlayer, top))
     return json.loads(heat["plot"]), summary, json.loads(profile["plot"]), nonlayer, top, csv_file
 
 

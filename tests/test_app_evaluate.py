@@ -11,7 +11,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from layerswap import mgsm
-from tests.helpers import DEMO_MGSM
+from tests.helpers import DEMO_MGSM, shown
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +27,7 @@ def client(app_url):
 def test_evaluate_three_models_table_bars_browser(client):
     status, table, bars, results, b_lang, b_pos, detail = client.predict(
         ["xx", "en"], ["math", "lang", "merged"], 3, 0, "native_cot", 16, api_name="/evaluate")
+    table, bars = shown(table), shown(bars)
     assert status.startswith("**Done:** 18 answers") and "transformers" in status
     assert table["headers"][:4] == ["language", "n", "math expert (flexible)", "math expert (strict)"]
     rows = {r[0]: r for r in table["data"]}

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
 
 from layerswap import mgsm
-from tests.helpers import DEMO_MGSM, chromium_or_skip
+from tests.helpers import DEMO_MGSM, chromium_or_skip, launch_app, vllm_or_skip
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 pytestmark = pytest.mark.browser
@@ -97,3 +98,31 @@ def test_shared_link_restores_plan_and_tab(browser, app_url):
     expect(page.locator("#heatmap")).to_contain_text("plan b=2", timeout=120_000)
     no_error_toast(page)
     fresh.close()
+
+
+def test_page_served_before_the_vllm_engines(browser, tmp_path):
+    """With vLLM (a minute or more to start on CPU) the page is served within seconds, says it is loading,
+    and a question asked meanwhile waits for the engines and is answered (no error)."""
+    from playwright.sync_api import expect
+
+    vllm_or_skip()
+    t0 = time.perf_counter()
+    app = launch_app(tmp_path, mgsm_dir=None, extra=["--engine", "vllm", "--serving", "one"],
+                     env_extra={"LAYERSWAP_ENGINE": "vllm"})
+    url = next(app)
+    served = time.perf_counter() - t0
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url, wait_until="load")
+        expect(page.locator("#status")).to_contain_text("Loading the default models", timeout=30_000)
+        page.locator("#ask").click()
+        for role in ("math", "lang", "merged"):
+            expect(page.locator(f"#answer-{role}")).to_contain_text("flexible:", timeout=600_000)
+        expect(page.locator("#answer-merged")).to_contain_text("vllm")
+        ready = time.perf_counter() - t0
+        expect(page.locator("#status")).to_contain_text("Models ready", timeout=120_000)
+        no_error_toast(page)
+        print(f"\npage served after {served:.1f} s; first answers (vLLM engines started) after {ready:.1f} s")
+        assert served < 60, f"the page took {served:.0f} s to be served"
+    finally:
+        app.close()

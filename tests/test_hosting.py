@@ -125,3 +125,37 @@ def test_visitors_do_not_share_state(hosted_url):
         b.predict(["xx"], ["math"], 0, api_name="/evaluate")
     with pytest.raises(AppError, match="characters; this server takes up to 2,000"):
         b.predict("xx", 0, "x" * 2001, 16, api_name="/ask")
+
+
+def test_push_needs_the_visitors_own_token(hosted_url):
+    """The server has HF_TOKEN set; a visitor without a token of their own is refused, never pushed with it."""
+    c = Client(hosted_url, verbose=False)
+    c.predict("", False, 1, 1, 0, 0, api_name="/export")
+    with pytest.raises(AppError, match="Give your own Hub token"):
+        c.predict("me/merge", True, "", api_name="/push")
+
+
+def test_push_on_a_space_uses_only_the_login(monkeypatch):
+    """On a Space the visitor's OAuth token is the only one: no login, no push (HF_TOKEN of the owner set)."""
+    import gradio as gr
+
+    from layerswap.ui.app import App, AppDefaults
+    from layerswap.ui.session import Visitor
+
+    monkeypatch.setenv("SPACE_ID", "owner/space")
+    monkeypatch.setenv("HF_TOKEN", "hf_owner_secret_token")
+    app = App(AppDefaults(policy=Policy(hosted=True)))
+    v = Visitor("abc", last_export="/nonexistent-export")
+    with pytest.raises(UserError, match="Log in with your Hugging Face account first"):
+        app.push(v, "me/merge", True, "hf_pasted_token_is_ignored_on_spaces", None, progress=lambda *a, **k: None)
+    seen = {}
+    import layerswap.publish as publish
+
+    def fake_push(folder, repo_id, *, token, **kw):  # the boundary: which token would reach the Hub
+        seen["token"] = token
+        raise UserError("stop here")
+
+    monkeypatch.setattr(publish, "push", fake_push)
+    with pytest.raises(UserError, match="stop here"):
+        app.push(v, "me/merge", True, "", gr.OAuthToken(token="hf_visitor", scope="write-repos", expires_at=0), progress=lambda *a, **k: None)
+    assert seen["token"] == "hf_visitor"

@@ -46,3 +46,24 @@ def test_wheel_holds_the_demo_and_the_app(tmp_path):
                          env={"PYTHONPATH": str(target), "PATH": ""}, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(target / "layerswap" / "assets" / "demo" / "math")
+
+
+@pytest.mark.skipif(tomllib is None, reason="needs Python 3.11's tomllib")
+def test_space_requirements_and_front_matter_match_the_project():
+    """requirements.txt (what a Space installs) = pyproject's dependencies + the GPU vLLM extra + the package;
+    the README's Space front matter names the gradio in use, the app file and a Python the project accepts."""
+    import gradio
+    import yaml
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    reqs = [ln.strip() for ln in (REPO / "requirements.txt").read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")]
+    assert reqs == project["dependencies"] + project["optional-dependencies"]["vllm"] + ["."]
+    text = (REPO / "README.md").read_text()
+    assert text.startswith("---\n")
+    meta = yaml.safe_load(text.split("---\n")[1])
+    assert meta["sdk"] == "gradio" and meta["sdk_version"] == gradio.__version__
+    assert (REPO / meta["app_file"]).is_file() and meta["app_file"] == "app.py"
+    major, minor = (int(x) for x in str(meta["python_version"]).split("."))
+    assert project["requires-python"] == ">=3.10" and (major, minor) >= (3, 11)  # vLLM needs 3.11
+    assert meta["suggested_hardware"] and meta["startup_duration_timeout"]

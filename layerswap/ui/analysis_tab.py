@@ -14,6 +14,7 @@ from ..analysis import PANELS, format_row, write_csv
 from ..errors import UserError
 from ..plots import analysis_heatmaps, layer_profile
 from .controls import recipe
+from .session import cancellable
 
 K_CHOICES = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0]
 DEFAULT_PANELS = ["math", "lang", "overlap", "merged"]
@@ -48,12 +49,15 @@ class AnalysisTab:
         v = self.visitor(v, request)
         wb = self.workbench(v, progress)
         if "base" not in wb.checkpoints:
-            return [None, NO_BASE, None, None, None, gr.update(visible=False)]
+            return [gr.update(visible=False), NO_BASE, gr.update(visible=False), gr.update(visible=False),
+                    gr.update(visible=False), gr.update(visible=False)]
         plan, method = recipe(*plan_values)
         plan = plan if method.spec.uses_plan else None
         k = float(k) if k not in (None, "") else 1.0
+        flag = self.shared.cancel_flag(v.sid)
+        flag.clear()
         with self.shared.lock:
-            an = wb.analysis(k, progress=lambda f, d: progress(0.9 * f, desc=d))
+            an = wb.analysis(k, progress=cancellable(lambda f, d: progress(0.9 * f, desc=d), flag))
             note = ""
             if plan is not None:
                 try:
@@ -71,7 +75,8 @@ class AnalysisTab:
         csv_path = self.shared.folder(v.sid) / f"most-changed-{metric}-k{k:g}.csv"
         write_csv(ranked, csv_path)
         top = _table([format_row(r) for r in ranked[:TOP_ROWS]])
-        return [heat, note + an.report(k, merged), prof, nonlayer, top, gr.update(value=str(csv_path), visible=True)]
+        shown = [gr.update(value=x, visible=True) for x in (heat, prof, nonlayer, top)]
+        return [shown[0], note + an.report(k, merged), *shown[1:], gr.update(value=str(csv_path), visible=True)]
 
     def suggest(self, v, metric, k, request: gr.Request = None, progress=gr.Progress()):
         """Propose b, u, tb, tu from the analysis and put them on the sliders."""
@@ -110,15 +115,15 @@ class AnalysisTab:
                                 label="Normalisation", elem_id="norm")
             summary_md = gr.Markdown("The heatmaps appear here once the models are loaded.",
                                      elem_id="analysis-summary")
-            heat = gr.Plot(label="Change from the base, per layer and parameter type", elem_id="heatmap")
-            profile = gr.Plot(label="Change by depth", elem_id="profile")
+            heat = gr.Plot(label="Change from the base, per layer and parameter type", elem_id="heatmap", visible=False)
+            profile = gr.Plot(label="Change by depth", elem_id="profile", visible=False)
             with gr.Row():
                 suggest_btn = gr.Button("Suggest plan (sets the sliders)", elem_id="suggest")
             suggest_md = gr.Markdown(elem_id="suggestion")
             nonlayer_df = gr.Dataframe(value=None, label="Embeddings, final norm, lm_head (outside the layer grid)",
-                                       elem_id="non-layer", interactive=False)
+                                       elem_id="non-layer", interactive=False, visible=False)
             top_df = gr.Dataframe(value=None, label=f"Most-changed tensors (top {TOP_ROWS} by the chosen metric)",
-                                  elem_id="top-table", interactive=False)
+                                  elem_id="top-table", interactive=False, visible=False)
             top_csv = gr.DownloadButton("Download the full ranking (CSV)", visible=False, elem_id="top-csv")
         controls = [panels, metric, overlap_metric, k, norm]
         return TabIO(controls, [heat, summary_md, profile, nonlayer_df, top_df, top_csv],

@@ -30,6 +30,7 @@ from ..workbench import ROLE_NAMES, Answer, Workbench
 from .analysis_tab import AnalysisTab
 from .controls import PLAN_KEYS, plan_md, query_string, recipe, restore, strip_figure
 from .evaluate import EvaluateTab
+from .push import PushSection
 from .events import guarded
 from .session import Shared, Visitor, cancellable, safe_sid
 
@@ -55,7 +56,7 @@ class AppDefaults:
     gpu: str = "cpu"  # cpu, dedicated or zerogpu (`hosting.gpu_mode`)
 
 
-class App(AnalysisTab, EvaluateTab):
+class App(AnalysisTab, EvaluateTab, PushSection):
     def __init__(self, defaults: AppDefaults, shared: Shared | None = None):
         self.d = defaults
         self.policy = defaults.policy
@@ -237,12 +238,12 @@ class App(AnalysisTab, EvaluateTab):
         head += f"\n\n```\n{prompt}\n```" + (f"\n\n**Gold answer: {gold}**" if gold is not None else "")
         cols = [f"**{ROLE_NAMES[r]}** · answering…" for r in ("math", "lang", "merged")]
         yield [v, head, *cols, strip, pmd]
-        with self.shared.lock:
-            for i, role in enumerate(("math", "lang", "merged")):
+        for i, role in enumerate(("math", "lang", "merged")):
+            with self.shared.lock:  # never held across a yield: the next step may run on another thread
                 self.shared.ensure_built(wb, plan, method)  # another visitor may have built in between
                 (a,) = wb.ask(prompt, prompt_lang, gold, roles=(role,), max_new_tokens=int(max_new_tokens))
-                cols[i] = _answer_md(a)
-                yield [v, head, *cols, strip, pmd]
+            cols[i] = _answer_md(a)
+            yield [v, head, *cols, strip, pmd]
 
     def export(self, v: Visitor | None, out_dir: str, overwrite: bool, *values, request: gr.Request = None,
                progress=gr.Progress()):
@@ -261,6 +262,7 @@ class App(AnalysisTab, EvaluateTab):
             s = wb.export(out, plan=plan, method=method, overwrite=overwrite,
                           protect=tuple(p for p in (self._source(),) if p),
                           progress=cancellable(lambda f, d: progress(f, desc=d), flag))
+        v.last_export = str(s.out)
         where = EXPORT_NAME if self.policy.hosted else f"`{s.out}`"
         msg = (f"Wrote {where}: {s.n_tensors} tensors ({s.n_copied} copied, {s.n_blended} computed), "
                f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard(s), with config, tokenizer and model card.")
@@ -275,7 +277,7 @@ class App(AnalysisTab, EvaluateTab):
         else:
             msg += (f" It is over the {cap / 1e9:.1f} GB download cap: push it to the Hub instead."
                     if self.policy.hosted else " (too large to offer as a download; copy it from the server.)")
-        return v, msg, gr.update(value=zip_path, visible=zip_path is not None)
+        return v, msg, gr.update(value=zip_path, visible=zip_path is not None), gr.update(visible=True)
 
     def export_yaml(self, v: Visitor | None, *values, request: gr.Request = None, progress=gr.Progress()):
         from ..interop import mergekit_yaml
@@ -299,6 +301,15 @@ class App(AnalysisTab, EvaluateTab):
             return [gr.update()] * 4
         note = p.note + ("" if p.lang else " **Type a language expert** fine-tuned from this base, then Load.")
         return [gr.update(value=p.base), gr.update(value=p.math), gr.update(value=p.lang), note]
+
+    def start_loading(self) -> None:
+        """Load the default models (and build the opening plan) behind the served page."""
+        if self.d.math and self.d.lang:
+            self.shared.start_background(self.key, after=lambda wb: self.shared.ensure_built(wb, self.plan0,
+                                                                                          MethodConfig()))
+        else:
+            self.shared.status = "No default models: load some above."
+            self.shared.ready.set()
 
     def end(self, request: gr.Request):
         self.shared.end(safe_sid(request.session_hash))
@@ -414,6 +425,7 @@ class App(AnalysisTab, EvaluateTab):
                         with gr.Row():
                             download = gr.DownloadButton("Download .zip", visible=False, elem_id="download")
                             yaml_file = gr.DownloadButton("Download mergekit YAML", visible=False, elem_id="yaml-file")
+                    push_group, push_inputs, push_btn, push_status = self._push_section()
                 analysis_io = self._analysis_tab()
                 eval_io = self._evaluate_tab()
 
@@ -449,7 +461,8 @@ class App(AnalysisTab, EvaluateTab):
             ask_btn.click(self.event(self.ask), [visitor, mlang, question, free, max_new, *plan_inputs],
                           [visitor, prompt_md, *ans, strip, plan_out], api_name="ask", **lane, **on)
             export_btn.click(self.event(self.export), [visitor, out_dir, overwrite, *plan_inputs],
-                             [visitor, export_md, download], api_name="export", **lane, **on)
+                             [visitor, export_md, download, push_group], api_name="export", **lane, **on)
+            self._wire_push(visitor, push_inputs, push_btn, push_status, lane)
             yaml_btn.click(self.event(self.export_yaml), [visitor, *plan_inputs], [visitor, yaml_file],
                            api_name="export_yaml", **lane, **on)
             self._wire_analysis(analysis_io, visitor, plan_inputs, [b, u, tb, tu], lane, on)
@@ -467,14 +480,9 @@ def _answer_md(a: Answer) -> str:
             f"strict: `{s.strict}` · flexible: `{s.flexible}`{verdict}")
 
 
-def create_app(defaults: AppDefaults, shared: Shared | None = None, preload: bool = True) -> tuple[gr.Blocks, App]:
-    """Build the Blocks app; with `preload`, the default models start loading in the background."""
+def create_app(defaults: AppDefaults, shared: Shared | None = None) -> tuple[gr.Blocks, App]:
+    """Build the Blocks app; `App.start_loading` then loads the default models in the background."""
     app = App(defaults, shared)
-    if preload and defaults.math and defaults.lang:
-        app.shared.start_background(app.key, after=lambda wb: app.shared.ensure_built(wb, app.plan0, MethodConfig()))
-    else:
-        app.shared.status = "No default models: load some above."
-        app.shared.ready.set()
     return app.blocks(), app
 
 

@@ -59,7 +59,8 @@ class EvaluateTab:
         status = (f"**{'Cancelled' if report.cancelled else 'Done'}:** {n} answers in {time.perf_counter() - t0:.0f} s "
                   f"({', '.join(f'{m}: {report.engines[m]}' for m in report.engines)} engine).")
         first = report.results[0] if report.results else None
-        return (v, status, self._eval_table(report), eval_bars(report), gr.update(value=str(path), visible=True),
+        return (v, status, gr.update(value=self._eval_table(report), visible=True),
+                gr.update(value=eval_bars(report), visible=True), gr.update(value=str(path), visible=True),
                 gr.update(choices=list(dict.fromkeys(r.lang for r in report.results)),
                           value=first.lang if first else None),
                 gr.update(value=0, maximum=max(0, report.counts(report.models[0], first.lang) - 1) if first else 0),
@@ -137,8 +138,9 @@ class EvaluateTab:
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="eval-stop")
             status = gr.Markdown("Choose languages and models, then Evaluate.", elem_id="eval-status")
             table = gr.Dataframe(value=None, label="Accuracy (%) per language, then average and max", interactive=False,
-                                 elem_id="eval-table")
-            bars = gr.Plot(label="Accuracy per language (experts as reference marks)", elem_id="eval-bars")
+                                 elem_id="eval-table", visible=False)
+            bars = gr.Plot(label="Accuracy per language (experts as reference marks)", elem_id="eval-bars",
+                           visible=False)
             results = gr.File(label="Per-question results (JSONL)", visible=False, elem_id="eval-file")
             gr.Markdown("#### Browse the answers")
             with gr.Row():

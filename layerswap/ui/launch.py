@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         demo.queue(default_concurrency_limit=1, max_size=args.max_queue).launch(
-            server_name=args.host, server_port=args.port, share=args.share)
+            server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True)
+        app.start_loading()  # after the page is served: model imports and loads never delay it
+        demo.block_thread()
     finally:
         app.shared.close()
     return 0

@@ -36,6 +36,7 @@ class Visitor:
     refs: Key = ("", "", "")
     force: bool = False
     last_eval: Any = None  # the visitor's latest EvalReport
+    last_export: str | None = None  # the visitor's latest export folder (what Push to Hub uploads)
 
 
 def safe_sid(session_hash: str | None) -> str:

@@ -1,0 +1,68 @@
+"""The app's Push to Hub section: keep a merge by uploading the visitor's export to the visitor's own repo.
+
+A mixin of `layerswap.ui.app.App`; it only calls `layerswap.publish.push`. The token is always the
+visitor's own: on a Space, the page's Hugging Face login (`gr.LoginButton`, OAuth); on another hosted
+server, a token field the visitor fills (empty is refused); locally, the token field or, empty, this
+machine's login (the user's own). The server's token is never used for a visitor (off Spaces,
+Gradio's login button would stand in the server's own login, so it is not offered there). Stop my
+job cancels between files, before the commit.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ..errors import UserError
+from ..hosting import on_space
+
+LOGIN_FIRST = "Log in with your Hugging Face account first (the button above Push), then push again."
+
+
+class PushSection:
+    """Push-section events and layout; mixed into `App`."""
+
+    def push(self, v, repo_id: str, private: bool, token_text: str = "", oauth_token: gr.OAuthToken | None = None,
+             request: gr.Request = None, progress=gr.Progress()):
+        from ..publish import push
+
+        v = self.visitor(v, request)
+        if not v.last_export:
+            raise UserError("Export the merged model first (button above); the export is what gets pushed.")
+        if self.policy.hosted:
+            if on_space():  # the page's login only: a pasted token is ignored there
+                token = oauth_token.token if oauth_token is not None else None
+            else:
+                token = (token_text or "").strip()
+            if not token:
+                raise UserError(LOGIN_FIRST if on_space() else "Give your own Hub token (write access) to push.")
+            ambient = False
+        else:
+            token = (token_text or "").strip() or None
+            ambient = token is None  # the user's own machine: its login is the user's
+        flag = self.shared.cancel_flag(v.sid)
+        flag.clear()
+        progress(0, desc="comparing with the repo")
+        kw = {"allow_ambient_token": ambient} if "allow_ambient_token" in push.__code__.co_varnames else {}
+        r = push(v.last_export, (repo_id or "").strip(), token=token, private=bool(private), cancel=flag,
+                 progress=lambda f, d: progress(f, desc=d), **kw)
+        return v, (f"Pushed to [{r.repo_id}]({r.url}): {len(r.uploaded)} files uploaded ({r.bytes_sent / 1e6:.1f} MB), "
+                   f"{len(r.unchanged)} unchanged.")
+
+    def _push_section(self):
+        with gr.Group(visible=False) as group:
+            gr.Markdown("### 5 · Keep it: push the export to your own Hugging Face repo")
+            with gr.Row():
+                if self.policy.hosted and on_space():
+                    gr.LoginButton()
+                repo = gr.Textbox(label="Repo id (yours)", placeholder="your-name/layerswap-merge", elem_id="push-repo",
+                                  scale=3)
+                private = gr.Checkbox(True, label="Private")
+            token = gr.Textbox(label="Hub token with write access" + ("" if self.policy.hosted else " (empty: this machine's login)"), type="password",
+                               elem_id="push-token", visible=not (self.policy.hosted and on_space()))
+            btn = gr.Button("Push to Hub", elem_id="push")
+            status = gr.Markdown(elem_id="push-status")
+        return group, [repo, private, token], btn, status
+
+    def _wire_push(self, visitor, inputs, btn, status, lane: dict) -> None:
+        btn.click(self.event(self.push), [visitor, *inputs], [visitor, status], api_name="push", **lane,
+                  show_progress_on=[status])

@@ -1,0 +1,75 @@
+"""Screenshots of each tab of the app on first visit, for the README (docs/screenshots/*.png).
+
+    python3 scripts/screenshots.py [--out docs/screenshots] [--engine transformers]
+
+Starts `app.py` on its offline default (the demo organism) on a free loopback port, opens it in
+Debian's chromium (Playwright), waits until the page has filled itself (no clicks: that is the
+point), and saves one picture per tab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TABS = [("build", None), ("analysis", "Where each expert changed"), ("evaluate", "Evaluate")]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(REPO / "docs" / "screenshots"))
+    ap.add_argument("--engine", default="transformers", help="the app's engine (vLLM on CPU takes minutes to start)")
+    ap.add_argument("--chromium", default="/usr/bin/chromium")
+    args = ap.parse_args()
+    from playwright.sync_api import expect, sync_playwright
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    work = Path(tempfile.mkdtemp(prefix="layerswap-shots-"))
+    env = dict(os.environ, LAYERSWAP_ENGINE=args.engine, GRADIO_ANALYTICS_ENABLED="False",
+               LAYERSWAP_CACHE=str(work / "cache"))
+    env.pop("LAYERSWAP_MGSM_DIR", None)
+    app = subprocess.Popen([sys.executable, str(REPO / "app.py"), "--port", str(port)], cwd=work, env=env,
+                           stdout=open(work / "app.log", "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(url, timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=args.chromium, args=["--headless", "--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url, wait_until="load")
+            expect(page.locator("#plan")).to_contain_text("Built", timeout=600_000)
+            for name, label in TABS:
+                if label:
+                    page.get_by_role("tab", name=label).click()
+                if name == "analysis":
+                    expect(page.locator("#heatmap .js-plotly-plot")).to_be_visible(timeout=600_000)
+                page.wait_for_timeout(1500)
+                path = out / f"{name}.png"
+                page.screenshot(path=str(path), full_page=True)
+                print(f"wrote {path}")
+            browser.close()
+    finally:
+        app.terminate()
+        app.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

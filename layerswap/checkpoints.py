@@ -215,10 +215,17 @@ class Checkpoint:
         return str(self.text_config.get("model_type", self.config.get("model_type", "?")))
 
     @property
+    def hub_id(self) -> str | None:
+        """``owner/name`` when this model (or adapter) was given as a Hub id, not a local folder; else None."""
+        if looks_like_hub_id(self.ref) and not Path(self.ref).expanduser().exists():
+            return self.ref.split("@")[0]
+        return None
+
+    @property
     def revision(self) -> str | None:
-        """The Hub commit a Hub-id checkpoint was downloaded at (its snapshot folder), else None."""
-        parts = self.path.parts
-        if len(parts) >= 2 and parts[-2] == "snapshots" and looks_like_hub_id(self.ref.split("@")[0]):
+        """The Hub commit a Hub-id checkpoint (or adapter) was downloaded at (its snapshot folder), else None."""
+        parts = Path(self.adapter or self.path).parts
+        if len(parts) >= 2 and parts[-2] == "snapshots" and self.hub_id:
             return parts[-1]
         return None
 

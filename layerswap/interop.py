@@ -12,12 +12,9 @@ on this file reproduces layerswap's merge bit for bit (up to the sign of exact z
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from .architectures import Architecture
 from .checkpoints import Checkpoint
 from .errors import UserError
-from .hub import looks_like_hub_id
 from .methods import MethodConfig
 from .plans import Plan
 
@@ -26,8 +23,7 @@ _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "
 
 def _ref(ck: Checkpoint) -> str:
     """Hub ids stay ids; local models (and merged adapters) are written as absolute paths."""
-    is_hub = looks_like_hub_id(ck.ref) and not Path(ck.ref).exists()
-    return ck.ref if is_hub and not ck.adapter else str(ck.path)
+    return ck.ref if ck.hub_id and not ck.adapter else str(ck.path)
 
 
 def _weight(arch: Architecture, value_attn: float, value_mlp: float):
@@ -54,11 +50,15 @@ def _sources(arch: Architecture, math: str, lang: str, w_attn: float, w_mlp: flo
     ]
 
 
-def mergekit_config(math: Checkpoint, lang: Checkpoint, plan: Plan, method: MethodConfig | None = None) -> dict:
-    """The mergekit YAML config (as a dict) that reproduces `plan` (or a soup) with ``linear``."""
+def mergekit_config(math: Checkpoint, lang: Checkpoint, plan: Plan, method: MethodConfig | None = None,
+                    refs: tuple[str, str] | None = None) -> dict:
+    """The mergekit YAML config (as a dict) that reproduces `plan` (or a soup) with ``linear``.
+
+    `refs` names the (math, language) models in the config; default: Hub ids, else absolute paths.
+    """
     method = method or MethodConfig()
     L = math.num_layers
-    m, lg = _ref(math), _ref(lang)
+    m, lg = refs or (_ref(math), _ref(lang))
     dtypes = {t.dtype for t in math.tensors.values()}
     dtype = _DTYPE_NAMES.get(next(iter(dtypes)), "float32") if len(dtypes) == 1 else "float32"
     if method.name == "soup":  # every tensor, non-layer ones included, at the same weight
@@ -94,10 +94,12 @@ def mergekit_config(math: Checkpoint, lang: Checkpoint, plan: Plan, method: Meth
     }
 
 
-def mergekit_yaml(math: Checkpoint, lang: Checkpoint, plan: Plan, method: MethodConfig | None = None) -> str:
+def mergekit_yaml(math: Checkpoint, lang: Checkpoint, plan: Plan, method: MethodConfig | None = None,
+                  refs: tuple[str, str] | None = None) -> str:
+    """`mergekit_config` as YAML text, with a comment saying what it reproduces and how to run it."""
     import yaml
 
-    cfg = mergekit_config(math, lang, plan, method)
+    cfg = mergekit_config(math, lang, plan, method, refs)
     method = method or MethodConfig()
     what = plan.title() if method.spec.uses_plan else method.describe()
     head = (f"# mergekit config written by layerswap for: {what}\n"

@@ -15,7 +15,6 @@ memory is a few slices (or the largest tensor for TIES/DARE), whatever the model
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from .architectures import Architecture, classify
+from .card import check_languages, provenance, write_card
 from .checkpoints import BASE_DISTANCE_THRESHOLD, Checkpoint, Pairing, TensorInfo, check_compatible, check_pairing
 from .errors import UserError
 from .methods import MethodConfig, linear
@@ -33,7 +33,6 @@ from .outputs import EXPORT_MARK, check_output_folder, input_paths
 from .plans import Plan, source_label
 from .runtime import Progress, resolve_device
 from .tensorfile import ITEMSIZE, ShardWriter
-from .version import __version__
 
 if TYPE_CHECKING:  # torch loads only when a tensor is computed: copies and checks start without it
     import torch
@@ -133,8 +132,12 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
                  method: MethodConfig | None = None, base: Checkpoint | None = None, device: str = "auto",
                  shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False, force: bool = False,
                  base_distance_threshold: float = BASE_DISTANCE_THRESHOLD, protect: tuple = (),
+                 languages: list[str] | None = None,
                  progress: Progress | None = None) -> MergeSummary:
     """Stream the merge to an HF folder: config, tokenizer, safetensors shards, model card.
+
+    The card (README.md, from layerswap.json: see `layerswap.card`) lists `languages` (ISO codes)
+    in its front matter; `layerswap.card.attach_eval` adds MGSM results later.
 
     Checks run before any weights are read in bulk: headers (architecture, layers, names,
     shapes, dtypes), the plan, and sampled distances from the base (refused above the threshold
@@ -144,6 +147,7 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
     """
     method = method or MethodConfig()
     method.validate()
+    languages = check_languages(languages)
     check_compatible(math, lang, base).raise_if_bad()
     if method.spec.needs_base and base is None:
         raise UserError(f"{method.spec.title} works on task vectors: pass --base (the model both experts were "
@@ -188,24 +192,10 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         _copy_side_files(math, tmp)
         lw = plan.layer_weights(math.num_layers) if method.spec.uses_plan else None
-        provenance = {
-            "layerswap_version": __version__,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "method": method.to_dict(),
-            "plan": plan.to_dict() if method.spec.uses_plan else None,
-            "layer_weights_lang": lw,
-            "non_layer_weights_lang": {
-                n: (r.w if r.kind == "blend" else float(r.role == "lang")) for n, r in recipes.items()
-                if math.tensors[n].layer is None and r.kind != "method"
-            },
-            "sources": {"math": math.ref, "lang": lang.ref, **({"base": base.ref} if base else {})},
-            "adapters": {k: ck.adapter for k, ck in (("math", math), ("lang", lang)) if ck.adapter},
-            "fingerprints": {"math": math.fingerprint(), "lang": lang.fingerprint()},
-            "base_distance": {"sampled": pairing.distances, "threshold": pairing.threshold,
-                              "forced": bool(pairing.suspicious and force)},
-        }
-        (tmp / EXPORT_MARK).write_text(json.dumps(provenance, indent=2))
-        (tmp / "README.md").write_text(model_card(math, lang, plan, method, lw, provenance))
+        non_layer = {n: (r.w if r.kind == "blend" else float(r.role == "lang")) for n, r in recipes.items()
+                     if math.tensors[n].layer is None and r.kind != "method"}
+        write_card(tmp, provenance(math, lang, base, plan, method, lw, non_layer, pairing,
+                                   bool(pairing.suspicious and force), languages))
         _atomic_replace(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -309,52 +299,3 @@ def _atomic_replace(tmp: Path, out: Path, overwrite: bool) -> None:
     else:
         tmp.rename(out)
 
-
-def model_card(math: Checkpoint, lang: Checkpoint, plan: Plan, method: MethodConfig, lw: list[float] | None,
-               provenance: dict) -> str:
-    if method.spec.uses_plan:
-        rows = "\n".join(f"| {i} | {w:.4g} | {source_label(w)} |" for i, w in enumerate(lw))
-        nl = "\n".join(f"| `{n}` | {w:.4g} |" for n, w in provenance["non_layer_weights_lang"].items())
-        how = f"""- **Plan**: {plan.title()}
-
-Each tensor is `w*lang + (1-w)*math`, computed in float32 (mergekit's `linear` arithmetic) and
-cast back to the checkpoint dtype; w = 0 or 1 copies the expert's tensor byte for byte.
-
-{plan.describe(len(lw))}
-
-| layer | w (language) | source |
-|---|---|---|
-{rows}
-
-| non-layer tensor | w (language) |
-|---|---|
-{nl}
-"""
-    else:
-        how = f"- **Method**: {method.describe()}: {method.spec.description}\n"
-    base = provenance["sources"].get("base")
-    dist = ", ".join(f"{k} {v:.4f}" for k, v in provenance["base_distance"]["sampled"].items())
-    return f"""---
-library_name: transformers
-tags:
-- merge
-- layer-swapping
-- layerswap
-base_model:
-- {math.ref}
-- {lang.ref}
----
-
-# {method.spec.title} merge
-
-Built with layerswap {provenance['layerswap_version']} on {provenance['created']}
-(layer swapping: Bandarkar et al., "Layer Swapping for Zero-Shot Cross-Lingual Transfer in
-Large Language Models", ICLR 2025).
-
-- **Math expert**: `{math.ref}`{" (PEFT adapter merged into its base)" if math.adapter else ""}
-- **Language expert**: `{lang.ref}`{" (PEFT adapter merged into its base)" if lang.adapter else ""}
-- **Base**: {f"`{base}`" if base else "not given"}; sampled relative distances: {dist}
-{how}
-The tokenizer and config are the math expert's. The merge itself says nothing about quality:
-evaluate it (`layerswap eval`) before drawing conclusions.
-"""

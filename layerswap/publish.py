@@ -1,30 +1,36 @@
 """Keeping a merge: pushing an exported folder to the user's own Hugging Face Hub repo.
 
-    result = push("merged/", "me/my-merge", token=None)       # None: this machine's own login (CLI)
+    result = push("merged/", "me/my-merge", token=visitor_token)                  # the app: a visitor's own token
+    result = push("merged/", "me/my-merge", token=None, allow_ambient_token=True)  # the CLI: this machine's login
 
 Only a folder `export_merge` wrote (it holds ``layerswap.json``) is pushed; its model card
 (README.md) becomes the repo's. Files already on the Hub with the same content are not sent
 again (git blob ids for small files, sha256 for LFS files); large files go up one by one
 (``preupload_lfs_files``), so progress is reported in bytes and a cancel is honoured between
 files; everything lands in one commit. A repo that exists and is not a layerswap export is
-refused unless `overwrite`. The token is always the caller's: the app passes a visitor's own
-OAuth token and never lets this fall back to the server's login.
+refused unless `overwrite`.
+
+Whose token: only the one passed. ``HF_TOKEN`` or a cached ``hf auth login`` is used only when the
+caller says so (``allow_ambient_token=True``, which the CLI does for its own user); without it a
+missing token is refused ("Log in with your Hugging Face account first"), so a visitor's push in
+the app can never fall back to the login of the server it runs on.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .card import PROVENANCE, read_provenance
 from .errors import UserError
 from .hub import hub_reachable
 from .runtime import Progress, no_progress
 
-PROVENANCE = "layerswap.json"
+LOGIN_FIRST = ("Log in with your Hugging Face account first: the push goes to your own account, with your own "
+               "token (a write token), never the server's.")
 
 
 @dataclass
@@ -67,9 +73,7 @@ def check_repo_id(repo_id: str) -> str:
 def export_files(folder: str | os.PathLike) -> list[Path]:
     """The files of a layerswap export (refused unless it holds ``layerswap.json``)."""
     folder = Path(folder)
-    if not (folder / PROVENANCE).is_file():
-        raise UserError(f"{folder} is not a layerswap export (no {PROVENANCE}): write one with `layerswap merge -o DIR` "
-                        "first, then push DIR.")
+    read_provenance(folder)
     return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
 
 
@@ -113,14 +117,19 @@ def plan_push(folder: str | os.PathLike, repo_id: str, remote: dict[str, tuple[s
     return plan
 
 
-def push(folder: str | os.PathLike, repo_id: str, *, token: str | None, private: bool = False,
-         revision: str | None = None, overwrite: bool = False, progress: Progress = no_progress,
-         cancel: threading.Event | None = None) -> PushResult:
+def push(folder: str | os.PathLike, repo_id: str, *, token: str | None, allow_ambient_token: bool = False,
+         private: bool = False, revision: str | None = None, overwrite: bool = False,
+         progress: Progress = no_progress, cancel: threading.Event | None = None) -> PushResult:
     """Upload an export to `repo_id` (created if needed), sending only what changed, in one commit.
 
-    `token`: the pusher's own token; None uses this machine's login (``HF_TOKEN`` or
-    ``huggingface-cli login``), which only the CLI may do.
+    `token`: the pusher's own Hub token, the only one used. Empty or None is refused with
+    `LOGIN_FIRST`, unless `allow_ambient_token` (the CLI): then this machine's login
+    (``HF_TOKEN``, or ``hf auth login``) is used. `progress(fraction, text)` follows the bytes sent;
+    setting `cancel` stops between files, before the commit (no file of the repo changes).
     """
+    token = (token or "").strip() or None
+    if token is None and not allow_ambient_token:
+        raise UserError(LOGIN_FIRST)
     repo_id = check_repo_id(repo_id)
     export_files(folder)  # refuse early, before any network
     if not hub_reachable():
@@ -160,12 +169,17 @@ def push(folder: str | os.PathLike, repo_id: str, *, token: str | None, private:
     except HfHubHTTPError as e:
         raise UserError(f"The Hub refused the push to {repo_id} ({_hub_reason(e)}); check that the token may write to "
                         "that owner (a write token, or your own login).") from None
+    except ValueError as e:  # huggingface_hub's check of README.md's front matter, before the commit
+        if "metadata" not in str(e):
+            raise
+        raise UserError(f"The Hub refused the model card of {folder} ({str(e).strip()}); nothing was committed. "
+                        "Fix README.md's front matter and push again.") from None
     progress(1.0, "pushed")
     return PushResult(repo_id, url, [r for r, _, _ in plan.upload], plan.unchanged, sent, commit)
 
 
 def _commit_message(folder: str | os.PathLike) -> str:
-    prov = json.loads((Path(folder) / PROVENANCE).read_text())
+    prov = read_provenance(folder)
     method = (prov.get("method") or {}).get("name", "merge")
     return f"layerswap {prov.get('layerswap_version', '')} {method} merge".strip()
 

@@ -264,9 +264,10 @@ class Workbench:
 
     def export(self, out: str | Path, *, plan: Plan | None = None, method: MethodConfig | None = None,
                overwrite: bool = False, progress: Progress | None = None, shard_bytes: int | None = None,
-               protect: tuple = ()) -> MergeSummary:
+               protect: tuple = (), languages: list[str] | None = None) -> MergeSummary:
         """Write a merge (`plan`/`method`, default: the built one) to an HF folder, streamed from disk;
-        the output may not touch the inputs nor the folders in `protect` (`layerswap.outputs`)."""
+        the output may not touch the inputs nor the folders in `protect` (`layerswap.outputs`);
+        `languages` (ISO codes) go into the model card's front matter."""
         self._need(*EXPERTS)
         plan, method = plan or self.plan, method or (self.method if plan is None else MethodConfig())
         if plan is None:
@@ -275,7 +276,7 @@ class Workbench:
         return export_merge(self.checkpoints["math"], self.checkpoints["lang"], plan, out,
                             method=method, base=self.checkpoints.get("base"), device=self.device,
                             overwrite=overwrite, force=bool(self.pairing and self.pairing.suspicious),
-                            progress=progress, protect=protect, **kw)
+                            languages=languages, progress=progress, protect=protect, **kw)
 
     # ---- analysis ---------------------------------------------------------------------
     @property

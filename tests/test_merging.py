@@ -71,7 +71,8 @@ def test_export_is_a_loadable_hf_model_with_card(trio, tmp_path):
     tok = AutoTokenizer.from_pretrained(tmp_path / "m")
     assert model.config.num_hidden_layers == 6 and len(tok) == model.config.vocab_size
     card = (tmp_path / "m" / "README.md").read_text()
-    assert "swap b=1 u=1 tb=1 tu=1" in card and str(trio["math"]) in card and str(trio["lang"]) in card
+    assert "swap b=1 u=1 tb=1 tu=1" in card and "`math` (local folder)" in card and "`lang` (local folder)" in card
+    assert str(trio["math"].parent) not in card  # no path of the merging machine (field checks: test_card.py)
     prov = json.loads((tmp_path / "m" / "layerswap.json").read_text())
     assert prov["layer_weights_lang"] == expected_layer_weights(plan, 6)
     # the merged model generates like the exported tensors say

@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--out", required=True, help="output folder (must not exist, unless --overwrite)")
     s.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     s.add_argument("--out-shard-size", default="5GB", help="maximum bytes per safetensors shard (default 5GB)")
+    s.add_argument("--languages", metavar="CODES",
+                   help="comma list of ISO 639 codes the merge is for (e.g. sw,en), for the model card's front matter")
     s.add_argument("--push-to", metavar="REPO_ID", help="then push the folder to your own Hub repo (see `layerswap push`)")
     s.add_argument("--private", action="store_true", help="with --push-to: create the repo private")
     s.add_argument("-q", "--quiet", action="store_true")
@@ -111,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.eval_options(s)
     o.engine_options(s)
     s.add_argument("-o", "--out", help="per-question results as JSONL")
+    s.add_argument("--card", metavar="OUT_DIR",
+                   help="write the results into this export's model card (README.md, layerswap.json): with --model "
+                        "OUT_DIR itself; with --math/--lang, the export of the same experts and recipe")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=c.cmd_eval)
 

@@ -73,7 +73,8 @@ def cmd_merge(args) -> int:
     bar = Bar(enabled=not args.quiet)
     s = export_merge(math, lang, plan, args.out, method=method, base=base, device=args.device,
                      overwrite=args.overwrite, shard_bytes=parse_size(args.out_shard_size), force=args.force,
-                     base_distance_threshold=args.base_distance_threshold, progress=bar)
+                     base_distance_threshold=args.base_distance_threshold, progress=bar,
+                     languages=args.languages.split(",") if args.languages else None)
     bar.done()
     if s.pairing is not None and s.pairing.suspicious:
         print("warning (--force): " + s.pairing.message().replace("; pass --force to run it anyway", ""))
@@ -88,7 +89,7 @@ def _push(folder, repo_id: str, *, private: bool, revision: str | None, overwrit
     from ..publish import push
 
     bar = Bar(enabled=not quiet)
-    r = push(folder, repo_id, token=None, private=private, revision=revision, overwrite=overwrite, progress=bar)
+    r = push(folder, repo_id, token=None, allow_ambient_token=True, private=private, revision=revision, overwrite=overwrite, progress=bar)
     bar.done()
     print(f"pushed {folder} to {r.url}: {len(r.uploaded)} files sent ({r.bytes_sent / 1e6:.1f} MB), "
           f"{len(r.unchanged)} unchanged" + (f"; commit {r.commit_url}" if r.commit_url else "; nothing new to commit"))
@@ -244,6 +245,7 @@ def cmd_eval(args) -> int:
         raise UserError("Give --model M, or --math M --lang L to evaluate the experts and their merge.")
     cfg = eval_config(args)
     _check_files([args.out], extra=(args.model, args.math, args.lang, args.base, *_mgsm_dir(args)))
+    prov = _card_target(args)
     if args.model:
         engine, note = open_engine(args.model, engine=args.engine, device=args.device,
                                    settings=VLLMSettings(max_model_len=args.max_model_len),
@@ -258,6 +260,10 @@ def cmd_eval(args) -> int:
         method = method_from(args)
         wb.load(args.math, args.lang, args.base, force=args.force)
         plan = plan_from(args, wb.num_layers, validate=method.spec.uses_plan)
+        if prov is not None:
+            from ..card import check_same_merge
+
+            check_same_merge(prov, args.card, wb.checkpoints, plan, method)
         if "merged" in roles:
             wb.build(plan, method)
             _print_recipe(plan, method, wb.num_layers)
@@ -323,7 +329,27 @@ def _run_eval(args, cfg, engines: dict, note: str) -> int:
     if args.out:
         report.write_jsonl(args.out)
         print(f"\nwrote {len(report.results)} per-question results to {args.out}")
+    if args.card:
+        from ..card import attach_eval
+
+        attach_eval(args.card, report, model=report.models[0] if args.model else ROLE_NAMES["merged"])
+        print(f"wrote the MGSM results into the model card of {args.card} (README.md, layerswap.json)")
     return 0
+
+
+def _card_target(args) -> dict | None:
+    """The provenance of the export `--card` names, checked before anything loads."""
+    if not args.card:
+        return None
+    from ..card import read_provenance
+
+    prov = read_provenance(args.card)
+    if args.model and Path(args.model).resolve() != Path(args.card).resolve():
+        raise UserError(f"--card writes the results of the model evaluated: give --model {args.card} --card "
+                        f"{args.card} (or evaluate the experts and their merge with --math/--lang).")
+    if not args.model and "merged" not in [r.strip() for r in args.models.split(",")]:
+        raise UserError("--card needs the merge evaluated: keep merged in --models.")
+    return prov
 
 
 def cmd_app(args) -> int:

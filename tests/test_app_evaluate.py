@@ -71,3 +71,16 @@ def test_evaluate_bad_input(client):
         client.predict([], ["math"], 2, 0, "native_cot", 16, api_name="/evaluate")
     with pytest.raises(AppError, match="Choose at least one model"):
         client.predict(["xx"], [], 2, 0, "native_cot", 16, api_name="/evaluate")
+
+
+def test_export_card_holds_the_evaluation_of_that_plan(client, tmp_path):
+    """An export of the plan that was just evaluated carries its MGSM results; another plan's export does not."""
+    client.predict(["xx"], ["math", "lang", "merged"], 2, 0, "native_cot", 16, 2, 1, 1, 1, api_name="/evaluate")
+    msg, _ = client.predict(str(tmp_path / "same"), False, 2, 1, 1, 1, api_name="/export")
+    assert "The card holds your evaluation" in msg
+    prov = json.loads((tmp_path / "same" / "layerswap.json").read_text())
+    assert prov["evaluation"]["task"] == "mgsm_native_cot" and prov["evaluation"]["limit"] == 2
+    assert "MGSM" in (tmp_path / "same" / "README.md").read_text()
+    msg, _ = client.predict(str(tmp_path / "other"), False, 1, 1, 0, 0, api_name="/export")
+    assert "holds your evaluation" not in msg
+    assert json.loads((tmp_path / "other" / "layerswap.json").read_text())["evaluation"] is None

@@ -20,6 +20,7 @@ from pathlib import Path
 import gradio as gr
 
 from .. import mgsm
+from ..card import attach_eval
 from ..errors import UserError
 from ..hosting import Policy, fetch
 from ..hub import looks_like_hub_id
@@ -28,7 +29,7 @@ from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan, default_plan
 from ..presets import Preset, presets
 from ..workbench import ROLE_NAMES, Answer, Workbench
 from .analysis_tab import AnalysisTab
-from .controls import PLAN_KEYS, plan_md, query_string, recipe, restore, strip_figure
+from .controls import PLAN_KEYS, plan_md, query_string, recipe, recipe_dict, restore, strip_figure
 from .evaluate import EvaluateTab
 from .push import PushSection
 from .events import guarded
@@ -266,6 +267,9 @@ class App(AnalysisTab, EvaluateTab, PushSection):
         where = EXPORT_NAME if self.policy.hosted else f"`{s.out}`"
         msg = (f"Wrote {where}: {s.n_tensors} tensors ({s.n_copied} copied, {s.n_blended} computed), "
                f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard(s), with config, tokenizer and model card.")
+        if v.last_eval is not None and v.eval_recipe == recipe_dict(plan, method):
+            attach_eval(s.out, v.last_eval)  # the card shows what was measured on this very merge
+            msg += " The card holds your evaluation of this plan (MGSM)."
         cap = self.policy.limits.zip_bytes
         zip_path = None
         if s.bytes_written <= cap:

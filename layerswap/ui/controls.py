@@ -46,6 +46,11 @@ def recipe(b, u, tb, tu, transition, tw, non_layer, kind="swap", layer_weights="
     return plan, m
 
 
+def recipe_dict(plan: Plan, method: MethodConfig) -> dict:
+    """What identifies a merge (the plan only when the method uses one), to compare two of them."""
+    return {"method": method.to_dict(), "plan": plan.to_dict() if method.spec.uses_plan else None}
+
+
 def strip_figure(lw: list[float] | None, num_layers: int):
     """The layer-source strip; methods without a plan touch every layer alike (shown as blends)."""
     return layer_strip(lw if lw is not None else [0.5] * num_layers)

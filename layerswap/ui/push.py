@@ -42,9 +42,8 @@ class PushSection:
         flag = self.shared.cancel_flag(v.sid)
         flag.clear()
         progress(0, desc="comparing with the repo")
-        kw = {"allow_ambient_token": ambient} if "allow_ambient_token" in push.__code__.co_varnames else {}
-        r = push(v.last_export, (repo_id or "").strip(), token=token, private=bool(private), cancel=flag,
-                 progress=lambda f, d: progress(f, desc=d), **kw)
+        r = push(v.last_export, (repo_id or "").strip(), token=token, allow_ambient_token=ambient,
+                 private=bool(private), cancel=flag, progress=lambda f, d: progress(f, desc=d))
         return v, (f"Pushed to [{r.repo_id}]({r.url}): {len(r.uploaded)} files uploaded ({r.bytes_sent / 1e6:.1f} MB), "
                    f"{len(r.unchanged)} unchanged.")
 

@@ -37,6 +37,7 @@ class Visitor:
     force: bool = False
     last_eval: Any = None  # the visitor's latest EvalReport
     last_export: str | None = None  # the visitor's latest export folder (what Push to Hub uploads)
+    eval_recipe: dict | None = None  # the merged model's recipe in `last_eval` (its results go on that card)
 
 
 def safe_sid(session_hash: str | None) -> str:

@@ -29,6 +29,7 @@ from .errors import UserError
 from .evaluation import EvalConfig, EvalReport
 from .methods import MethodConfig
 from .plans import Plan, default_plan
+from .recipes import Recipe
 from .roles import EXPERTS, ROLE_NAMES
 from .runtime import Progress, no_progress
 
@@ -36,12 +37,10 @@ from .runtime import Progress, no_progress
 @dataclass(frozen=True)
 class SweepPoint:
     name: str
-    plan: Plan
-    method: MethodConfig = MethodConfig()
+    recipe: Recipe
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "plan": self.plan.to_dict() if self.method.spec.uses_plan else None,
-                "method": self.method.to_dict()}
+        return {"name": self.name, **self.recipe.to_dict()}
 
 
 def swap_grid(num_layers: int, b: Iterable[int], u: Iterable[int], t: Iterable[int] = (0, 1),
@@ -53,7 +52,7 @@ def swap_grid(num_layers: int, b: Iterable[int], u: Iterable[int], t: Iterable[i
             for tt in t:
                 p = Plan(b=bb, u=uu, tb=tt, tu=tt, transition=transition, non_layer=non_layer)
                 if bb + uu + 2 * tt <= num_layers and not (bb == uu == 0 and tt > 0):
-                    points.append(SweepPoint(f"swap b={bb} u={uu} t={tt}", p))
+                    points.append(SweepPoint(f"swap b={bb} u={uu} t={tt}", Recipe(plan=p)))
     if not points:
         raise UserError(f"No (b, u, t) in the grid fits the model's {num_layers} layers.")
     return points
@@ -66,35 +65,33 @@ def ablation_suite(num_layers: int, plan: Plan | None = None, seeds: Iterable[in
     p.validate(num_layers)
     k = p.b + p.u  # swap as many layers elsewhere as the plan swaps at the ends
     pts = [
-        SweepPoint(f"plan ({p.title()})", p),
-        SweepPoint("no transition zone", p.with_(tb=0, tu=0)),
-        SweepPoint("transition: ramp", p.with_(transition="ramp")),
-        SweepPoint("transition: math only", p.with_(transition_weight=0.0)),
-        SweepPoint("transition: language only", p.with_(transition_weight=1.0)),
-        SweepPoint("bottom only", p.with_(u=0, tu=0)),
-        SweepPoint("top only", p.with_(b=0, tb=0)),
-        SweepPoint("attention only", p.with_(modules="attention")),
-        SweepPoint("MLP only", p.with_(modules="mlp")),
-        SweepPoint(f"middle {k} layers", Plan(kind="middle", k=k, non_layer="math")),
+        SweepPoint(f"plan ({p.title()})", Recipe(plan=p)),
+        SweepPoint("no transition zone", Recipe(plan=p.with_(tb=0, tu=0))),
+        SweepPoint("transition: ramp", Recipe(plan=p.with_(transition="ramp"))),
+        SweepPoint("transition: math only", Recipe(plan=p.with_(transition_weight=0.0))),
+        SweepPoint("transition: language only", Recipe(plan=p.with_(transition_weight=1.0))),
+        SweepPoint("bottom only", Recipe(plan=p.with_(u=0, tu=0))),
+        SweepPoint("top only", Recipe(plan=p.with_(b=0, tb=0))),
+        SweepPoint("attention only", Recipe(plan=p.with_(modules="attention"))),
+        SweepPoint("MLP only", Recipe(plan=p.with_(modules="mlp"))),
+        SweepPoint(f"middle {k} layers", Recipe(plan=Plan(kind="middle", k=k, non_layer="math"))),
         SweepPoint("inverse (language middle, math outer)",
-                   Plan(kind="middle", k=num_layers - k, non_layer="math")),
-        SweepPoint("alternating", Plan(kind="alternating", non_layer="math")),
+                   Recipe(plan=Plan(kind="middle", k=num_layers - k, non_layer="math"))),
+        SweepPoint("alternating", Recipe(plan=Plan(kind="alternating", non_layer="math"))),
     ]
-    pts += [SweepPoint(f"random {k} layers, seed {s}", Plan(kind="random", k=k, seed=s, non_layer="math"))
+    pts += [SweepPoint(f"random {k} layers, seed {s}", Recipe(plan=Plan(kind="random", k=k, seed=s, non_layer="math")))
             for s in seeds]
-    pts.append(SweepPoint("soup 50/50", Plan(), MethodConfig("soup", weight=0.5)))
+    pts.append(SweepPoint("soup 50/50", Recipe(MethodConfig("soup", weight=0.5))))
     if with_base:
-        pts += [SweepPoint("task arithmetic", Plan(), MethodConfig("task_arithmetic")),
-                SweepPoint("TIES (density 0.2)", Plan(), MethodConfig("ties", density=0.2)),
-                SweepPoint("DARE-TIES (drop 0.9)", Plan(), MethodConfig("dare_ties", drop_rate=0.9))]
+        pts += [SweepPoint("task arithmetic", Recipe(MethodConfig("task_arithmetic"))),
+                SweepPoint("TIES (density 0.2)", Recipe(MethodConfig("ties", density=0.2))),
+                SweepPoint("DARE-TIES (drop 0.9)", Recipe(MethodConfig("dare_ties", drop_rate=0.9)))]
     return [pt for pt in pts if _fits(pt, num_layers)]
 
 
 def _fits(pt: SweepPoint, num_layers: int) -> bool:
-    if not pt.method.spec.uses_plan:
-        return True
     try:
-        pt.plan.validate(num_layers)
+        pt.recipe.validate(num_layers)
         return True
     except UserError:
         return False
@@ -197,7 +194,7 @@ def run_sweep(wb, points: list[SweepPoint], config: EvalConfig, *, include_exper
             result.cancelled = True
             break
         sub(0.0, f"merging: {pt.name}")
-        lw = wb.build(pt.plan, pt.method)
+        lw = wb.build(pt.recipe)
         rep = wb.evaluate(config, roles=("merged",), progress=lambda f, d, n=pt.name: sub(f, f"{n}: {d}"),
                           cancel=cancel)
         result.rows.append(_row(pt.name, "merge", pt.to_dict(), rep, ROLE_NAMES["merged"], lw))

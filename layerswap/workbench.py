@@ -2,7 +2,7 @@
 
     wb = Workbench(device="cpu")
     report = wb.load("math/", "lang/", base="base/")
-    wb.build(Plan(b=2, u=1, tb=1, tu=0))
+    wb.build(Recipe(plan=Plan(b=2, u=1, tb=1, tu=0)))
     for a in wb.ask_mgsm("sw", 3, source="mgsm/"): print(a.model, a.scored.flexible, a.correct)
 
 The experts are loaded once. A build merges in memory: layers with weight 0 or 1 share the
@@ -34,8 +34,8 @@ from .engines import (EngineStartError, SwappedEngine, TransformersEngine, VLLME
                       vllm_status)
 from .errors import UserError
 from .merging import MergeSummary, export_merge, merge_in_memory
-from .methods import MethodConfig
 from .plans import Plan
+from .recipes import Recipe, as_recipe
 from .roles import ANSWERING, EXPERTS, ROLE_NAMES
 from .runtime import Progress, no_progress, resolve_device
 
@@ -73,8 +73,7 @@ class Workbench:
         self.engines: dict = {}
         self.report: CompatReport | None = None
         self.pairing: Pairing | None = None
-        self.plan: Plan | None = None
-        self.method: MethodConfig = MethodConfig()
+        self.recipe: Recipe | None = None  # the built merge's recipe
         self.layer_weights: list[float] | None = None
         self._analysis: Analysis | None = None
 
@@ -159,12 +158,12 @@ class Workbench:
             shutil.rmtree(self._merge_dir.parent, ignore_errors=True)
             self._merge_dir = None
 
-    def _build_vllm(self, plan: Plan, method: MethodConfig, p: Progress) -> None:
+    def _build_vllm(self, recipe: Recipe, p: Progress) -> None:
         """Stream the merge to a scratch folder and load it into the serving engine (no new engine)."""
         if self._merge_dir is None:
             self._merge_dir = Path(tempfile.mkdtemp(prefix="layerswap-serving-")) / "merged"
         p(0.2, "writing the merged weights for vLLM")
-        export_merge(self.checkpoints["math"], self.checkpoints["lang"], plan, self._merge_dir, method=method,
+        export_merge(self.checkpoints["math"], self.checkpoints["lang"], recipe, self._merge_dir,
                      base=self.checkpoints.get("base"), device=self.device, overwrite=True,
                      force=bool(self.pairing and self.pairing.suspicious))
         p(0.7, "loading them into the engine")
@@ -182,8 +181,7 @@ class Workbench:
         self._release_vllm()
         self.engines.clear()
         self.checkpoints.clear()
-        self.plan = self.layer_weights = self.pairing = None
-        self.method = MethodConfig()
+        self.recipe = self.layer_weights = self.pairing = None
         self._analysis = None
 
     def _need(self, *roles: str) -> None:
@@ -201,31 +199,29 @@ class Workbench:
         return self.checkpoints["math"].num_layers
 
     # ---- merging ----------------------------------------------------------------------
-    def build(self, plan: Plan | None = None, method: MethodConfig | None = None,
-              progress: Progress | None = None) -> list[float] | None:
+    def build(self, recipe: Recipe | Plan, progress: Progress | None = None) -> list[float] | None:
         """Merge in memory and (re)point the merged engine at the result.
 
-        Layer swapping (the default method) uses `plan`; tensors taken whole from an expert are
-        shared with it, so only blended layers take memory. Returns the per-layer weights (None
-        for methods without a plan).
+        Layer swapping uses the recipe's plan (a bare `Plan` means layer swapping); tensors taken
+        whole from an expert (or the base) are shared with it, so only blended layers take memory.
+        Returns the per-layer weights (None for methods without a plan).
         """
         self._need(*EXPERTS)
         p = progress or no_progress
-        method = method or MethodConfig()
-        plan = plan or Plan()
+        recipe = as_recipe(recipe)
         L = self.num_layers
-        lw = plan.layer_weights(L) if method.spec.uses_plan else None  # validates
-        if method.spec.needs_base:
-            self._need("base")
+        lw = recipe.layer_weights(L)  # validates
+        if recipe.needs_base and "base" not in self.checkpoints:
+            raise UserError(f"{recipe.base_reason()}: load the base model the experts were fine-tuned from.")
         if self._vllm:
-            self._build_vllm(plan, method, p)
-            self.plan, self.method, self.layer_weights = plan, method, lw
+            self._build_vllm(recipe, p)
+            self.recipe, self.layer_weights = recipe, lw
             p(1.0, "built")
             return lw
         p(0.1, "merging")
         math_sd, lang_sd = self.engines["math"].state_dict(), self.engines["lang"].state_dict()
         base = self.checkpoints.get("base")
-        merged = merge_in_memory(math_sd, lang_sd, L, plan, method,
+        merged = merge_in_memory(math_sd, lang_sd, L, recipe,
                                  base=(lambda n: base.get(n)) if base is not None else None,
                                  progress=lambda f, d: p(0.1 + 0.6 * f, d))
         p(0.7, "refreshing the merged model")
@@ -236,19 +232,19 @@ class Workbench:
             model = model_from_state_dict(m.config, merged, m.generation_config)
             self.engines["merged"] = TransformersEngine(model, self.engines["math"].tokenizer, batch_size=self.batch_size,
                                                         use_chat_template=self.chat_template)
-        self.plan, self.method, self.layer_weights = plan, method, lw
+        self.recipe, self.layer_weights = recipe, lw
         p(1.0, "built")
         return lw
 
     def export(self, out: str | Path, *, overwrite: bool = False, progress: Progress | None = None,
                shard_bytes: int | None = None) -> MergeSummary:
-        """Write the current plan's merge to an HF folder (streamed from the checkpoints on disk)."""
+        """Write the current recipe's merge to an HF folder (streamed from the checkpoints on disk)."""
         self._need(*EXPERTS)
-        if self.plan is None:
+        if self.recipe is None:
             raise UserError("Build the merge first, then export it.")
         kw = {"shard_bytes": shard_bytes} if shard_bytes else {}
-        return export_merge(self.checkpoints["math"], self.checkpoints["lang"], self.plan, out,
-                            method=self.method, base=self.checkpoints.get("base"), device=self.device,
+        return export_merge(self.checkpoints["math"], self.checkpoints["lang"], self.recipe, out,
+                            base=self.checkpoints.get("base"), device=self.device,
                             overwrite=overwrite, force=bool(self.pairing and self.pairing.suspicious),
                             progress=progress, **kw)
 

@@ -30,7 +30,8 @@ sys.path.insert(0, str(REPO))
 from layerswap import mgsm  # noqa: E402
 from layerswap.evaluation import EvalConfig  # noqa: E402
 from layerswap.methods import MethodConfig  # noqa: E402
-from layerswap.plans import Plan, default_plan  # noqa: E402
+from layerswap.plans import default_plan  # noqa: E402
+from layerswap.recipes import Recipe  # noqa: E402
 from layerswap.sweeps import SweepPoint, run_sweep, swap_grid  # noqa: E402
 from layerswap.workbench import Workbench  # noqa: E402
 
@@ -80,11 +81,12 @@ def main() -> int:
     L = wb.num_layers
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     dflt = default_plan(L)
-    points = [SweepPoint("soup (average)", Plan(), MethodConfig("soup", weight=0.5)),
-              SweepPoint("TIES (density 0.2)", Plan(), MethodConfig("ties", density=0.2)),
-              SweepPoint(f"default swap ({dflt.title()})", dflt)]
+    points = [SweepPoint("soup (average)", Recipe(MethodConfig("soup", weight=0.5))),
+              SweepPoint("TIES (density 0.2)", Recipe(MethodConfig("ties", density=0.2))),
+              SweepPoint(f"default swap ({dflt.title()})", Recipe(plan=dflt))]
     grid = [p for p in swap_grid(L, ints(args.b_values), ints(args.u_values), ints(args.t_values))
-            if (p.plan.b, p.plan.u, p.plan.tb) != (dflt.b, dflt.u, dflt.tb) or dflt.transition != "flat"]
+            if (p.recipe.plan.b, p.recipe.plan.u, p.recipe.plan.tb) != (dflt.b, dflt.u, dflt.tb)
+            or dflt.transition != "flat"]
     points += grid
     cfg = EvalConfig(langs=[TARGET, "en"], limit=args.limit, source=str(demo / "mgsm"))
 

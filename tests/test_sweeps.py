@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from layerswap import MethodConfig, Plan, UserError
+from layerswap import MethodConfig, Plan, Recipe, UserError
 from layerswap.cli import main as cli
 from layerswap.evaluation import EvalConfig
 from layerswap.sweeps import SweepPoint, ablation_suite, run_sweep, swap_grid
@@ -22,10 +22,10 @@ def test_sweep_rows_are_the_recipes_merges(trio):
     wb = Workbench(engine="transformers")
     wb.load(str(trio["math"]), str(trio["lang"]), str(trio["base"]))
     cfg = EvalConfig(langs=["xx", "en"], limit=3, max_new_tokens=6, source=str(DEMO_MGSM))
-    points = [SweepPoint("math itself", Plan(b=0, u=0, tb=0, tu=0)),
-              SweepPoint("all language", Plan(b=6, u=0, tb=0, tu=0)),
-              SweepPoint("swap", Plan(b=1, u=1, tb=1, tu=1)),
-              SweepPoint("soup", Plan(), MethodConfig("soup"))]
+    points = [SweepPoint("math itself", Recipe(plan=Plan(b=0, u=0, tb=0, tu=0))),
+              SweepPoint("all language", Recipe(plan=Plan(b=6, u=0, tb=0, tu=0))),
+              SweepPoint("swap", Recipe(plan=Plan(b=1, u=1, tb=1, tu=1))),
+              SweepPoint("soup", Recipe(MethodConfig("soup")))]
     res = run_sweep(wb, points, cfg)
     assert [r.name for r in res.rows] == ["math expert", "language expert", "math itself", "all language", "swap", "soup"]
     by = {r.name: r for r in res.rows}
@@ -41,9 +41,10 @@ def test_sweep_rows_are_the_recipes_merges(trio):
 
 def test_grids_and_suites():
     g = swap_grid(6, b=range(0, 3), u=range(0, 2), t=(0, 1))
-    assert SweepPoint("swap b=0 u=0 t=0", Plan(b=0, u=0, tb=0, tu=0)) in g
-    assert all(p.plan.b + p.plan.u + 2 * p.plan.tb <= 6 for p in g)
-    assert not any(p.plan.b == p.plan.u == 0 and p.plan.tb for p in g)
+    assert SweepPoint("swap b=0 u=0 t=0", Recipe(plan=Plan(b=0, u=0, tb=0, tu=0))) in g
+    plans = [p.recipe.plan for p in g]
+    assert all(p.b + p.u + 2 * p.tb <= 6 for p in plans)
+    assert not any(p.b == p.u == 0 and p.tb for p in plans)
     with pytest.raises(UserError, match="No \\(b, u, t\\)"):
         swap_grid(2, b=[3], u=[3])
     names = [p.name for p in ablation_suite(8, Plan(b=2, u=1, tb=1, tu=1))]

@@ -7,10 +7,9 @@ import textwrap
 from pathlib import Path
 
 from ..errors import UserError
-from ..methods import MethodConfig
-from ..plans import Plan
+from ..recipes import Recipe
 from ..roles import ANSWERING, ROLE_NAMES
-from .options import Bar, eval_config, int_list, method_from, parse_size, plan_from
+from .options import Bar, eval_config, int_list, parse_size, recipe_from
 
 
 def _open(ref: str | None):
@@ -52,11 +51,10 @@ def cmd_merge(args) -> int:
             raise UserError("--push-to needs the Hugging Face Hub, which is not reachable from this machine; "
                             "merge without it now and run `layerswap push` later.")
     math, lang, base = _open_trio(args)
-    method = method_from(args)
-    plan = plan_from(args, math.num_layers, validate=method.spec.uses_plan)
-    _print_recipe(plan, method, math.num_layers)
+    recipe = recipe_from(args, math.num_layers)
+    _print_recipe(recipe, math.num_layers)
     bar = Bar(enabled=not args.quiet)
-    s = export_merge(math, lang, plan, args.out, method=method, base=base, device=args.device,
+    s = export_merge(math, lang, recipe, args.out, base=base, device=args.device,
                      overwrite=args.overwrite, shard_bytes=parse_size(args.out_shard_size), force=args.force,
                      base_distance_threshold=args.base_distance_threshold, progress=bar)
     bar.done()
@@ -85,12 +83,12 @@ def cmd_push(args) -> int:
     return 0
 
 
-def _print_recipe(plan: Plan, method: MethodConfig, num_layers: int) -> None:
-    if method.spec.uses_plan:
-        print(f"plan: {plan.title()} ({num_layers} layers)")
-        print(textwrap.indent(plan.describe(num_layers), "  "))
+def _print_recipe(recipe: Recipe, num_layers: int) -> None:
+    if recipe.plan is not None:
+        print(f"plan: {recipe.plan.title()} ({num_layers} layers)")
+        print(textwrap.indent(recipe.plan.describe(num_layers), "  "))
     else:
-        print(f"method: {method.describe()}")
+        print(f"method: {recipe.method.describe()}")
 
 
 def cmd_export_yaml(args) -> int:
@@ -99,9 +97,7 @@ def cmd_export_yaml(args) -> int:
 
     math, lang, base = _open_trio(args)
     check_compatible(math, lang, base).raise_if_bad()
-    method = method_from(args)
-    plan = plan_from(args, math.num_layers, validate=method.spec.uses_plan)
-    text = mergekit_yaml(math, lang, plan, method)
+    text = mergekit_yaml(math, lang, recipe_from(args, math.num_layers), base)
     if args.out == "-":
         sys.stdout.write(text)
     else:
@@ -122,7 +118,7 @@ def cmd_diff(args) -> int:
         if p not in PANELS:
             raise UserError(f"Unknown panel {p!r}; choose from {', '.join(PANELS)}.")
     L = math.num_layers
-    plan = None if args.no_plan else plan_from(args, L)
+    plan = None if args.no_plan else recipe_from(args, L).plan  # diff has the plan flags only: layer swapping
     if plan is None:
         panels = [p for p in panels if not p.startswith("merged")]
     ks = args.k or [1.0]
@@ -195,16 +191,15 @@ def cmd_ask(args) -> int:
         raise UserError("Give either --question \"...\" or --mgsm-lang XX --index N.")
     wb = _workbench(args, chat_template=None)
     try:
-        method = method_from(args)
         wb.load(args.math, args.lang, args.base, force=args.force)
-        plan = plan_from(args, wb.num_layers, validate=method.spec.uses_plan)
-        wb.build(plan, method)
+        recipe = recipe_from(args, wb.num_layers)
+        wb.build(recipe)
         kw = dict(source=args.mgsm_dir, shots=args.shots, max_new_tokens=args.max_new_tokens)
         if args.question is not None:
             answers = wb.ask_question(args.question, args.mgsm_lang, **kw)
         else:
             answers = wb.ask_mgsm(args.mgsm_lang, args.index, **kw)
-        _print_recipe(plan, method, wb.num_layers)
+        _print_recipe(recipe, wb.num_layers)
         print(f"engine: {wb.engine_note or answers[0].engine}")
     finally:
         wb.close()
@@ -239,12 +234,11 @@ def cmd_eval(args) -> int:
         if bad or not roles:
             raise UserError(f"--models takes a comma list of math, lang, merged (got {args.models!r}).")
         wb = _workbench(args)
-        method = method_from(args)
         wb.load(args.math, args.lang, args.base, force=args.force)
-        plan = plan_from(args, wb.num_layers, validate=method.spec.uses_plan)
+        recipe = recipe_from(args, wb.num_layers)
         if "merged" in roles:
-            wb.build(plan, method)
-            _print_recipe(plan, method, wb.num_layers)
+            wb.build(recipe)
+            _print_recipe(recipe, wb.num_layers)
         note = wb.engine_note
         engines = {ROLE_NAMES[r]: wb.engines[r] for r in roles}
     try:
@@ -266,10 +260,10 @@ def cmd_sweep(args) -> int:
         L = wb.num_layers
         if args.suite == "grid":
             points = swap_grid(L, int_list(args.b_values, "--b-values"), int_list(args.u_values, "--u-values"),
-                               int_list(args.t_values, "--t-values"), transition=args.transition,
-                               non_layer=args.non_layer)
+                               int_list(args.t_values, "--t-values"), transition=args.transition or "flat",
+                               non_layer=args.non_layer or "neighbour")
         else:
-            points = ablation_suite(L, plan_from(args, L), with_base=args.base is not None)
+            points = ablation_suite(L, recipe_from(args, L).plan, with_base=args.base is not None)
         print(f"{len(points)} recipes on {L} layers; engine: {wb.engine_note or 'transformers'}; MGSM {cfg.mode}, "
               f"{cfg.shots}-shot, {', '.join(cfg.langs)}, {'first ' + str(cfg.limit) if cfg.limit else 'all'} questions")
         bar = Bar(enabled=not args.quiet)

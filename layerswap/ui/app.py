@@ -22,6 +22,7 @@ from ..analysis import PANELS, format_row, write_csv
 from ..errors import UserError
 from ..methods import METHODS, MethodConfig
 from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan, default_plan
+from ..recipes import Recipe
 from ..plots import analysis_heatmaps, layer_profile, layer_strip
 from .evaluate import EvaluateTab
 from .events import errors_as_gradio
@@ -83,19 +84,12 @@ class App(EvaluateTab):
 
     def _recipe(self, b, u, tb, tu, transition, tw, non_layer, kind="swap", layer_weights="", k=0, seed=0,
                 offset=0, modules="all", method="layer_swap", weight=0.5, lam=1.0, density=0.2,
-                drop_rate=0.9) -> tuple[Plan, MethodConfig]:
-        weights = None
-        if kind == "weights":
-            try:
-                weights = tuple(float(x) for x in str(layer_weights).replace(" ", "").split(",") if x)
-            except ValueError:
-                raise UserError("Layer weights: comma-separated numbers in [0, 1], one per layer.") from None
-        plan = Plan(int(b), int(u), int(tb), int(tu), transition, float(tw), non_layer, kind=kind, weights=weights,
-                    k=int(k), seed=int(seed), offset=int(offset), modules=modules)
-        m = MethodConfig(method, weight=float(weight), lam=float(lam), density=float(density),
-                         drop_rate=float(drop_rate), seed=int(seed))
-        m.validate()
-        return plan, m
+                drop_rate=0.9, expert_weights="1,1") -> tuple[Plan | None, MethodConfig]:
+        r = Recipe.from_values(method=method, b=b, u=u, tb=tb, tu=tu, transition=transition, transition_weight=tw,
+                               non_layer=non_layer, kind=kind, layer_weights=layer_weights, k=k, seed=seed, offset=offset,
+                               modules=modules, weight=weight, expert_weights=expert_weights, lam=lam, density=density,
+                               drop_rate=drop_rate)
+        return r.plan, r.method
 
     def _models_md(self) -> str:
         if not self.wb.report:
@@ -141,7 +135,7 @@ class App(EvaluateTab):
     def current(self):
         """Page open: show what the shared workbench holds (no reload)."""
         L = self.wb.num_layers if "math" in self.wb.engines else None
-        strip = _strip(self.wb.layer_weights, self.wb.method, L) if self.wb.plan is not None else None
+        strip = _strip(self.wb.layer_weights, self.wb.recipe.method, L) if self.wb.recipe is not None else None
         return [self._models_md(), *self._slider_updates(L), strip]
 
     def load(self, base: str, math: str, lang: str, force: bool = False, progress=gr.Progress()):
@@ -178,15 +172,16 @@ class App(EvaluateTab):
     def build(self, *values, progress=gr.Progress()):
         plan, method = self._recipe(*values)
         progress(0, desc="merging")
-        lw = self.wb.build(plan, method, progress=lambda f, d: progress(f, desc=d))
+        lw = self.wb.build(Recipe(method, plan), progress=lambda f, d: progress(f, desc=d))
         return _strip(lw, method, self.wb.num_layers), _plan_md(plan, method, self.wb.num_layers, built=True)
 
     def export_yaml(self):
         from ..interop import mergekit_yaml
 
-        if self.wb.plan is None:
+        if self.wb.recipe is None:
             raise UserError("Build the merge first, then export its mergekit config.")
-        text = mergekit_yaml(self.wb.checkpoints["math"], self.wb.checkpoints["lang"], self.wb.plan, self.wb.method)
+        text = mergekit_yaml(self.wb.checkpoints["math"], self.wb.checkpoints["lang"], self.wb.recipe,
+                             self.wb.checkpoints.get("base"))
         path = Path(tempfile.mkdtemp(prefix="layerswap-")) / "layerswap-mergekit.yml"
         path.write_text(text)
         return gr.update(value=str(path), visible=True)

@@ -114,8 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=c.cmd_eval)
 
-    s = sub.add_parser("sweep", help="merge and evaluate a grid of plans or the ablation suite, then tabulate")
-    o.models(s)
+    s = sub.add_parser("sweep", help="merge and evaluate every recipe of a sweep file (resumable), or a grid / the "
+                                      "ablation suite from flags; tables and plots")
+    s.add_argument("file", nargs="?", metavar="SWEEP.yaml",
+                   help="a sweep file (layerswap.sweepfiles): experts, recipes or grid, test sets, settings")
+    s.add_argument("--math", metavar="M", help="flag form: math expert")
+    s.add_argument("--lang", metavar="L", help="flag form: language expert")
+    s.add_argument("--base", metavar="B", help="flag form: base model")
     s.add_argument("--suite", choices=("grid", "ablations"), default="grid",
                    help="grid: (b, u, t) swap plans; ablations: transition, location, module and baseline variants")
     s.add_argument("--b-values", default="0-3", help="grid: bottom layer counts (default 0-3)")
@@ -126,8 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     o.eval_options(s)
     s.add_argument("--no-experts", action="store_true", help="skip evaluating the experts themselves")
     o.engine_options(s)
-    s.add_argument("-o", "--out", help="results as CSV")
-    s.add_argument("--plot", help="bar chart of every recipe (.html or .png)")
+    s.add_argument("-o", "--out", help="results file (JSONL: one line per finished point; a rerun resumes it). "
+                                      "A .csv name writes the table instead and keeps no results file")
+    s.add_argument("--csv", action="append", help="the results table as CSV")
+    s.add_argument("--html", help="a self-contained HTML page: table, statistics and figures")
+    s.add_argument("--plot", action="append", help="figures (.html or .png): heatmap over (b, u), curves, bars; "
+                                                   "one file per figure, suffixed -heatmap/-curves/-bars when several")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=c.cmd_sweep)
 

@@ -250,38 +250,90 @@ def cmd_eval(args) -> int:
             wb.close()
 
 
-def cmd_sweep(args) -> int:
-    from ..sweeps import ablation_suite, run_sweep, swap_grid, sweep_figure
+def _sweep_spec(args):
+    """The sweep of the flag form (`--math --lang` plus a grid or the ablation suite), as a SweepSpec."""
+    from ..adapters import open_expert
+    from ..sweepfiles import ExpertSet, SweepSpec, TestSet
+    from ..sweeps import ablation_suite, swap_grid
 
+    if not (args.math and args.lang):
+        raise UserError("Give a sweep file (layerswap sweep SWEEP.yaml), or --math M --lang L for a grid or the "
+                        "ablation suite.")
     cfg = eval_config(args)
-    wb = _workbench(args)
+    L = open_expert(args.math, args.base).num_layers
+    if args.suite == "grid":
+        points = swap_grid(L, int_list(args.b_values, "--b-values"), int_list(args.u_values, "--u-values"),
+                           int_list(args.t_values, "--t-values"), transition=args.transition or "flat",
+                           non_layer=args.non_layer or "neighbour")
+    else:
+        points = ablation_suite(L, recipe_from(args, L).plan, with_base=args.base is not None)
+    return SweepSpec(
+        name=f"{args.suite} sweep", expert_sets=[ExpertSet("experts", args.math, args.lang, args.base, args.force)],
+        points=points, test_sets=[TestSet(Path(cfg.source).name if cfg.source else "mgsm", cfg.source, tuple(cfg.langs))],
+        eval={"limit": cfg.limit, "shots": cfg.shots, "mode": cfg.mode, "max_new_tokens": cfg.max_new_tokens},
+        engine={"engine": args.engine, "device": args.device, "serving": args.serving,
+                "chat_template": bool(args.chat_template), "max_model_len": args.max_model_len},
+        include_experts=not args.no_experts)
+
+
+def cmd_sweep(args) -> int:
+    from ..sweepfiles import load_spec, with_eval
+    from ..sweepreport import stats_table, sweep_figures, table_text, write_csv, write_html
+    from ..sweeps import run_sweep
+
+    if args.file:
+        given = [f for f in ("math", "lang", "base") if getattr(args, f)]
+        if given:
+            raise UserError(f"{args.file} names the experts; drop --{', --'.join(given)} (or use the flag form "
+                            "without a file).")
+        spec = with_eval(load_spec(args.file), limit=args.limit)
+    else:
+        spec = _sweep_spec(args)
+    out = args.out
+    csv_out = list(args.csv or [])
+    if out and out.lower().endswith(".csv"):  # the flag form's table, as before; the records stay in memory
+        csv_out.append(out)
+        out = None
+    n = len(spec.points)
+    print(f"{spec.name}: {n} recipe{'s' if n != 1 else ''} x {len(spec.expert_sets)} expert set(s) x "
+          f"{len(spec.test_sets)} test set(s); MGSM {spec.eval.get('mode', 'native_cot')}, "
+          f"{spec.eval.get('shots', 0)}-shot, " + ("first " + str(spec.eval['limit']) if spec.eval.get("limit") else "all")
+          + " questions" + (f"; results in {out}" if out else ""))
+    bar = Bar(enabled=not args.quiet)
     try:
-        wb.load(args.math, args.lang, args.base, force=args.force)
-        L = wb.num_layers
-        if args.suite == "grid":
-            points = swap_grid(L, int_list(args.b_values, "--b-values"), int_list(args.u_values, "--u-values"),
-                               int_list(args.t_values, "--t-values"), transition=args.transition or "flat",
-                               non_layer=args.non_layer or "neighbour")
-        else:
-            points = ablation_suite(L, recipe_from(args, L).plan, with_base=args.base is not None)
-        print(f"{len(points)} recipes on {L} layers; engine: {wb.engine_note or 'transformers'}; MGSM {cfg.mode}, "
-              f"{cfg.shots}-shot, {', '.join(cfg.langs)}, {'first ' + str(cfg.limit) if cfg.limit else 'all'} questions")
-        bar = Bar(enabled=not args.quiet)
-        result = run_sweep(wb, points, cfg, include_experts=not args.no_experts, progress=bar)
-        bar.done()
+        run = run_sweep(spec, out, progress=bar)
     finally:
-        wb.close()
-    print(result.table_text("flexible"))
-    best = result.best()
-    print(f"\nbest merge (mean flexible accuracy; best of {len(result.merges())}, so optimistic): {best.name}")
-    if args.out:
-        result.write_csv(args.out)
-        print(f"wrote {args.out}")
+        bar.done()
+    if run.repaired:
+        print(f"note: {run.repaired}; that point was run again")
+    for name, k in run.left_out.items():
+        print(f"note: {k} grid point(s) do not fit the layers of expert set {name!r} and were left out")
+    print(f"{run.ran} point(s) run now, {len(run.rows) - run.ran} already in the results file")
+    print(table_text(run.rows, "flexible"))
+    for row in stats_table(run.rows):
+        print("  " + ", ".join(f"{k}: {v}" for k, v in row.items()))
+    merges = [r for r in run.rows if r["kind"] == "merge"]
+    if merges:
+        from ..sweepreport import scores
+
+        best = max(merges, key=lambda r: scores(r)["average"])
+        print(f"\nbest merge (average flexible accuracy; best of {len(merges)}, so optimistic): {best['name']}")
+    for path in csv_out:
+        write_csv(run.rows, path)
+        print(f"wrote {path}")
+    if args.html:
+        write_html(run.rows, args.html, title=spec.name)
+        print(f"wrote {args.html}")
     if args.plot:
         from ..plots import save_figure
 
-        save_figure(sweep_figure(result), args.plot)
-        print(f"wrote {args.plot}")
+        figs = dict(sweep_figures(run.rows))
+        for path in args.plot:
+            stem = Path(path)
+            for kind, fig in figs.items():
+                target = stem if len(figs) == 1 else stem.with_name(f"{stem.stem}-{kind}{stem.suffix}")
+                save_figure(fig, target)
+                print(f"wrote {target}")
     return 0
 
 

@@ -309,6 +309,28 @@ def _stats(wb) -> dict:
     return out
 
 
+def _layout(spec: SweepSpec, left_out: dict) -> tuple[list, dict[str, str]]:
+    """Per expert set: its checkpoints (headers only) and units; and the key of each set's refusal record."""
+    plan = [(s, cks, _units(spec, s, cks, left_out)) for s in spec.expert_sets for cks in [_open_set(s)]]
+    refusal = {s.name: point_key({"experts": _experts_identity(cks), "force": s.force, "refused": 1})
+               for s, cks, _ in plan}
+    return plan, refusal
+
+
+def _ordered(plan: list, refusal: dict[str, str], rows: dict[str, dict]) -> list[dict]:
+    keys = [k for s, _, us in plan for k in [refusal[s.name], *(u.key for u in us)]]
+    return [rows[k] for k in keys if k in rows]
+
+
+def sweep_results(spec: SweepSpec | str | Path, out: str | Path) -> list[dict]:
+    """The records a results file holds for this sweep's points, in sweep order (nothing is run or loaded
+    beyond checkpoint headers); several sweeps may share one results file."""
+    spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
+    spec.check_experts()
+    plan, refusal = _layout(spec, {})
+    return _ordered(plan, refusal, {r["key"]: r for r in load_results(out)})
+
+
 def run_sweep(spec: SweepSpec | str | Path, out: str | Path | None, progress: Progress | None = None,
               cancel: threading.Event | None = None, *, workbench: Callable[[SweepSpec], object] | None = None,
               ) -> SweepRun:
@@ -324,9 +346,7 @@ def run_sweep(spec: SweepSpec | str | Path, out: str | Path | None, progress: Pr
     left_out: dict[str, int] = {}
     try:
         with ResultsLog(path) as log:
-            plan = [(s, cks, _units(spec, s, cks, left_out)) for s in spec.expert_sets for cks in [_open_set(s)]]
-            refusal = {s.name: point_key({"experts": _experts_identity(cks), "force": s.force, "refused": 1})
-                       for s, cks, _ in plan}
+            plan, refusal = _layout(spec, left_out)
             total = sum(len(us) for _, _, us in plan)
             done = sum(len(us) if refusal[s.name] in log else sum(u.key in log for u in us) for s, _, us in plan)
             ran, t0, cancelled = 0, time.perf_counter(), False
@@ -382,8 +402,7 @@ def run_sweep(spec: SweepSpec | str | Path, out: str | Path | None, progress: Pr
                         ran += 1
                 finally:
                     wb.close()
-            keys = [k for s, _, us in plan for k in [refusal[s.name], *(u.key for u in us)]]
-            rows = [log.rows[k] for k in keys if k in log]
+            rows = _ordered(plan, refusal, log.rows)
             p(1.0, "cancelled" if cancelled else "done")
             return SweepRun(spec, None if tmp else path, rows, cancelled, ran, left_out, log.repaired)
     finally:
@@ -396,4 +415,5 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-__all__ = ["SweepPoint", "SweepRun", "ablation_suite", "evaluate_points", "load_results", "run_sweep", "swap_grid"]
+__all__ = ["SweepPoint", "SweepRun", "ablation_suite", "evaluate_points", "load_results", "run_sweep", "swap_grid",
+           "sweep_results"]

@@ -240,3 +240,18 @@ def test_grids_and_suites():
                  "attention only", "inverse (language middle, math outer)"):
         assert any(n.startswith(must) for n in names), must
     assert not any("TIES" in n for n in (p.name for p in ablation_suite(8, with_base=False)))
+
+
+@pytest.mark.parametrize("name", ["1-counts", "2-transition", "3-location", "4-divergence", "5-lora", "6-bases"])
+def test_shipped_sweep_files(name):
+    from layerswap.sweepfiles import fit_points
+
+    spec = load_spec(REPO / "assets" / "sweeps" / f"{name}.yaml")
+    fit_points(spec.points, 10)  # every listed recipe fits the demo's 10 layers
+    if name[0] in "123":
+        assert not spec.missing() and spec.include_experts
+    else:  # extra experts, built on demand: a missing one stops the sweep at once with the command that builds it
+        assert spec.build == "python scripts/build_demo_experts.py --ablation-experts"
+        if spec.missing():
+            with pytest.raises(UserError, match="Build them with: python scripts/build_demo_experts.py --ablation"):
+                run_sweep(spec, None)

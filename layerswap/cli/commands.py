@@ -287,6 +287,9 @@ def cmd_sweep(args) -> int:
             raise UserError(f"{args.file} names the experts; drop --{', --'.join(given)} (or use the flag form "
                             "without a file).")
         spec = with_eval(load_spec(args.file), limit=args.limit)
+        if args.engine is not None or args.device != "auto":  # the machine, not the sweep: flags win
+            spec.engine = {**spec.engine, **({"engine": args.engine} if args.engine else {}),
+                           **({"device": args.device} if args.device != "auto" else {})}
     else:
         spec = _sweep_spec(args)
     out = args.out

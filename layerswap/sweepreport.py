@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import html
+import json
 import math
 import os
 from pathlib import Path
@@ -45,10 +46,23 @@ def evaluated(rows: Sequence[dict]) -> list[dict]:
     return [r for r in rows if r["kind"] in ("expert", "merge")]
 
 
+def _join_key(r: dict) -> str:
+    """Same experts (by fingerprint) and same recipe (None: the model itself)."""
+    fps = {k: v["fingerprint"] for k, v in r.get("experts", {}).items()}
+    return json.dumps({"experts": fps, "recipe": r.get("recipe"), "role": r.get("role")}, sort_keys=True)
+
+
 def results_table(rows: Sequence[dict], metric: str = "flexible") -> list[dict]:
-    """One row per evaluated point: set, recipe, test set, then per language accuracy and ±, average ±, max, n."""
+    """One row per evaluated point: set, recipe, test set, then per language accuracy and ±, average ±, max, n;
+    lm-eval records (`layerswap.lmeval`) add their metrics to the row of the same experts and recipe (or a row
+    of their own)."""
     if metric not in ("flexible", "strict"):
         raise UserError(f"metric is flexible or strict, not {metric!r}.")
+    extra: dict[str, dict] = {}
+    for r in rows:
+        if r["kind"] == "lm-eval":
+            extra.setdefault(_join_key(r), {"set": r["set"], "recipe": r["name"], "kind": "lm-eval"}).update(
+                {k: round(v, 4) for k, v in r["metrics"].items()})
     out = []
     for r in evaluated(rows):
         s = scores(r, metric)
@@ -59,8 +73,11 @@ def results_table(rows: Sequence[dict], metric: str = "flexible") -> list[dict]:
         row.update({"average": round(s["average"], 1), "average ±": round(s["average_se"], 1),
                     "max": round(s["max"], 1), "n": s["n"]})
         row.update({f"var {k}": v for k, v in r.get("vars", {}).items()})
+        joined = extra.pop(_join_key(r), None)
+        if joined:
+            row.update({k: v for k, v in joined.items() if k not in ("set", "recipe", "kind")})
         out.append(row)
-    return out
+    return out + list(extra.values())
 
 
 def stats_table(rows: Sequence[dict], metric: str = "flexible") -> list[dict]:

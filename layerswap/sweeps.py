@@ -309,6 +309,52 @@ def _stats(wb) -> dict:
     return out
 
 
+def refusal_reason(s: ExpertSet, cks: dict) -> str | None:
+    """Why this expert set cannot be merged (the checks `Workbench.load` makes), or None."""
+    from .checkpoints import check_compatible, check_pairing
+
+    report = check_compatible(cks["math"], cks["lang"], cks.get("base"))
+    if not report.ok:
+        return report.summary().replace("\n", " | ")
+    pairing = check_pairing(cks["math"], cks["lang"], cks.get("base"))
+    if pairing.suspicious and not s.force:
+        return pairing.message() + "."
+    return None
+
+
+def refused_record(spec: SweepSpec, s: ExpertSet, cks: dict, key: str, reason: str) -> dict:
+    return _record(spec, s, Unit("refused", key, {"experts": _experts_identity(cks)}, "refused"), message=reason)
+
+
+def execute(wb, spec: SweepSpec, s: ExpertSet, units: list[Unit], cancel: threading.Event | None = None,
+            tell: Callable[[float, str], None] = no_progress):
+    """Records for `units` of expert set `s`, with `wb` holding its experts; stops early when `cancel` is set."""
+    built, lw = None, None
+    for u in units:
+        if cancel is not None and cancel.is_set():
+            return
+        t = time.perf_counter()
+        if u.kind == "stats":
+            tell(0.0, f"{s.name}: distances from the base")
+            yield _record(spec, s, u, **_stats(wb), seconds=time.perf_counter() - t)
+            continue
+        extra = {}
+        if u.kind == "merge":
+            if built != u.point.name:
+                tell(0.0, f"merging {u.name}")
+                lw, built = wb.build(u.point.recipe), u.point.name
+            plan = u.point.recipe.plan
+            extra = {"layer_weights": lw, "reverted": sorted(plan.reverted()) if plan else [],
+                     "pairing_forced": bool(wb.pairing.suspicious)}
+        model = "merged" if u.kind == "merge" else u.role
+        rep = wb.evaluate(u.test.config(spec.eval_settings()), roles=(model,),
+                          progress=lambda f, d, n=u.name: tell(f, f"{n}: {d}"), cancel=cancel)
+        if rep.cancelled:
+            return
+        yield _record(spec, s, u, **_scores(rep, ROLE_NAMES[model]), **extra, engine_note=wb.engine_note,
+                      seconds=time.perf_counter() - t)
+
+
 def _layout(spec: SweepSpec, left_out: dict) -> tuple[list, dict[str, str]]:
     """Per expert set: its checkpoints (headers only) and units; and the key of each set's refusal record."""
     plan = [(s, cks, _units(spec, s, cks, left_out)) for s in spec.expert_sets for cks in [_open_set(s)]]
@@ -362,44 +408,20 @@ def run_sweep(spec: SweepSpec | str | Path, out: str | Path | None, progress: Pr
                 todo = [u for u in units if u.key not in log]
                 if not todo or cancelled or refusal[s.name] in log:
                     continue
+                reason = refusal_reason(s, cks)
+                if reason:  # different shapes, or a different base without force
+                    log.append(refused_record(spec, s, cks, refusal[s.name], reason))
+                    done += len(todo)
+                    continue
                 wb = make(spec)
                 try:
                     tell(0.0, f"{s.name}: loading the experts")
-                    try:
-                        wb.load(s.math, s.lang, s.base, force=s.force)
-                    except UserError as e:  # different shapes, or a different base without force
-                        unit = Unit("refused", refusal[s.name], {"experts": _experts_identity(cks)}, "refused")
-                        log.append(_record(spec, s, unit, message=str(e)))
-                        done += len(todo)
-                        continue
-                    built = None
-                    for u in todo:
-                        if cancel is not None and cancel.is_set():
-                            cancelled = True
-                            break
-                        t = time.perf_counter()
-                        if u.kind == "stats":
-                            tell(0.0, f"{s.name}: distances from the base")
-                            log.append(_record(spec, s, u, **_stats(wb), seconds=time.perf_counter() - t))
-                        else:
-                            extra = {}
-                            if u.kind == "merge" and built != u.point.name:
-                                tell(0.0, f"merging {u.name}")
-                                lw = wb.build(u.point.recipe)
-                                built = u.point.name
-                            if u.kind == "merge":
-                                extra = {"layer_weights": lw, "reverted": sorted(u.point.recipe.plan.reverted())
-                                         if u.point.recipe.plan else [], "pairing_forced": bool(wb.pairing.suspicious)}
-                            model = "merged" if u.kind == "merge" else u.role
-                            rep = wb.evaluate(u.test.config(spec.eval_settings()), roles=(model,),
-                                              progress=lambda f, d, n=u.name: tell(f, f"{n}: {d}"), cancel=cancel)
-                            if rep.cancelled:
-                                cancelled = True
-                                break
-                            log.append(_record(spec, s, u, **_scores(rep, ROLE_NAMES[model]), **extra,
-                                               engine_note=wb.engine_note, seconds=time.perf_counter() - t))
+                    wb.load(s.math, s.lang, s.base, force=s.force)
+                    for rec in execute(wb, spec, s, todo, cancel, tell):
+                        log.append(rec)
                         done += 1
                         ran += 1
+                    cancelled = cancel is not None and cancel.is_set()
                 finally:
                     wb.close()
             rows = _ordered(plan, refusal, log.rows)

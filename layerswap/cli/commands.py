@@ -304,7 +304,14 @@ def cmd_sweep(args) -> int:
           + " questions" + (f"; results in {out}" if out else ""))
     bar = Bar(enabled=not args.quiet)
     try:
-        run = run_sweep(spec, out, progress=bar)
+        if args.ray:
+            from ..sweepray import run_sweep_ray
+
+            if not out:
+                raise UserError("--ray writes to a results file: add -o RESULTS.jsonl.")
+            run = run_sweep_ray(spec, out, actors=args.ray, progress=bar, gpus_per_actor=args.ray_gpus)
+        else:
+            run = run_sweep(spec, out, progress=bar)
     finally:
         bar.done()
     if run.repaired:
@@ -337,6 +344,47 @@ def cmd_sweep(args) -> int:
                 target = stem if len(figs) == 1 else stem.with_name(f"{stem.stem}-{kind}{stem.suffix}")
                 save_figure(fig, target)
                 print(f"wrote {target}")
+    return 0
+
+
+def cmd_lm_eval(args) -> int:
+    from ..lmeval import LmEvalConfig, evaluate_model, evaluate_recipe, record
+    from ..runtime import resolve_device
+
+    cfg = LmEvalConfig(tasks=[t.strip() for t in args.tasks.split(",") if t.strip()], include_path=args.include_path,
+                       limit=args.limit, num_fewshot=args.num_fewshot, batch_size=args.batch_size,
+                       backend=args.backend, device=resolve_device(args.device, ("cpu", "cuda")))
+    cfg.validate()
+    target = Path(args.target)
+    if target.suffix.lower() in (".yaml", ".yml", ".json") and target.is_file():
+        if not (args.math and args.lang):
+            raise UserError(f"{args.target} is a recipe: give --math and --lang (and --base) to merge it first.")
+        math, lang, base = _open_trio(args)
+        recipe = Recipe.load(target)
+        recipe.validate(math.num_layers)
+        _print_recipe(recipe, math.num_layers)
+        metrics, rec = evaluate_recipe(math, lang, base, recipe, cfg, name=args.name or target.stem, force=args.force,
+                                       keep=args.keep)
+    else:
+        if args.math or args.lang:
+            raise UserError(f"{args.target} is a model; --math/--lang are for a recipe file.")
+        metrics = evaluate_model(args.target, cfg)
+        ck = _open(args.target)
+        rec = record({"model": {"ref": ck.ref, "fingerprint": ck.fingerprint()}}, None, args.name or target.name,
+                     cfg, metrics)
+    for task, ms in metrics.items():
+        print(f"{task}: " + ", ".join(f"{k} {v:.4f}" for k, v in ms.items()))
+    if args.out:
+        import json
+
+        Path(args.out).write_text(json.dumps(metrics, indent=2))
+        print(f"wrote {args.out}")
+    if args.sweep_results:
+        from ..sweeplog import ResultsLog
+
+        with ResultsLog(args.sweep_results) as log:
+            log.append(rec)
+        print(f"appended to {args.sweep_results} (joined to the same recipe's row in its table)")
     return 0
 
 

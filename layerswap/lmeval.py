@@ -72,7 +72,7 @@ def evaluate_model(model: str | Path, cfg: LmEvalConfig) -> dict[str, dict[str, 
     if unknown:
         raise UserError(f"lm-eval does not know task{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
                         + ("" if cfg.include_path else " (local task files: --include-path DIR)") + ".")
-    args = f"pretrained={model},dtype={cfg.dtype}" + (",device=" + cfg.device if cfg.backend == "hf" else "")
+    args = f"pretrained={model},dtype={cfg.dtype}"
     res = lm_eval.simple_evaluate(model=cfg.backend, model_args=args, tasks=cfg.tasks, task_manager=tm,
                                   limit=cfg.limit, num_fewshot=cfg.num_fewshot, batch_size=cfg.batch_size,
                                   device=cfg.device if cfg.backend == "hf" else None, log_samples=False)

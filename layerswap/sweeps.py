@@ -364,8 +364,17 @@ def _layout(spec: SweepSpec, left_out: dict) -> tuple[list, dict[str, str]]:
 
 
 def _ordered(plan: list, refusal: dict[str, str], rows: dict[str, dict]) -> list[dict]:
-    keys = [k for s, _, us in plan for k in [refusal[s.name], *(u.key for u in us)]]
-    return [rows[k] for k in keys if k in rows]
+    """This sweep's records in sweep order, named as this sweep names its points (another sweep sharing the
+    results file may have measured the same point under another name)."""
+    out = []
+    for s, _, units in plan:
+        if refusal[s.name] in rows:
+            out.append(rows[refusal[s.name]])
+        for u in units:
+            if u.key in rows:
+                out.append({**rows[u.key], "name": u.name, "set": s.name,
+                            "vars": dict(u.point.vars) if u.point else {}})
+    return out
 
 
 def sweep_results(spec: SweepSpec | str | Path, out: str | Path) -> list[dict]:

@@ -20,7 +20,9 @@ DOCS = [("one plus one is", ["two", "seven"], 0), ("the sky is", ["green", "blue
 
 
 @pytest.fixture()
-def local_task(tmp_path):
+def local_task(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the task's data is a local file: no Hub look-ups
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed: pip install lm-eval")
     data = tmp_path / "tiny.jsonl"
     data.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in DOCS))

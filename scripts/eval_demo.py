@@ -4,7 +4,7 @@
     python scripts/eval_demo.py                      # assets/demo -> assets/demo/results.json
     python scripts/eval_demo.py --demo DIR --out F   # a rebuilt organism (tests/test_demo_organism.py, slow)
 
-Everything goes through the library's public API (Workbench, Plan, MethodConfig, run_sweep, EvalConfig):
+Everything goes through the library's public API (Workbench, Plan, Recipe, MethodConfig, evaluate_points, EvalConfig):
 the same merge and MGSM evaluation code the app and CLI use (0-shot native chain-of-thought prompt,
 greedy decoding, strict and flexible extraction as in lm-evaluation-harness' ``mgsm_native_cot``).
 
@@ -32,7 +32,7 @@ from layerswap.evaluation import EvalConfig  # noqa: E402
 from layerswap.methods import MethodConfig  # noqa: E402
 from layerswap.plans import default_plan  # noqa: E402
 from layerswap.recipes import Recipe  # noqa: E402
-from layerswap.sweeps import SweepPoint, run_sweep, swap_grid  # noqa: E402
+from layerswap.sweeps import SweepPoint, evaluate_points, swap_grid  # noqa: E402
 from layerswap.workbench import Workbench  # noqa: E402
 
 TARGET = "xx"
@@ -93,7 +93,7 @@ def main() -> int:
     def progress(f: float, d: str) -> None:
         print(f"\r[{time.time() - t0:6.0f}s] {100 * f:5.1f}% {d[:90]:<90}", end="", file=sys.stderr, flush=True)
 
-    res = run_sweep(wb, points, cfg, progress=progress)
+    res = evaluate_points(wb, points, cfg, progress=progress)
     print(file=sys.stderr)
     n = res.rows[0].n[TARGET]
     half = n // 2

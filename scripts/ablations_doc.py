@@ -55,7 +55,8 @@ def main() -> int:
             parts.append(f"Not run here: {e}\n")
             continue
         if not rows:
-            parts.append("No results yet.\n")
+            parts.append("No records of this sweep for these models in the results file (the experts' fingerprints "
+                         "include file modification times, so a fresh checkout has none): run the command above.\n")
             continue
         parts.append(table_text(rows) + "\n")
         stats = stats_table(rows)

@@ -2,10 +2,10 @@
 
 Python API at a glance::
 
-    from layerswap import Checkpoint, Plan, check_compatible, export_merge
+    from layerswap import Checkpoint, Plan, Recipe, check_compatible, export_merge
     math, lang = Checkpoint.open("math-expert/"), Checkpoint.open("lang-expert/")
     print(check_compatible(math, lang).summary())
-    export_merge(math, lang, Plan(b=5, u=2, tb=1, tu=1), "merged/")
+    export_merge(math, lang, Recipe(plan=Plan(b=5, u=2, tb=1, tu=1)), "merged/")
 """
 
 from .architectures import classify
@@ -14,9 +14,10 @@ from .errors import UserError
 from .merging import blend, export_merge, merge_in_memory, tensor_weights
 from .methods import METHODS, MethodConfig
 from .plans import Plan, default_plan
+from .recipes import Recipe
 from .version import __version__
 
 __all__ = [
-    "METHODS", "Checkpoint", "CompatReport", "MethodConfig", "Plan", "UserError", "blend", "check_compatible",
+    "METHODS", "Checkpoint", "CompatReport", "MethodConfig", "Plan", "Recipe", "UserError", "blend", "check_compatible",
     "classify", "default_plan", "export_merge", "merge_in_memory", "tensor_weights", "__version__",
 ]

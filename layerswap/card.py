@@ -29,7 +29,8 @@ from .hub import looks_like_hub_id
 from .interop import mergekit_yaml
 from .methods import MethodConfig
 from .outputs import EXPORT_MARK
-from .plans import Plan, source_label
+from .plans import BASE_LABEL, Plan, source_label
+from .recipes import Recipe
 from .presets import ASSETS_PREFIX
 from .roles import ROLE_NAMES
 from .version import __version__
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 PROVENANCE = EXPORT_MARK  # layerswap.json: every export has it, and only exports
 CARD = "README.md"
-RECIPE_KEYS = ("layerswap_version", "method", "plan", "layer_weights_lang", "non_layer_weights_lang", "models")
+RECIPE_KEYS = ("layerswap_version", "method", "plan", "reverted_layers", "layer_weights_lang", "non_layer_weights_lang", "models")
 _LANG_CODE = re.compile(r"^[a-z]{2,3}$")  # ISO 639-1/3, as the Hub's `language` field takes them
 
 
@@ -92,23 +93,26 @@ def check_languages(codes: list[str] | tuple[str, ...] | None) -> list[str]:
     return sorted(set(codes))
 
 
-def provenance(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None, plan: Plan, method: MethodConfig,
+def provenance(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None, recipe: Recipe,
                layer_weights: list[float] | None, non_layer_weights: dict[str, float], pairing: Pairing,
                forced: bool, languages: list[str] | None = None) -> dict:
     """Everything about a merge as plain data: recipe, models, reproduction, checks (``layerswap.json``)."""
+    method, plan = recipe.method, recipe.plan
     models = {"math": model_entry(math, "math"), "lang": model_entry(lang, "lang")}
     if base is not None:
         models["base"] = model_entry(base, "base")
     try:
-        refs = (_mergekit_ref(models["math"]), _mergekit_ref(models["lang"]))
-        yml, why_not = mergekit_yaml(math, lang, plan, method, refs=refs), None
+        refs = tuple(_mergekit_ref(models[r]) for r in ("math", "lang", "base") if r in models)
+        yml, why_not = mergekit_yaml(math, lang, recipe, base, refs=refs), None
     except UserError as e:
         yml, why_not = None, str(e)
     return {
         "layerswap_version": __version__,
         "created": _now(),
         "method": method.to_dict(),
-        "plan": plan.to_dict() if method.spec.uses_plan else None,
+        "recipe": recipe.to_dict(),
+        "plan": plan.to_dict() if plan is not None else None,
+        "reverted_layers": sorted(plan.reverted()) if plan is not None else [],
         "layer_weights_lang": layer_weights,
         "non_layer_weights_lang": non_layer_weights,
         "models": models,
@@ -141,9 +145,10 @@ def write_card(folder: str | os.PathLike, prov: dict) -> None:
         tmp.replace(folder / name)
 
 
-def check_same_merge(prov: dict, folder: str | os.PathLike, checkpoints: dict[str, Checkpoint], plan: Plan,
-                     method: MethodConfig) -> None:
+def check_same_merge(prov: dict, folder: str | os.PathLike, checkpoints: dict[str, Checkpoint],
+                     recipe: Recipe) -> None:
     """Refuse to card an in-memory merge that is not the export's: other experts, plan or method."""
+    method, plan = recipe.method, recipe.plan
     def same(a, b) -> bool:
         return json.loads(json.dumps(a)) == json.loads(json.dumps(b))
 
@@ -151,7 +156,7 @@ def check_same_merge(prov: dict, folder: str | os.PathLike, checkpoints: dict[st
             if prov["models"][r]["fingerprint"] != checkpoints[r].fingerprint()]
     if not same(prov["method"], method.to_dict()):
         diff.append(f"the method ({MethodConfig.from_dict(prov['method']).describe()} there)")
-    elif method.spec.uses_plan and not same(prov["plan"], plan.to_dict()):
+    elif plan is not None and not same(prov["plan"], plan.to_dict()):
         diff.append(f"the plan ({Plan.from_dict(prov['plan']).title()} there)")
     if diff:
         raise UserError(f"{folder} is not this merge: {', '.join(diff)} differ. Evaluate the export itself "
@@ -233,8 +238,9 @@ def _models_table(prov: dict) -> str:
 def _how(prov: dict, plan: Plan | None, method: MethodConfig) -> str:
     if plan is None:
         return f"- **Method**: {method.describe()}: {method.spec.description}\n"
-    lw = prov["layer_weights_lang"]
-    rows = "\n".join(f"| {i} | {w:.4g} | {source_label(w)} |" for i, w in enumerate(lw))
+    lw, rev = prov["layer_weights_lang"], set(prov.get("reverted_layers") or [])
+    rows = "\n".join(f"| {i} | {'–' if i in rev else f'{w:.4g}'} | {BASE_LABEL if i in rev else source_label(w)} |"
+                     for i, w in enumerate(lw))
     nl = "\n".join(f"| `{n}` | {w:.4g} |" for n, w in prov["non_layer_weights_lang"].items())
     return f"""- **Method**: {method.describe()}
 - **Plan**: {plan.title()}

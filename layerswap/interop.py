@@ -6,7 +6,8 @@ experts with weights ``1-w`` and ``w`` where it is blended, and per-module filte
 covers only attention or only the MLP. Zero-length slices at both ends pin the embeddings
 (first slice) and the final norm / lm_head (last slice) to the plan's non-layer weights; both
 always list the two experts, because mergekit takes the number of inputs of the post-weights
-from the first slice. layerswap's blend uses mergekit's linear arithmetic, so running mergekit
+from the first slice. Layers a plan reverts are slices with the base model as their only source
+(weight 1), so the config then needs the base. layerswap's blend uses mergekit's linear arithmetic, so running mergekit
 on this file reproduces layerswap's merge bit for bit (up to the sign of exact zeros).
 """
 
@@ -15,8 +16,8 @@ from __future__ import annotations
 from .architectures import Architecture
 from .checkpoints import Checkpoint
 from .errors import UserError
-from .methods import MethodConfig
 from .plans import Plan
+from .recipes import Recipe, as_recipe
 
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
@@ -50,15 +51,17 @@ def _sources(arch: Architecture, math: str, lang: str, w_attn: float, w_mlp: flo
     ]
 
 
-def mergekit_config(math: Checkpoint, lang: Checkpoint, plan: Plan, method: MethodConfig | None = None,
-                    refs: tuple[str, str] | None = None) -> dict:
-    """The mergekit YAML config (as a dict) that reproduces `plan` (or a soup) with ``linear``.
+def mergekit_config(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, base: Checkpoint | None = None,
+                    refs: tuple[str, ...] | None = None) -> dict:
+    """The mergekit YAML config (as a dict) that reproduces `recipe` (a plan, or a soup) with ``linear``.
 
-    `refs` names the (math, language) models in the config; default: Hub ids, else absolute paths.
+    `refs` names the (math, language[, base]) models in the config; default: Hub ids, else absolute paths.
     """
-    method = method or MethodConfig()
+    recipe = as_recipe(recipe)
+    method, plan = recipe.method, recipe.plan
     L = math.num_layers
-    m, lg = refs or (_ref(math), _ref(lang))
+    m, lg = (refs or (_ref(math), _ref(lang)))[:2]
+    base_ref = refs[2] if refs and len(refs) > 2 else (_ref(base) if base is not None else None)
     dtypes = {t.dtype for t in math.tensors.values()}
     dtype = _DTYPE_NAMES.get(next(iter(dtypes)), "float32") if len(dtypes) == 1 else "float32"
     if method.name == "soup":  # every tensor, non-layer ones included, at the same weight
@@ -71,16 +74,27 @@ def mergekit_config(math: Checkpoint, lang: Checkpoint, plan: Plan, method: Meth
         )
     lw = plan.layer_weights(L)
     arch = math.arch
+    reverted = plan.reverted()
+    if reverted and base is None:
+        raise UserError(f"{recipe.base_reason()}: the mergekit config takes those layers from the base model, "
+                        "so pass --base (the model both experts were fine-tuned from).")
 
-    def layer_key(i: int) -> tuple[float, float, float]:  # attention, MLP, anything else in the layer
+    def layer_key(i: int) -> tuple:  # attention, MLP, anything else in the layer; or the base
+        if i in reverted:
+            return ("base",)
         return (plan.tensor_weight(i, arch.attention[0], lw, arch), plan.tensor_weight(i, arch.mlp[0], lw, arch),
                 plan.tensor_weight(i, "other", lw, arch))
+
+    def layer_sources(key: tuple, rng: tuple[int, int]) -> list[dict]:
+        if key == ("base",):
+            return [{"model": base_ref, "layer_range": list(rng), "parameters": {"weight": 1.0}}]
+        return _sources(arch, m, lg, *key, rng)
 
     slices = [{"sources": _sources(arch, m, lg, *[plan.non_layer_weight("embed", lw)] * 3, (0, 0), both=True)}]
     start = 0
     for i in range(1, L + 1):
         if i == L or layer_key(i) != layer_key(start):
-            slices.append({"sources": _sources(arch, m, lg, *layer_key(start), (start, i))})
+            slices.append({"sources": layer_sources(layer_key(start), (start, i))})
             start = i
     wh = plan.non_layer_weight("lm_head", lw)
     slices.append({"sources": _sources(arch, m, lg, wh, wh, wh, (L, L), both=True)})
@@ -94,14 +108,14 @@ def mergekit_config(math: Checkpoint, lang: Checkpoint, plan: Plan, method: Meth
     }
 
 
-def mergekit_yaml(math: Checkpoint, lang: Checkpoint, plan: Plan, method: MethodConfig | None = None,
-                  refs: tuple[str, str] | None = None) -> str:
+def mergekit_yaml(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, base: Checkpoint | None = None,
+                  refs: tuple[str, ...] | None = None) -> str:
     """`mergekit_config` as YAML text, with a comment saying what it reproduces and how to run it."""
     import yaml
 
-    cfg = mergekit_config(math, lang, plan, method, refs)
-    method = method or MethodConfig()
-    what = plan.title() if method.spec.uses_plan else method.describe()
+    recipe = as_recipe(recipe)
+    cfg = mergekit_config(math, lang, recipe, base, refs)
+    what = recipe.title()
     head = (f"# mergekit config written by layerswap for: {what}\n"
             "# run: mergekit-yaml this.yml OUT_DIR   (reproduces layerswap's merge bit for bit)\n")
     return head + yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None, width=120)

@@ -1,7 +1,8 @@
 """Merging: in-memory merges, and streaming export to an HF-format folder.
 
-Every output tensor gets a recipe. With layer swapping (and any per-layer map), a tensor with
-weight ``w == 0`` or ``w == 1`` is a copy of the math or language expert's tensor (in memory:
+Every output tensor gets a source (`TensorSource`) from the merge's `Recipe`. With layer swapping
+(and any per-layer map), a tensor with weight ``w == 0`` or ``w == 1`` is a copy of the math or
+language expert's tensor, and a tensor of a reverted layer a copy of the base model's (in memory:
 the same tensor object; on disk: the same bytes, no dtype round trip). A tensor in between is
 ``(1-w)*math + w*lang`` in float32 (`methods.linear`, bit-identical to mergekit's ``linear``),
 cast back to the checkpoint dtype. Other methods (soup, task arithmetic, TIES, DARE) compute
@@ -30,7 +31,8 @@ from .checkpoints import BASE_DISTANCE_THRESHOLD, Checkpoint, Pairing, TensorInf
 from .errors import UserError
 from .methods import MethodConfig, linear
 from .outputs import EXPORT_MARK, check_output_folder, input_paths
-from .plans import Plan, source_label
+from .plans import BASE_LABEL, Plan, source_label
+from .recipes import Recipe, as_recipe
 from .runtime import Progress, resolve_device
 from .tensorfile import ITEMSIZE, ShardWriter
 
@@ -51,8 +53,9 @@ def blend(math: "torch.Tensor", lang: "torch.Tensor", w: float) -> "torch.Tensor
 
 
 @dataclass(frozen=True)
-class Recipe:
-    """How one output tensor is made: ``copy`` (from `role`), ``blend`` (weight `w`) or ``method``."""
+class TensorSource:
+    """How one output tensor is made: ``copy`` (from `role`: math, lang or base), ``blend`` (weight `w`)
+    or ``method``."""
 
     kind: str
     role: str | None = None
@@ -60,30 +63,40 @@ class Recipe:
 
     def label(self, method: MethodConfig) -> str:
         if self.kind == "copy":
-            return "math expert" if self.role == "math" else "language expert"
+            return {"math": "math expert", "lang": "language expert", "base": BASE_LABEL}[self.role]
         if self.kind == "blend":
             return source_label(self.w)
         return method.spec.title
 
 
-def _recipe(w: float) -> Recipe:
+def _source(w: float) -> TensorSource:
     if w == 0.0:
-        return Recipe("copy", "math")
+        return TensorSource("copy", "math")
     if w == 1.0:
-        return Recipe("copy", "lang")
-    return Recipe("blend", w=w)
+        return TensorSource("copy", "lang")
+    return TensorSource("blend", w=w)
 
 
-def recipes_for(names: list[str], num_layers: int, plan: Plan | None, method: MethodConfig | None = None,
-                arch: Architecture | None = None) -> dict[str, Recipe]:
-    """The recipe of every tensor name, from the plan (layer swapping) or the method."""
-    method = method or MethodConfig()
-    method.validate()
-    if not method.spec.uses_plan:
-        return {n: Recipe("method") for n in names}
-    plan = plan or Plan()
-    lw = plan.layer_weights(num_layers)
-    return {n: _recipe(plan.tensor_weight(*classify(n, num_layers), lw, arch)) for n in names}
+def tensor_sources(names: list[str], num_layers: int, recipe: Recipe | Plan,
+                   arch: Architecture | None = None) -> dict[str, TensorSource]:
+    """The source of every tensor name, from the recipe's plan (layer swapping) or its method."""
+    recipe = as_recipe(recipe)
+    recipe.validate(num_layers)
+    if recipe.plan is None:
+        return {n: TensorSource("method") for n in names}
+    plan = recipe.plan
+    lw, reverted = plan.layer_weights(num_layers), plan.reverted()
+    out = {}
+    for n in names:
+        layer, ptype = classify(n, num_layers)
+        out[n] = TensorSource("copy", "base") if layer in reverted else _source(plan.tensor_weight(layer, ptype, lw, arch))
+    return out
+
+
+def _need_base(recipe: Recipe, have_base: bool, what: str = "pass --base (the model both experts were "
+               "fine-tuned from)") -> None:
+    if recipe.needs_base and not have_base:
+        raise UserError(f"{recipe.base_reason()}: {what}.")
 
 
 def tensor_weights(ck: Checkpoint, plan: Plan) -> dict[str, float]:
@@ -93,19 +106,18 @@ def tensor_weights(ck: Checkpoint, plan: Plan) -> dict[str, float]:
 
 
 def merge_in_memory(math: Mapping[str, "torch.Tensor"], lang: Mapping[str, "torch.Tensor"], num_layers: int,
-                    plan: Plan | None = None, method: MethodConfig | None = None,
-                    base: Callable[[str], "torch.Tensor"] | None = None,
+                    recipe: Recipe | Plan, base: Callable[[str], "torch.Tensor"] | None = None,
                     progress: Progress | None = None, arch: Architecture | None = None) -> dict[str, "torch.Tensor"]:
-    """Merge loaded state dicts with any method; `base(name)` supplies base tensors when needed."""
-    method = method or MethodConfig()
-    recipes = recipes_for(list(math), num_layers, plan, method, arch)
-    if method.spec.needs_base and base is None:
-        raise UserError(f"{method.spec.title} needs the base model: load a base as well.")
+    """Merge loaded state dicts with any recipe; `base(name)` supplies base tensors when needed."""
+    recipe = as_recipe(recipe)
+    method = recipe.method
+    recipes = tensor_sources(list(math), num_layers, recipe, arch)
+    _need_base(recipe, base is not None, "load the base model as well")
     out = {}
     for i, (name, r) in enumerate(recipes.items()):
         m, l = math[name], lang[name]
         if r.kind == "copy":
-            out[name] = m if r.role == "math" else l
+            out[name] = m if r.role == "math" else l if r.role == "lang" else base(name).to(m.device)
         elif r.kind == "blend":
             out[name] = blend(m, l, r.w)
         else:
@@ -128,8 +140,8 @@ class MergeSummary:
     pairing: Pairing | None = None
 
 
-def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str | os.PathLike, *,
-                 method: MethodConfig | None = None, base: Checkpoint | None = None, device: str = "auto",
+def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out: str | os.PathLike, *,
+                 base: Checkpoint | None = None, device: str = "auto",
                  shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False, force: bool = False,
                  base_distance_threshold: float = BASE_DISTANCE_THRESHOLD, protect: tuple = (),
                  languages: list[str] | None = None,
@@ -145,15 +157,13 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
     a failure leaves nothing half-written. The output may not touch an input (nor the folders in
     `protect`), and `overwrite` replaces only an earlier export (`layerswap.outputs`).
     """
-    method = method or MethodConfig()
+    recipe = as_recipe(recipe)
+    method = recipe.method
     method.validate()
     languages = check_languages(languages)
     check_compatible(math, lang, base).raise_if_bad()
-    if method.spec.needs_base and base is None:
-        raise UserError(f"{method.spec.title} works on task vectors: pass --base (the model both experts were "
-                        "fine-tuned from).")
-    plan = plan if plan is not None else Plan()
-    recipes = recipes_for(list(math.tensors), math.num_layers, plan, method, math.arch)
+    _need_base(recipe, base is not None)
+    recipes = tensor_sources(list(math.tensors), math.num_layers, recipe, math.arch)
     # torch (and a device) only matter when a tensor is computed: a copy-only merge never imports it
     device = resolve_device(device, ("cpu", "cuda")) if any(r.kind != "copy" for r in recipes.values()) else "cpu"
     out = check_output_folder(out, input_paths(math, lang, base, extra=protect), overwrite)
@@ -174,7 +184,9 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
 
         def source(info: TensorInfo) -> TensorInfo | None:
             r = recipes[info.name]
-            return (math if r.role == "math" else lang).tensors[info.name] if r.kind == "copy" else None
+            if r.kind != "copy":
+                return None
+            return {"math": math, "lang": lang, "base": base}[r.role].tensors[info.name]
 
         def tick(info: TensorInfo) -> None:  # called from copy threads too
             nonlocal done
@@ -191,10 +203,10 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(names_to_file.items()))}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         _copy_side_files(math, tmp)
-        lw = plan.layer_weights(math.num_layers) if method.spec.uses_plan else None
+        lw = recipe.layer_weights(math.num_layers)
         non_layer = {n: (r.w if r.kind == "blend" else float(r.role == "lang")) for n, r in recipes.items()
-                     if math.tensors[n].layer is None and r.kind != "method"}
-        write_card(tmp, provenance(math, lang, base, plan, method, lw, non_layer, pairing,
+                     if math.tensors[n].layer is None and r.kind not in ("method", "base")}
+        write_card(tmp, provenance(math, lang, base, recipe, lw, non_layer, pairing,
                                    bool(pairing.suspicious and force), languages))
         _atomic_replace(tmp, out, overwrite)
     except BaseException:
@@ -204,7 +216,7 @@ def export_merge(math: Checkpoint, lang: Checkpoint, plan: Plan | None, out: str
     return MergeSummary(out, len(recipes), n_copied, len(recipes) - n_copied, total, len(shards), lw, pairing)
 
 
-def _write_computed(write: Callable[[memoryview], None], info: TensorInfo, r: Recipe, math: Checkpoint,
+def _write_computed(write: Callable[[memoryview], None], info: TensorInfo, r: TensorSource, math: Checkpoint,
                     lang: Checkpoint, base: Checkpoint | None, method: MethodConfig, device: str) -> None:
     """Merge one tensor slice by slice (or whole, for TIES/DARE), passing its bytes to `write` in order."""
     spec = method.spec

@@ -21,6 +21,11 @@ and mergekit YAML work for every one):
     random        ``k`` layers drawn with ``random.Random(seed)``
     alternating   every other layer from the language expert, starting at layer ``offset``
 
+``revert`` names layers whose every tensor comes from the **base** model instead: the layer's
+fine-tuning update is reverted (Bandarkar & Peng 2025, arXiv 2505.18356: reverting less useful
+updates after training beats freezing them). It applies to any kind of map and overrides it for
+those layers; merging it needs the base.
+
 ``modules`` applies a map to part of each layer only: ``attention`` (q, k, v, o and the
 attention norm) or ``mlp`` (gate, up, down and the MLP norm), as the architecture table
 (`layerswap.architectures`) groups them; the other part stays with the math expert.
@@ -66,6 +71,7 @@ class Plan:
     seed: int = 0
     offset: int = 0
     modules: Modules = "all"
+    revert: tuple[int, ...] = ()
 
     def validate(self, num_layers: int) -> None:
         """Raise UserError with the limit when the plan cannot apply to `num_layers` layers."""
@@ -75,6 +81,9 @@ class Plan:
             raise UserError(f"modules must be one of {', '.join(MODULES)} (got {self.modules!r}).")
         if self.non_layer not in NON_LAYER_OPTIONS:
             raise UserError(f"non_layer must be one of {', '.join(NON_LAYER_OPTIONS)} (got {self.non_layer!r}).")
+        bad = [i for i in self.revert if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < num_layers]
+        if bad:
+            raise UserError(f"revert names layers 0 to {num_layers - 1} of this model (got {bad[0]!r}).")
         if self.kind == "weights":
             if self.weights is None or len(self.weights) != num_layers:
                 n = "none" if self.weights is None else len(self.weights)
@@ -162,11 +171,14 @@ class Plan:
             "alternating": f"alternating from layer {self.offset}",
         }[self.kind]
         mods = "" if self.modules == "all" else f", {self.modules} only"
-        return f"{head}{mods}, non-layer={self.non_layer}"
+        rev = f", revert {format_layers(self.revert)} to base" if self.revert else ""
+        return f"{head}{mods}{rev}, non-layer={self.non_layer}"
 
     def describe(self, num_layers: int) -> str:
         """One line per contiguous run of equal weights, e.g. ``layers 0-4: language expert``."""
-        w = self.layer_weights(num_layers)
+        w: list = self.layer_weights(num_layers)
+        for i in self.revert:
+            w[i] = "base"
         part = "" if self.modules == "all" else f" ({self.modules} only; the rest from the math expert)"
         runs, start = [], 0
         for i in range(1, num_layers + 1):
@@ -174,14 +186,20 @@ class Plan:
                 runs.append((start, i - 1, w[start]))
                 start = i
         return "\n".join(
-            (f"layers {a}-{b}: " if a != b else f"layer {a}: ") + source_label(x) + (part if x else "")
+            (f"layers {a}-{b}: " if a != b else f"layer {a}: ")
+            + (BASE_LABEL if x == "base" else source_label(x) + (part if x else ""))
             for a, b, x in runs
         )
+
+    def reverted(self) -> frozenset[int]:
+        """The layers taken from the base model."""
+        return frozenset(self.revert)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if d["weights"] is not None:
             d["weights"] = list(d["weights"])
+        d["revert"] = list(d["revert"])
         return d
 
     @classmethod
@@ -189,10 +207,51 @@ class Plan:
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         if known.get("weights") is not None:
             known["weights"] = tuple(float(w) for w in known["weights"])
+        if "revert" in known:
+            known["revert"] = parse_layers(known["revert"])
         return cls(**known)
 
     def with_(self, **changes) -> "Plan":
         return replace(self, **changes)
+
+
+BASE_LABEL = "base model (fine-tuning reverted)"
+
+
+def parse_layers(spec) -> tuple[int, ...]:
+    """Layer numbers from a list of ints or a string like ``"0-2,7"`` (inclusive ranges), sorted, unique."""
+    if spec is None:
+        return ()
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return (spec,)
+    if isinstance(spec, str):
+        out: list[int] = []
+        try:
+            for part in spec.replace(" ", "").split(","):
+                if "-" in part[1:]:
+                    lo, hi = part.split("-")
+                    out += range(int(lo), int(hi) + 1)
+                elif part:
+                    out.append(int(part))
+        except ValueError:
+            raise UserError(f"Layers are written like 0-2,7 (got {spec!r}).") from None
+        return tuple(sorted(set(out)))
+    if isinstance(spec, (list, tuple, set, frozenset)):
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in spec):
+            raise UserError(f"Layers are whole numbers (got {list(spec)!r}).")
+        return tuple(sorted(set(spec)))
+    raise UserError(f"Layers are a list of numbers or a string like 0-2,7 (got {spec!r}).")
+
+
+def format_layers(layers) -> str:
+    """``(0, 1, 2, 7)`` -> ``"0-2,7"``."""
+    xs, runs = sorted(layers), []
+    for i in xs:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
 
 
 def source_label(w: float) -> str:

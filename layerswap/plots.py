@@ -11,10 +11,11 @@ import plotly.graph_objects as go
 
 from .analysis import METRICS, PANEL_METRICS, PANELS, Analysis, MergedStats, format_value
 from .errors import UserError
-from .plans import Plan, source_label
+from .plans import BASE_LABEL, Plan, source_label
 
 LANG_COLOR = "#d95f02"
 MATH_COLOR = "#1b9e77"
+BASE_COLOR = "#386cb0"  # layers reverted to the base model
 
 
 def _z(values: np.ndarray) -> list[list[float | None]]:
@@ -22,10 +23,12 @@ def _z(values: np.ndarray) -> list[list[float | None]]:
     return [[None if np.isnan(v) else float(v) for v in row] for row in np.asarray(values, dtype=float)]
 
 
-def layer_strip(layer_weights: list[float], height: int = 190) -> go.Figure:
-    """One cell per layer coloured from math expert (green) to language expert (orange)."""
-    w = [[float(x) for x in layer_weights]]
-    labels = [[source_label(x) for x in layer_weights]]
+def layer_strip(layer_weights: list[float], height: int = 190, reverted: Sequence[int] = ()) -> go.Figure:
+    """One cell per layer coloured from math expert (green) to language expert (orange); layers in
+    `reverted` (taken from the base model) in blue, marked B."""
+    rev = set(reverted)
+    w = [[None if i in rev else float(x) for i, x in enumerate(layer_weights)]]
+    labels = [[BASE_LABEL if i in rev else source_label(x) for i, x in enumerate(layer_weights)]]
     fig = go.Figure(
         go.Heatmap(
             z=w,
@@ -38,10 +41,17 @@ def layer_strip(layer_weights: list[float], height: int = 190) -> go.Figure:
             colorbar={"title": {"text": "w lang"}, "tickvals": [0, 0.5, 1], "ticktext": ["math", "blend", "lang"]},
             hovertemplate="layer %{x}: %{customdata} (w=%{z:.2f})<extra></extra>",
             xgap=2,
-            text=[["L" if x == 1 else "M" if x == 0 else f"{x:.2f}" for x in layer_weights]],
+            text=[["" if i in rev else "L" if x == 1 else "M" if x == 0 else f"{x:.2f}"
+                   for i, x in enumerate(layer_weights)]],
             texttemplate="%{text}",
         )
     )
+    if rev:
+        fig.add_trace(go.Heatmap(
+            z=[[1.0 if i in rev else None for i in range(len(layer_weights))]], x=list(range(len(layer_weights))),
+            y=["source"], colorscale=[[0, BASE_COLOR], [1, BASE_COLOR]], showscale=False, xgap=2,
+            text=[["B" if i in rev else "" for i in range(len(layer_weights))]], texttemplate="%{text}",
+            hovertemplate=f"layer %{{x}}: {BASE_LABEL}<extra></extra>", name="base"))
     fig.update_layout(
         xaxis={"title": "layer", "dtick": 1 if len(layer_weights) <= 40 else 4},
         yaxis={"showticklabels": False},
@@ -170,8 +180,9 @@ def normalise(grids: dict[str, np.ndarray], norm: str) -> tuple[dict[str, np.nda
 def plan_cell_weights(an: Analysis, plan: Plan) -> np.ndarray:
     """w_lang per (parameter type, layer) cell, through Plan.tensor_weight (per-module plans included)."""
     lw = plan.layer_weights(an.num_layers)
-    return np.asarray([[plan.tensor_weight(layer, p, lw, an.arch) for layer in range(an.num_layers)]
-                       for p in an.ptypes])
+    rev = plan.reverted()  # from the base: neither expert (NaN), drawn by the overlay on its own
+    return np.asarray([[np.nan if layer in rev else plan.tensor_weight(layer, p, lw, an.arch)
+                        for layer in range(an.num_layers)] for p in an.ptypes])
 
 
 def _runs(flags: list[bool]) -> list[tuple[int, int]]:
@@ -186,11 +197,15 @@ def _runs(flags: list[bool]) -> list[tuple[int, int]]:
 
 
 def add_plan_overlay(fig: go.Figure, an: Analysis, plan: Plan, row: int, labels: list[str]) -> None:
-    """Outline the cells taken from the language expert; shade the blended (transition) cells."""
+    """Outline the cells taken from the language expert; shade the blended (transition) cells; hatch
+    (dashed blue outline, blue tint) the layers reverted to the base model."""
+    for a, b in _runs([i in plan.reverted() for i in range(an.num_layers)]):
+        fig.add_vrect(x0=a - 0.5, x1=b + 0.5, row=row, col=1, layer="above", fillcolor="rgba(56,108,176,0.25)",
+                      line={"color": BASE_COLOR, "width": 2.5, "dash": "dash"})
     w = plan_cell_weights(an, plan)
     line = {"color": LANG_COLOR, "width": 2.5}
     shade = {"fillcolor": "rgba(120,120,120,0.30)", "line": {"width": 0}}
-    if (w == w[:1]).all():  # whole columns: one rectangle per run, full height
+    if ((w == w[:1]) | np.isnan(w)).all():  # whole columns: one rectangle per run, full height
         col = w[0].tolist()
         for a, b in _runs([x == 1.0 for x in col]):
             fig.add_vrect(x0=a - 0.5, x1=b + 0.5, row=row, col=1, line=line, fillcolor="rgba(0,0,0,0)", layer="above")
@@ -301,7 +316,8 @@ def analysis_heatmaps(an: Analysis, panels: Sequence[str] = ("math", "lang", "ov
     title = "Where each expert changed"
     if plan is not None:
         title += (f"<br><sup>plan b={plan.b} u={plan.u} tb={plan.tb} tu={plan.tu}: outlined = taken from the language "
-                  "expert, shaded = blended transition</sup>")
+                  "expert, shaded = blended transition"
+                  + (", dashed blue = reverted to the base" if plan.revert else "") + "</sup>")
     fig.update_layout(height=panel_h * n + 110, margin={"l": 90, "r": 30, "t": 90, "b": 50}, title=title)
     return fig
 
@@ -327,6 +343,8 @@ def layer_profile(an: Analysis, metric: str = "relative", k: float | None = None
             fig.add_vrect(x0=a - 0.5, x1=b + 0.5, fillcolor=LANG_COLOR, opacity=0.10, line_width=0)
         for a, b in _runs([0.0 < w < 1.0 for w in lw]):
             fig.add_vrect(x0=a - 0.5, x1=b + 0.5, fillcolor="rgb(120,120,120)", opacity=0.18, line_width=0)
+        for a, b in _runs([i in plan.reverted() for i in range(an.num_layers)]):
+            fig.add_vrect(x0=a - 0.5, x1=b + 0.5, fillcolor=BASE_COLOR, opacity=0.18, line_width=0)
     kk = an.topk_at(k).k if metric == "topk" else None
     label = METRICS[metric].replace("top-k%", f"top-{kk:g}%") if kk is not None else METRICS[metric]
     fig.update_layout(

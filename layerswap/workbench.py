@@ -2,7 +2,7 @@
 
     wb = Workbench(device="cpu")
     report = wb.load("math/", "lang/", base="base/")
-    wb.build(Plan(b=2, u=1, tb=1, tu=0))
+    wb.build(Recipe(plan=Plan(b=2, u=1, tb=1, tu=0)))
     for a in wb.ask_mgsm("sw", 3, source="mgsm/"): print(a.model, a.scored.flexible, a.correct)
 
 The experts are loaded once. A build merges in memory: layers with weight 0 or 1 share the
@@ -34,8 +34,8 @@ from .engines import (EngineStartError, check_memory, SwappedEngine, Transformer
                       vllm_status)
 from .errors import UserError
 from .merging import MergeSummary, export_merge, merge_in_memory
-from .methods import MethodConfig
 from .plans import Plan
+from .recipes import Recipe, as_recipe
 from .roles import ANSWERING, EXPERTS, ROLE_NAMES
 from .runtime import Progress, no_progress, resolve_device
 
@@ -73,8 +73,7 @@ class Workbench:
         self.engines: dict = {}
         self.report: CompatReport | None = None
         self.pairing: Pairing | None = None
-        self.plan: Plan | None = None
-        self.method: MethodConfig = MethodConfig()
+        self.recipe: Recipe | None = None  # the built merge's recipe
         self.layer_weights: list[float] | None = None
         self._analysis: Analysis | None = None
 
@@ -174,12 +173,12 @@ class Workbench:
             shutil.rmtree(self._merge_dir.parent, ignore_errors=True)
             self._merge_dir = None
 
-    def _build_vllm(self, plan: Plan, method: MethodConfig, p: Progress) -> None:
+    def _build_vllm(self, recipe: Recipe, p: Progress) -> None:
         """Stream the merge to a scratch folder and load it into the serving engine (no new engine)."""
         if self._merge_dir is None:
             self._merge_dir = Path(tempfile.mkdtemp(prefix="layerswap-serving-")) / "merged"
         p(0.2, "writing the merged weights for vLLM")
-        export_merge(self.checkpoints["math"], self.checkpoints["lang"], plan, self._merge_dir, method=method,
+        export_merge(self.checkpoints["math"], self.checkpoints["lang"], recipe, self._merge_dir,
                      base=self.checkpoints.get("base"), device=self.device, overwrite=True,
                      force=bool(self.pairing and self.pairing.suspicious))
         p(0.7, "loading them into the engine")
@@ -200,8 +199,7 @@ class Workbench:
         for ck in self.checkpoints.values():
             ck.close()
         self.checkpoints.clear()
-        self.plan = self.layer_weights = self.pairing = None
-        self.method = MethodConfig()
+        self.recipe = self.layer_weights = self.pairing = None
         self._analysis = None
 
     def _need(self, *roles: str) -> None:
@@ -219,35 +217,33 @@ class Workbench:
         return self.checkpoints["math"].num_layers
 
     # ---- merging ----------------------------------------------------------------------
-    def build(self, plan: Plan | None = None, method: MethodConfig | None = None,
-              progress: Progress | None = None) -> list[float] | None:
+    def build(self, recipe: Recipe | Plan, progress: Progress | None = None) -> list[float] | None:
         """Merge in memory and (re)point the merged engine at the result.
 
-        Layer swapping (the default method) uses `plan`; tensors taken whole from an expert are
-        shared with it, so only blended layers take memory. Returns the per-layer weights (None
-        for methods without a plan).
+        Layer swapping uses the recipe's plan (a bare `Plan` means layer swapping); tensors taken
+        whole from an expert (or the base) are shared with it, so only blended layers take memory.
+        Returns the per-layer weights (None for methods without a plan).
         """
         self._need(*EXPERTS)
         p = progress or no_progress
-        method = method or MethodConfig()
-        plan = plan or Plan()
+        recipe = as_recipe(recipe)
         L = self.num_layers
-        lw = plan.layer_weights(L) if method.spec.uses_plan else None  # validates
-        if method.spec.needs_base:
-            self._need("base")
+        lw = recipe.layer_weights(L)  # validates
+        if recipe.needs_base and "base" not in self.checkpoints:
+            raise UserError(f"{recipe.base_reason()}: load the base model the experts were fine-tuned from.")
         if self._vllm:
-            self._build_vllm(plan, method, p)
-            self.plan, self.method, self.layer_weights = plan, method, lw
+            self._build_vllm(recipe, p)
+            self.recipe, self.layer_weights = recipe, lw
             p(1.0, "built")
             return lw
         ck = self.checkpoints["math"]
         new = [t.nbytes for t in ck.tensors.values()] if lw is None else [  # copies share the experts' tensors
             t.nbytes for t in ck.tensors.values() if t.layer is not None and 0.0 < lw[t.layer] < 1.0]
-        check_memory(sum(new), self.device, f"the merged model ({method.spec.title})")
+        check_memory(sum(new), self.device, f"the merged model ({recipe.method.spec.title})")
         p(0.1, "merging")
         math_sd, lang_sd = self.engines["math"].state_dict(), self.engines["lang"].state_dict()
         base = self.checkpoints.get("base")
-        merged = merge_in_memory(math_sd, lang_sd, L, plan, method,
+        merged = merge_in_memory(math_sd, lang_sd, L, recipe,
                                  base=(lambda n: base.get(n)) if base is not None else None,
                                  progress=lambda f, d: p(0.1 + 0.6 * f, d))
         p(0.7, "refreshing the merged model")
@@ -258,23 +254,23 @@ class Workbench:
             model = model_from_state_dict(m.config, merged, m.generation_config)
             self.engines["merged"] = TransformersEngine(model, self.engines["math"].tokenizer, batch_size=self.batch_size,
                                                         use_chat_template=self.chat_template)
-        self.plan, self.method, self.layer_weights = plan, method, lw
+        self.recipe, self.layer_weights = recipe, lw
         p(1.0, "built")
         return lw
 
-    def export(self, out: str | Path, *, plan: Plan | None = None, method: MethodConfig | None = None,
-               overwrite: bool = False, progress: Progress | None = None, shard_bytes: int | None = None,
-               protect: tuple = (), languages: list[str] | None = None) -> MergeSummary:
-        """Write a merge (`plan`/`method`, default: the built one) to an HF folder, streamed from disk;
-        the output may not touch the inputs nor the folders in `protect` (`layerswap.outputs`);
+    def export(self, out: str | Path, *, recipe: Recipe | None = None, overwrite: bool = False,
+               progress: Progress | None = None, shard_bytes: int | None = None, protect: tuple = (),
+               languages: list[str] | None = None) -> MergeSummary:
+        """Write a merge (`recipe`, default: the built one) to an HF folder, streamed from disk; the
+        output may not touch the inputs nor the folders in `protect` (`layerswap.outputs`);
         `languages` (ISO codes) go into the model card's front matter."""
         self._need(*EXPERTS)
-        plan, method = plan or self.plan, method or (self.method if plan is None else MethodConfig())
-        if plan is None:
+        recipe = recipe or self.recipe
+        if recipe is None:
             raise UserError("Build the merge first, then export it.")
         kw = {"shard_bytes": shard_bytes} if shard_bytes else {}
-        return export_merge(self.checkpoints["math"], self.checkpoints["lang"], plan, out,
-                            method=method, base=self.checkpoints.get("base"), device=self.device,
+        return export_merge(self.checkpoints["math"], self.checkpoints["lang"], recipe, out,
+                            base=self.checkpoints.get("base"), device=self.device,
                             overwrite=overwrite, force=bool(self.pairing and self.pairing.suspicious),
                             languages=languages, progress=progress, protect=protect, **kw)
 

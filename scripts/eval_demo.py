@@ -4,7 +4,7 @@
     python scripts/eval_demo.py                      # assets/demo -> assets/demo/results.json
     python scripts/eval_demo.py --demo DIR --out F   # a rebuilt organism (tests/test_demo_organism.py, slow)
 
-Everything goes through the library's public API (Workbench, Plan, MethodConfig, run_sweep, EvalConfig):
+Everything goes through the library's public API (Workbench, Plan, Recipe, MethodConfig, evaluate_points, EvalConfig):
 the same merge and MGSM evaluation code the app and CLI use (0-shot native chain-of-thought prompt,
 greedy decoding, strict and flexible extraction as in lm-evaluation-harness' ``mgsm_native_cot``).
 
@@ -30,8 +30,9 @@ sys.path.insert(0, str(REPO))
 from layerswap import mgsm  # noqa: E402
 from layerswap.evaluation import EvalConfig  # noqa: E402
 from layerswap.methods import MethodConfig  # noqa: E402
-from layerswap.plans import Plan, default_plan  # noqa: E402
-from layerswap.sweeps import SweepPoint, run_sweep, swap_grid  # noqa: E402
+from layerswap.plans import default_plan  # noqa: E402
+from layerswap.recipes import Recipe  # noqa: E402
+from layerswap.sweeps import SweepPoint, evaluate_points, swap_grid  # noqa: E402
 from layerswap.workbench import Workbench  # noqa: E402
 
 TARGET = "xx"
@@ -80,18 +81,19 @@ def main() -> int:
     L = wb.num_layers
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     dflt = default_plan(L)
-    points = [SweepPoint("soup (average)", Plan(), MethodConfig("soup", weight=0.5)),
-              SweepPoint("TIES (density 0.2)", Plan(), MethodConfig("ties", density=0.2)),
-              SweepPoint(f"default swap ({dflt.title()})", dflt)]
+    points = [SweepPoint("soup (average)", Recipe(MethodConfig("soup", weight=0.5))),
+              SweepPoint("TIES (density 0.2)", Recipe(MethodConfig("ties", density=0.2))),
+              SweepPoint(f"default swap ({dflt.title()})", Recipe(plan=dflt))]
     grid = [p for p in swap_grid(L, ints(args.b_values), ints(args.u_values), ints(args.t_values))
-            if (p.plan.b, p.plan.u, p.plan.tb) != (dflt.b, dflt.u, dflt.tb) or dflt.transition != "flat"]
+            if (p.recipe.plan.b, p.recipe.plan.u, p.recipe.plan.tb) != (dflt.b, dflt.u, dflt.tb)
+            or dflt.transition != "flat"]
     points += grid
     cfg = EvalConfig(langs=[TARGET, "en"], limit=args.limit, source=str(demo / "mgsm"))
 
     def progress(f: float, d: str) -> None:
         print(f"\r[{time.time() - t0:6.0f}s] {100 * f:5.1f}% {d[:90]:<90}", end="", file=sys.stderr, flush=True)
 
-    res = run_sweep(wb, points, cfg, progress=progress)
+    res = evaluate_points(wb, points, cfg, progress=progress)
     print(file=sys.stderr)
     n = res.rows[0].n[TARGET]
     half = n // 2

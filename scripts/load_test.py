@@ -37,7 +37,8 @@ def plan_of(i: int) -> tuple:
 
 
 def start_app(port: int, workdir: Path) -> subprocess.Popen:
-    env = dict(os.environ, LAYERSWAP_HOSTED="1", LAYERSWAP_ENGINE=os.environ.get("LAYERSWAP_ENGINE", "transformers"),
+    env = {k: v for k, v in os.environ.items() if k != "LAYERSWAP_MGSM_DIR"}  # the demo's own test sets
+    env.update(LAYERSWAP_HOSTED="1", LAYERSWAP_ENGINE=os.environ.get("LAYERSWAP_ENGINE", "transformers"),
                GRADIO_ANALYTICS_ENABLED="False", LAYERSWAP_CACHE=str(workdir / "cache"), OMP_NUM_THREADS="1")
     log = open(workdir / "app.log", "w")
     return subprocess.Popen([sys.executable, str(REPO / "app.py"), "--port", str(port), "--host", "127.0.0.1",

@@ -25,6 +25,7 @@ from layerswap.cli import main as cli
 from layerswap.engines import TransformersEngine
 from layerswap.evaluation import EvalConfig, EvalReport, evaluate
 from layerswap.interop import mergekit_config
+from layerswap.recipes import Recipe
 from tests.helpers import DEMO_MGSM, read_dir
 
 SHA_M, SHA_L = "1" * 40, "2" * 40
@@ -129,7 +130,7 @@ def test_cards_mergekit_yaml_rebuilds_the_export(trio_bf16, tmp_path):
 
 def test_a_method_without_mergekit_equivalent_says_so(trio, tmp_path):
     method = MethodConfig("ties", density=0.5)
-    export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), None, tmp_path / "o", method=method,
+    export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), Recipe(method), tmp_path / "o",
                  base=Checkpoint.open(trio["base"]))
     card, prov = (tmp_path / "o" / "README.md").read_text(), json.loads((tmp_path / "o" / "layerswap.json").read_text())
     meta = _front_matter(card)

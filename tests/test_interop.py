@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from layerswap import Checkpoint, MethodConfig, Plan, UserError, export_merge
+from layerswap import Checkpoint, MethodConfig, Plan, Recipe, UserError, export_merge
 from layerswap.cli import main as cli
 from layerswap.interop import mergekit_config
 from tests.helpers import read_dir
@@ -46,8 +46,9 @@ def test_mergekit_reproduces_layerswap_bit_for_bit(trio_bf16, tmp_path, key):
     rc = cli(["export-yaml", "--math", str(trio_bf16["math"]), "--lang", str(trio_bf16["lang"]),
               *_plan_flags(plan, method), "-o", str(yml)])
     assert rc == 0
-    assert yaml.safe_load(yml.read_text()) == mergekit_config(math, lang, plan, method)
-    export_merge(math, lang, plan, tmp_path / "ours", method=method)
+    recipe = Recipe(method) if method else Recipe(plan=plan)
+    assert yaml.safe_load(yml.read_text()) == mergekit_config(math, lang, recipe)
+    export_merge(math, lang, recipe, tmp_path / "ours")
     r = subprocess.run([_mergekit_bin(), str(yml), str(tmp_path / "theirs"), "--copy-tokenizer", "--quiet"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -74,7 +75,7 @@ def _plan_flags(plan: Plan, method: MethodConfig | None) -> list[str]:
 def test_yaml_refuses_methods_without_a_linear_equivalent(trio):
     math, lang = Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"])
     with pytest.raises(UserError, match="does not claim a mergekit equivalent"):
-        mergekit_config(math, lang, Plan(), MethodConfig("ties"))
+        mergekit_config(math, lang, Recipe(MethodConfig("ties")))
 
 
 def test_yaml_shape(trio):
@@ -83,3 +84,26 @@ def test_yaml_shape(trio):
     assert ranges == [[0, 0], [0, 2], [2, 3], [3, 4], [4, 5], [5, 6], [6, 6]]
     assert cfg["merge_method"] == "linear" and cfg["parameters"] == {"normalize": False}
     assert [len(s["sources"]) for s in cfg["slices"]] == [2, 1, 2, 1, 2, 1, 2]
+
+
+def test_reverted_layers_come_from_the_base_in_mergekit(trio_bf16, tmp_path, capsys):
+    math, lang, base = (Checkpoint.open(trio_bf16[r]) for r in ("math", "lang", "base"))
+    plan = Plan(b=2, u=1, tb=1, tu=0, revert=(2, 3))
+    common = ["export-yaml", "--math", str(trio_bf16["math"]), "--lang", str(trio_bf16["lang"]), "--b", "2", "--u", "1",
+              "--tb", "1", "--tu", "0", "--revert", "2-3"]
+    assert cli(common + ["-o", str(tmp_path / "x.yml")]) == 2
+    assert "reverts layers 2-3 to the base model" in capsys.readouterr().err
+    yml = tmp_path / "merge.yml"
+    assert cli(common + ["--base", str(trio_bf16["base"]), "-o", str(yml)]) == 0
+    cfg = yaml.safe_load(yml.read_text())
+    assert cfg == mergekit_config(math, lang, plan, base)
+    base_slices = [s for s in cfg["slices"] if s["sources"][0]["model"] == str(base.path)]
+    assert [s["sources"][0]["layer_range"] for s in base_slices] == [[2, 4]]
+    export_merge(math, lang, plan, tmp_path / "ours", base=base)
+    r = subprocess.run([_mergekit_bin(), str(yml), str(tmp_path / "theirs"), "--copy-tokenizer", "--quiet"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ours, theirs = read_dir(tmp_path / "ours"), read_dir(tmp_path / "theirs")
+    assert set(ours) == set(theirs)
+    for name in ours:
+        assert torch.equal(ours[name].view(torch.int16), theirs[name].view(torch.int16)), f"{name} differs"

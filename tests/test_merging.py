@@ -9,7 +9,8 @@ import torch
 
 from layerswap import Checkpoint, Plan, export_merge
 from layerswap.cli import main as cli
-from tests.helpers import (assert_matches_plan, assert_nothing_written, expected_layer_weights, expected_weight, read_dir,
+from tests.helpers import (assert_matches_plan, assert_nothing_written, expected_layer_weights, expected_tensor,
+                           expected_weight, read_dir,
                            run_cli)
 
 PLANS = {
@@ -195,3 +196,44 @@ def test_streaming_reads_are_bounded(trio, tmp_path, monkeypatch):
     export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), plan, tmp_path / "o")
     assert sizes and max(sizes) == 512  # the 64x128 MLP matrices (8192 elements) went in 16 slices
     assert_matches_plan(tmp_path / "o", trio, plan)
+
+
+def test_reverted_layers_are_the_base_exactly(trio, tmp_path):
+    """A layer the plan reverts holds the base's tensors byte for byte, on disk and in memory; the rest follows
+    the plan as without the revert."""
+    from layerswap import Recipe, UserError
+    from layerswap.workbench import Workbench
+
+    plan = Plan(b=2, u=1, tb=1, tu=1, revert=(0, 3))
+    math, lang, base = (Checkpoint.open(trio[r]) for r in ("math", "lang", "base"))
+    with pytest.raises(UserError, match="reverts layers 0,3 to the base model: pass --base"):
+        export_merge(math, lang, plan, tmp_path / "no-base")
+    assert_nothing_written(tmp_path, tmp_path / "no-base")
+    s = export_merge(math, lang, plan, tmp_path / "o", base=base)
+    got, m, l, b = read_dir(tmp_path / "o"), read_dir(trio["math"]), read_dir(trio["lang"]), read_dir(trio["base"])
+    reverted = 0
+    for name in m:
+        parts = name.split(".")
+        layer = int(parts[parts.index("layers") + 1]) if "layers" in parts else None
+        if layer in (0, 3):
+            reverted += 1
+            assert got[name].view(torch.uint8).flatten().tolist() == b[name].view(torch.uint8).flatten().tolist(), name
+            if m[name].dim() == 2:  # the tiny experts leave norms at 1
+                assert not torch.equal(got[name], m[name]) and not torch.equal(got[name], l[name]), name
+        else:
+            w = expected_weight(name, Plan(b=2, u=1, tb=1, tu=1), 6)
+            assert torch.equal(got[name], expected_tensor(m[name], l[name], w)), name
+    assert reverted == 2 * 9  # 9 tensors per Llama layer
+    prov = json.loads((tmp_path / "o" / "layerswap.json").read_text())
+    assert prov["reverted_layers"] == [0, 3] and prov["recipe"] == Recipe(plan=plan).to_dict()
+    assert "base model (fine-tuning reverted)" in (tmp_path / "o" / "README.md").read_text()
+    assert s.n_copied > 0
+
+    wb = Workbench()
+    wb.load(str(trio["math"]), str(trio["lang"]))
+    with pytest.raises(UserError, match="reverts layers 0,3 to the base model: load the base"):
+        wb.build(plan)
+    wb.load(str(trio["math"]), str(trio["lang"]), str(trio["base"]))
+    wb.build(plan)
+    for k, v in wb.engines["merged"].model.state_dict().items():
+        assert torch.equal(v, got[k]), k

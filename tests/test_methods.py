@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from layerswap import Checkpoint, MethodConfig, Plan, UserError, export_merge
+from layerswap import Checkpoint, MethodConfig, Recipe, UserError, export_merge
 from layerswap import methods as M
 from tests.helpers import read_dir
 
@@ -111,7 +111,7 @@ def test_methods_end_to_end(trio, tmp_path, cfg, monkeypatch):
 
     monkeypatch.setattr(merging, "CHUNK_ELEMS", 1000)  # merge large tensors in several slices
     math, lang, base = (Checkpoint.open(trio[r]) for r in ("math", "lang", "base"))
-    s = export_merge(math, lang, None, tmp_path / "o", method=cfg, base=base)
+    s = export_merge(math, lang, Recipe(cfg), tmp_path / "o", base=base)
     assert s.n_copied == 0 and s.layer_weights is None
     got = read_dir(tmp_path / "o")
     m, l, b = read_dir(trio["math"]), read_dir(trio["lang"]), read_dir(trio["base"])
@@ -131,9 +131,9 @@ def test_methods_end_to_end(trio, tmp_path, cfg, monkeypatch):
 
 
 def test_task_vector_methods_need_a_base(trio, tmp_path):
-    with pytest.raises(UserError, match="works on task vectors: pass --base"):
-        export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), None, tmp_path / "o",
-                     method=MethodConfig("ties"))
+    with pytest.raises(UserError, match="works on task vectors .*: pass --base"):
+        export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), Recipe(MethodConfig("ties")),
+                     tmp_path / "o")
 
 
 def test_in_memory_methods_match_export(trio, tmp_path):
@@ -142,8 +142,8 @@ def test_in_memory_methods_match_export(trio, tmp_path):
     wb = Workbench()
     wb.load(str(trio["math"]), str(trio["lang"]), str(trio["base"]))
     cfg = MethodConfig("ties", density=0.4)
-    assert wb.build(Plan(), cfg) is None
-    export_merge(*(Checkpoint.open(trio[r]) for r in ("math", "lang")), None, tmp_path / "o", method=cfg,
+    assert wb.build(Recipe(cfg)) is None
+    export_merge(*(Checkpoint.open(trio[r]) for r in ("math", "lang")), Recipe(cfg), tmp_path / "o",
                  base=Checkpoint.open(trio["base"]))
     disk = read_dir(tmp_path / "o")
     for k, v in wb.engines["merged"].model.state_dict().items():

@@ -10,7 +10,7 @@ from layerswap.engines import check_memory
 from layerswap.errors import UserError
 from layerswap.hosting import Policy
 from layerswap.plans import Plan
-from layerswap.methods import MethodConfig
+from layerswap.recipes import Recipe
 from layerswap.ui.events import guarded
 from layerswap.ui.session import Shared, safe_sid
 from layerswap.workbench import Workbench
@@ -31,9 +31,9 @@ def test_failed_load_keeps_the_loaded_models(shared, trio, tmp_path, tokenizer):
     with pytest.raises(UserError, match="layers"):
         shared.workbench((str(trio["base"]), str(trio["math"]), str(other["lang"])))
     assert shared.loaded(key) is wb and "math" in wb.engines  # still there and usable
-    assert shared.ensure_built(wb, Plan(b=1, u=1), MethodConfig()) is True
-    assert shared.ensure_built(wb, Plan(b=1, u=1), MethodConfig()) is False  # already holds that plan
-    assert shared.ensure_built(wb, Plan(b=2, u=1), MethodConfig()) is True  # another visitor's plan: rebuilt
+    assert shared.ensure_built(wb, Recipe(plan=Plan(b=1, u=1))) is True
+    assert shared.ensure_built(wb, Recipe(plan=Plan(b=1, u=1))) is False  # already holds that plan
+    assert shared.ensure_built(wb, Recipe(plan=Plan(b=2, u=1))) is True  # another visitor's plan: rebuilt
     (a,) = wb.ask("Question: 1 + 1?", mgsm.get_language("en"), roles=("merged",), max_new_tokens=4)
     assert a.role == "merged"
 

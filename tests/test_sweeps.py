@@ -1,49 +1,238 @@
-"""Sweeps: every recipe is merged and evaluated with the loaded experts, and tabulated."""
+"""Sweeps: sweep files, the resumable results file (SIGKILL mid-run, damaged last line), refused expert sets,
+tables and plots, the flag form, and the in-memory evaluate_points."""
 
 from __future__ import annotations
 
 import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
+import yaml
 
-from layerswap import MethodConfig, Plan, UserError
+from layerswap import MethodConfig, Plan, Recipe, UserError
 from layerswap.cli import main as cli
+from layerswap.demo import make_tiny_llama, perturb
 from layerswap.evaluation import EvalConfig
-from layerswap.sweeps import SweepPoint, ablation_suite, run_sweep, swap_grid
+from layerswap.sweepfiles import SweepPoint, load_spec
+from layerswap.sweeplog import ResultsLog, load_results
+from layerswap.sweepreport import (accuracy_heatmap, recipe_bars, results_table, stats_table, sweep_curves,
+                                   table_text, write_csv, write_html)
+from layerswap.sweeps import ablation_suite, evaluate_points, run_sweep, swap_grid
 from layerswap.workbench import Workbench
-from tests.helpers import DEMO_MGSM
+from tests.helpers import DEMO_MGSM, REPO
+
+
+def _sweep_file(tmp_path, trio, **over) -> str:
+    d = {
+        "name": "tiny",
+        "experts": {"math": str(trio["math"]), "lang": str(trio["lang"]), "base": str(trio["base"])},
+        "grid": {"name": "b={b} u={u}", "recipe": {"plan": {"tb": 0, "tu": 0}}, "vary": {"b": [0, 1, 5], "u": [0, 2]}},
+        "recipes": [{"name": "soup", "method": {"name": "soup", "weight": 0.5}},
+                    {"name": "revert 2", "plan": {"b": 1, "u": 1, "tb": 0, "tu": 0, "revert": [2]}}],
+        "test_sets": [{"path": str(DEMO_MGSM), "langs": ["xx", "en"]}],
+        "eval": {"limit": 2, "max_new_tokens": 4},
+        "engine": {"engine": "transformers", "device": "cpu"},
+        "stats": True,
+    }
+    d.update(over)
+    d = {k: v for k, v in d.items() if v is not None}
+    f = tmp_path / "sweep.yaml"
+    f.write_text(yaml.safe_dump(d))
+    return str(f)
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if k not in ("seconds",)} for r in rows]
+
+
+def test_sweep_files_expand_and_refuse_clearly(tmp_path, trio):
+    spec = load_spec(_sweep_file(tmp_path, trio))
+    names = [p.name for p in spec.points]
+    assert names == ["soup", "revert 2", "b=0 u=0", "b=0 u=2", "b=1 u=0", "b=1 u=2", "b=5 u=0", "b=5 u=2"]
+    assert spec.points[3].recipe == Recipe(plan=Plan(b=0, u=2, tb=0, tu=0)) and spec.points[3].from_grid
+    assert spec.points[0].recipe.plan is None
+    rel = tmp_path / "sub"
+    rel.mkdir()
+    (rel / "s.yaml").write_text("experts: {math: ../m, lang: ../l}\nrecipes: [{plan: {b: 1}}]\n"
+                                f"test_sets: [{DEMO_MGSM}]\nlangs: [xx]\nbuild: make experts\n")
+    spec = load_spec(rel / "s.yaml")
+    assert spec.expert_sets[0].math == str(tmp_path / "m")
+    with pytest.raises(UserError, match=r"2 expert folders are missing: .*/m, .*/l\. Build them with: make experts"):
+        run_sweep(spec, tmp_path / "r.jsonl")
+    for over, msg in [({"grid": {"vary": {"bottom": [1]}}}, "grid cannot vary 'bottom'"),
+                      ({"recipez": []}, "unknown key recipez"),
+                      ({"recipes": [{"name": "x", "method": "soup", "plan": {"b": 1}}]}, "takes no layer map"),
+                      ({"test_sets": [{"path": str(DEMO_MGSM), "langs": ["zz"]}]}, "Unknown MGSM language code zz"),
+                      ({"recipes": [{"name": "a", "plan": {"b": 1}}, {"name": "a", "plan": {"b": 2}}]}, "repeated: a")]:
+        with pytest.raises(UserError, match=msg):
+            load_spec(_sweep_file(tmp_path, trio, **over))
+
+
+def test_run_resume_and_a_damaged_last_line(tmp_path, trio):
+    f = _sweep_file(tmp_path, trio)
+    out = tmp_path / "r.jsonl"
+    run = run_sweep(f, out)
+    # b=5 u=2 needs 7 of the 6 layers: left out; 7 recipes on 1 test set + 2 experts + statistics
+    assert run.left_out == {"experts": 1} and run.ran == 1 + 2 + 7 == len(run.rows)
+    rows = load_results(out)
+    assert _strip(rows) == _strip(run.rows) and len({r["key"] for r in rows}) == len(rows)
+    by = {r["name"]: r for r in rows}
+    assert by["b=0 u=0"]["correct_flexible"] == by["math expert"]["correct_flexible"]
+    assert by["revert 2"]["reverted"] == [2] and by["revert 2"]["layer_weights"] == [1, 0, 0, 0, 0, 1]
+    assert by["soup"]["recipe"] == {"method": {"name": "soup", "weight": 0.5}}
+    assert set(by["math expert"]["experts"]) == {"math", "lang", "base"}
+    assert by["math expert"]["eval"] == {"langs": ["xx", "en"], "limit": 2, "max_new_tokens": 4}
+    assert by["model-level statistics"]["relative_change"]["math"] > 0
+    again = run_sweep(f, out)
+    assert again.ran == 0 and _strip(again.rows) == _strip(rows)
+    # a write cut short (power loss): the last line has no newline; it is cut off and that point redone
+    data = out.read_bytes()
+    out.write_bytes(data[: len(data) - 40])
+    redo = run_sweep(f, out)
+    assert redo.ran == 1 and redo.repaired and "line 10" in redo.repaired
+    assert _strip(load_results(out)) == _strip(rows)
+    # damage before the end is refused with the line number
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text(lines[0] + "{oops\n" + "".join(lines[1:]))
+    with pytest.raises(UserError, match="line 2 is not valid JSON, and records follow it"):
+        run_sweep(f, out)
+
+
+def test_a_second_writer_is_refused(tmp_path):
+    with ResultsLog(tmp_path / "r.jsonl"):
+        with pytest.raises(UserError, match="being written by another sweep"):
+            ResultsLog(tmp_path / "r.jsonl")
+
+
+def test_sigkill_mid_run_then_rerun_equals_an_uninterrupted_run(tmp_path, trio):
+    f = _sweep_file(tmp_path, trio, eval={"limit": 3, "max_new_tokens": 8}, stats=False)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "layerswap.cli", "sweep", f, "-q"]
+    subprocess.run(cmd + ["-o", str(tmp_path / "whole.jsonl")], check=True, env=env, timeout=300,
+                   capture_output=True)
+    whole = load_results(tmp_path / "whole.jsonl")
+    killed = tmp_path / "killed.jsonl"
+    proc = subprocess.Popen(cmd + ["-o", str(killed)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if killed.exists() and killed.read_bytes().count(b"\n") >= 3:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the sweep finished before it could be killed"
+    partial = killed.read_bytes().count(b"\n")
+    assert 3 <= partial < len(whole)
+    subprocess.run(cmd + ["-o", str(killed)], check=True, env=env, timeout=300, capture_output=True)
+    resumed = load_results(killed)
+    raw = [json.loads(x)["key"] for x in killed.read_text().splitlines()]
+    assert len(raw) == len(set(raw)) == len(whole)  # every point exactly once
+    assert _strip(resumed) == _strip(whole)
+
+
+def test_different_shapes_are_refused_and_a_forced_base_mismatch_runs(tmp_path, trio, tokenizer):
+    wide = make_tiny_llama(tmp_path / "wide", layers=6, hidden=96, seed=3, tokenizer=tokenizer)
+    other = perturb(make_tiny_llama(tmp_path / "other_base", layers=6, seed=9, tokenizer=tokenizer),
+                    tmp_path / "other_lang", scale=0.05, seed=4)
+    sets = [{"name": "shapes differ", "math": str(trio["math"]), "lang": str(wide)},
+            {"name": "other base, forced", "math": str(trio["math"]), "lang": str(other), "base": str(trio["base"]),
+             "force": True}]
+    f = _sweep_file(tmp_path, trio, expert_sets=sets, experts=None, grid=None, stats=True,
+                    recipes=[{"name": "swap", "plan": {"b": 1, "u": 1}}])
+    run = run_sweep(f, tmp_path / "r.jsonl")
+    refused = [r for r in run.rows if r["kind"] == "refused"]
+    assert len(refused) == 1 and refused[0]["set"] == "shapes differ" and "shape" in refused[0]["message"]
+    forced = [r for r in run.rows if r["set"] == "other base, forced"]
+    stats = next(r for r in forced if r["kind"] == "stats")
+    assert stats["pairing"]["suspicious"] and stats["pairing"]["distances"]["lang-base"] > 0.5
+    assert next(r for r in forced if r["kind"] == "merge")["pairing_forced"] is True
+    rows = stats_table(run.rows)
+    assert rows[0]["refused"] and rows[1]["sampled lang-base"] > 0.5
+    assert run_sweep(f, tmp_path / "r.jsonl").ran == 0  # the refusal is a finished point too
+
+
+def test_tables_and_figures(tmp_path, trio):
+    run = run_sweep(_sweep_file(tmp_path, trio), tmp_path / "r.jsonl")
+    table = results_table(run.rows)
+    row = next(r for r in table if r["recipe"] == "b=1 u=2")
+    assert set(row) >= {"xx", "xx ±", "en", "en ±", "average", "average ±", "max", "n", "var b", "var u"}
+    assert row["max"] == max(row["xx"], row["en"]) and row["n"] == 4
+    text = table_text(run.rows)
+    assert "| recipe | xx | en | average | max | n |" in text and "math expert" in text
+    heat = accuracy_heatmap(run.rows)
+    assert list(heat.data[0].x) == [0, 1, 5] and list(heat.data[0].y) == [0, 2]
+    bars = recipe_bars(run.rows)
+    assert len(bars.data[0].y) == 7 and len(bars.layout.shapes) == 2  # two experts as lines
+    with pytest.raises(UserError, match="vary one setting"):
+        sweep_curves(run.rows)
+    rows = list(csv.DictReader(open(write_csv(run.rows, tmp_path / "t.csv"))))
+    assert len(rows) == 9 and rows[0]["xx ±"] != ""
+    page = write_html(run.rows, tmp_path / "t.html").read_text()
+    assert page.count("plotly.js") >= 1 and "Experts" in page and "b=1 u=2" in page
+
+
+def test_one_dimensional_sweeps_get_curves(tmp_path, trio):
+    f = _sweep_file(tmp_path, trio, recipes=None,
+                    grid={"name": "tw={transition_weight}", "recipe": {"plan": {"b": 1, "u": 1, "tb": 1, "tu": 1}},
+                          "vary": {"transition_weight": [0.0, 0.5, 1.0]}}, stats=False)
+    run = run_sweep(f, None)
+    fig = sweep_curves(run.rows)
+    assert [list(t.x) for t in fig.data] == [[0.0, 0.5, 1.0]] * 3 and fig.data[-1].name == "average"
+
+
+def test_flag_form_and_file_form_cli(trio, tmp_path, capsys):
+    rc = cli(["sweep", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "--b-values", "0-1",
+              "--u-values", "0-1", "--t-values", "0", "--langs", "xx", "--limit", "2", "--max-new-tokens", "4",
+              "--mgsm-dir", str(DEMO_MGSM), "--engine", "transformers", "-o", str(tmp_path / "s.csv"),
+              "--plot", str(tmp_path / "s.html"), "-q"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "4 recipes x 1 expert set(s)" in out and "best merge" in out
+    rows = list(csv.DictReader(open(tmp_path / "s.csv")))
+    assert len(rows) == 2 + 4 and {r["recipe"] for r in rows} >= {"math expert", "swap b=1 u=1 t=0"}
+    assert "plotly" in (tmp_path / "s-heatmap.html").read_text().lower()
+    f = _sweep_file(tmp_path, trio, grid=None, stats=False)
+    assert cli(["sweep", f, "-o", str(tmp_path / "r.jsonl"), "--html", str(tmp_path / "r.html"), "-q"]) == 0
+    assert "4 point(s) run now" in capsys.readouterr().out
+    assert cli(["sweep", f, "-o", str(tmp_path / "r.jsonl"), "--limit", "1", "-q"]) == 0  # other settings: new points
+    assert "4 point(s) run now, 0 already" in capsys.readouterr().out
+    assert len(load_results(tmp_path / "r.jsonl")) == 8
+    assert cli(["sweep", f, "--math", "x"]) == 2
+    assert "names the experts; drop --math" in capsys.readouterr().err
 
 
 def _outputs(row, model):
     return [(r.lang, r.index, r.output) for r in row.report.results if r.model == model]
 
 
-def test_sweep_rows_are_the_recipes_merges(trio):
+def test_evaluate_points_in_memory(trio):
     wb = Workbench(engine="transformers")
     wb.load(str(trio["math"]), str(trio["lang"]), str(trio["base"]))
     cfg = EvalConfig(langs=["xx", "en"], limit=3, max_new_tokens=6, source=str(DEMO_MGSM))
-    points = [SweepPoint("math itself", Plan(b=0, u=0, tb=0, tu=0)),
-              SweepPoint("all language", Plan(b=6, u=0, tb=0, tu=0)),
-              SweepPoint("swap", Plan(b=1, u=1, tb=1, tu=1)),
-              SweepPoint("soup", Plan(), MethodConfig("soup"))]
-    res = run_sweep(wb, points, cfg)
+    points = [SweepPoint("math itself", Recipe(plan=Plan(b=0, u=0, tb=0, tu=0))),
+              SweepPoint("all language", Recipe(plan=Plan(b=6, u=0, tb=0, tu=0))),
+              SweepPoint("swap", Recipe(plan=Plan(b=1, u=1, tb=1, tu=1))),
+              SweepPoint("soup", Recipe(MethodConfig("soup")))]
+    res = evaluate_points(wb, points, cfg)
     assert [r.name for r in res.rows] == ["math expert", "language expert", "math itself", "all language", "swap", "soup"]
     by = {r.name: r for r in res.rows}
     assert _outputs(by["math itself"], "merged model") == _outputs(by["math expert"], "math expert")
     assert _outputs(by["all language"], "merged model") == _outputs(by["language expert"], "language expert")
-    assert _outputs(by["swap"], "merged model") != _outputs(by["math expert"], "math expert")
     assert by["swap"].layer_weights == [1, 0.5, 0, 0, 0.5, 1] and by["soup"].layer_weights is None
-    assert all(sum(r.n.values()) == 6 for r in res.rows)
-    assert res.best().kind == "merge"
-    text = res.table_text()
-    assert "math expert" in text and "one standard error" in text
+    assert res.best().kind == "merge" and "one standard error" in res.table_text()
 
 
 def test_grids_and_suites():
-    g = swap_grid(6, b=range(0, 3), u=range(0, 2), t=(0, 1))
-    assert SweepPoint("swap b=0 u=0 t=0", Plan(b=0, u=0, tb=0, tu=0)) in g
-    assert all(p.plan.b + p.plan.u + 2 * p.plan.tb <= 6 for p in g)
-    assert not any(p.plan.b == p.plan.u == 0 and p.plan.tb for p in g)
+    g = swap_grid(6, b=range(3), u=range(2), t=(0, 1))
+    assert SweepPoint("swap b=0 u=0 t=0", Recipe(plan=Plan(b=0, u=0, tb=0, tu=0)), (("b", 0), ("u", 0), ("t", 0)),
+                      from_grid=True) in g
+    plans = [p.recipe.plan for p in g]
+    assert all(p.b + p.u + 2 * p.tb <= 6 for p in plans)
+    assert not any(p.b == p.u == 0 and p.tb for p in plans)
     with pytest.raises(UserError, match="No \\(b, u, t\\)"):
         swap_grid(2, b=[3], u=[3])
     names = [p.name for p in ablation_suite(8, Plan(b=2, u=1, tb=1, tu=1))]
@@ -53,13 +242,16 @@ def test_grids_and_suites():
     assert not any("TIES" in n for n in (p.name for p in ablation_suite(8, with_base=False)))
 
 
-def test_sweep_cli(trio, tmp_path, capsys):
-    rc = cli(["sweep", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "--b-values", "0-1",
-              "--u-values", "0-1", "--t-values", "0", "--langs", "xx", "--limit", "2", "--max-new-tokens", "4",
-              "--mgsm-dir", str(DEMO_MGSM), "--engine", "transformers", "-o", str(tmp_path / "s.csv"),
-              "--plot", str(tmp_path / "s.html"), "-q"])
-    out = capsys.readouterr().out
-    assert rc == 0 and "4 recipes on 6 layers" in out and "best merge" in out
-    rows = list(csv.DictReader(open(tmp_path / "s.csv")))
-    assert len(rows) == 2 * (2 + 4) and {r["metric"] for r in rows} == {"flexible", "strict"}
-    assert "plotly" in (tmp_path / "s.html").read_text().lower()
+@pytest.mark.parametrize("name", ["1-counts", "2-transition", "3-location", "4-divergence", "5-lora", "6-bases"])
+def test_shipped_sweep_files(name):
+    from layerswap.sweepfiles import fit_points
+
+    spec = load_spec(REPO / "assets" / "sweeps" / f"{name}.yaml")
+    fit_points(spec.points, 10)  # every listed recipe fits the demo's 10 layers
+    if name[0] in "123":
+        assert not spec.missing() and spec.include_experts
+    else:  # extra experts, built on demand: a missing one stops the sweep at once with the command that builds it
+        assert spec.build == "python scripts/build_demo_experts.py --ablation-experts"
+        if spec.missing():
+            with pytest.raises(UserError, match="Build them with: python scripts/build_demo_experts.py --ablation"):
+                run_sweep(spec, None)

@@ -319,6 +319,9 @@ class Analysis:
     def merged(self, plan: Plan, math: Checkpoint, lang: Checkpoint, base: Checkpoint, *, device: str = "cpu",
                progress: Progress | None = None) -> MergedStats:
         """The layer-swapped model (as `export_merge` writes it) against base and both experts."""
+        if plan.revert:
+            raise UserError("Merged-model statistics are not computed for plans that revert layers to the base; "
+                            "show the expert panels only (the overlay still marks the reverted layers).")
         L = self.num_layers
         lw = plan.layer_weights(L)
         weights = np.asarray([plan.tensor_weight(t.layer, t.ptype, lw, self.arch) for t in self.tensors], dtype=float)

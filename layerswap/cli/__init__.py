@@ -1,4 +1,4 @@
-"""The `layerswap` command line: inspect, merge, push, export-yaml, diff, ask, eval, sweep, app.
+"""The `layerswap` command line: inspect, merge, push, export-yaml, diff, ask, eval, sweep, lm-eval, app.
 
 Every user error ends with a one-line reason on stderr and exit status 2 (1 for an
 incompatible `inspect`), never a traceback. `options` holds the shared option groups,
@@ -119,8 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=c.cmd_eval)
 
-    s = sub.add_parser("sweep", help="merge and evaluate a grid of plans or the ablation suite, then tabulate")
-    o.models(s)
+    s = sub.add_parser("sweep", help="merge and evaluate every recipe of a sweep file (resumable), or a grid / the "
+                                      "ablation suite from flags; tables and plots")
+    s.add_argument("file", nargs="?", metavar="SWEEP.yaml",
+                   help="a sweep file (layerswap.sweepfiles): experts, recipes or grid, test sets, settings")
+    s.add_argument("--math", metavar="M", help="flag form: math expert")
+    s.add_argument("--lang", metavar="L", help="flag form: language expert")
+    s.add_argument("--base", metavar="B", help="flag form: base model")
     s.add_argument("--suite", choices=("grid", "ablations"), default="grid",
                    help="grid: (b, u, t) swap plans; ablations: transition, location, module and baseline variants")
     s.add_argument("--b-values", default="0-3", help="grid: bottom layer counts (default 0-3)")
@@ -131,10 +136,37 @@ def build_parser() -> argparse.ArgumentParser:
     o.eval_options(s)
     s.add_argument("--no-experts", action="store_true", help="skip evaluating the experts themselves")
     o.engine_options(s)
-    s.add_argument("-o", "--out", help="results as CSV")
-    s.add_argument("--plot", help="bar chart of every recipe (.html or .png)")
+    s.add_argument("-o", "--out", help="results file (JSONL: one line per finished point; a rerun resumes it). "
+                                      "A .csv name writes the table instead and keeps no results file")
+    s.add_argument("--ray", type=int, metavar="N", help="run points in parallel on N Ray actors (pip install ray); "
+                                                       "needs -o RESULTS.jsonl")
+    s.add_argument("--ray-gpus", type=float, default=0.0, metavar="G", help="GPUs per Ray actor (default 0)")
+    s.add_argument("--csv", action="append", help="the results table as CSV")
+    s.add_argument("--html", help="a self-contained HTML page: table, statistics and figures")
+    s.add_argument("--plot", action="append", help="figures (.html or .png): heatmap over (b, u), curves, bars; "
+                                                   "one file per figure, suffixed -heatmap/-curves/-bars when several")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=c.cmd_sweep)
+
+    s = sub.add_parser("lm-eval", help="lm-evaluation-harness tasks (BELEBELE, FLORES, MMLU, MBPP, local task files) "
+                                        "on a model, or on the merge of a recipe file")
+    s.add_argument("target", metavar="MODEL_OR_RECIPE", help="a model folder / Hub id, or a recipe file (with --math --lang)")
+    s.add_argument("--tasks", required=True, help="comma list of lm-eval task names")
+    s.add_argument("--include-path", metavar="DIR", help="folder of local lm-eval task YAML files")
+    s.add_argument("--limit", type=int, help="documents per task (default: all)")
+    s.add_argument("--num-fewshot", type=int, help="few-shot examples (default: the task's)")
+    s.add_argument("--batch-size", type=int, default=8)
+    s.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="lm-eval's model backend (default hf)")
+    s.add_argument("--device", default="auto", help=o.DEVICE_HELP)
+    s.add_argument("--math", metavar="M", help="recipe: math expert")
+    s.add_argument("--lang", metavar="L", help="recipe: language expert")
+    s.add_argument("--base", metavar="B", help="recipe: base model")
+    s.add_argument("--force", action="store_true", help="recipe: merge experts that seem not to share the base")
+    s.add_argument("--keep", metavar="DIR", help="recipe: keep the exported merge in DIR (default: a temporary folder)")
+    s.add_argument("--name", help="the row's name in a sweep table (default: the file or folder name)")
+    s.add_argument("--sweep-results", metavar="FILE", help="append the metrics to this sweep results file")
+    s.add_argument("-o", "--out", help="metrics as JSON")
+    s.set_defaults(fn=c.cmd_lm_eval)
 
     s = sub.add_parser("app", help="the Gradio app (the same program as `python app.py`)")
     add_app_arguments(s)

@@ -7,10 +7,9 @@ import textwrap
 from pathlib import Path
 
 from ..errors import UserError
-from ..methods import MethodConfig
-from ..plans import Plan
+from ..recipes import Recipe
 from ..roles import ANSWERING, ROLE_NAMES
-from .options import Bar, eval_config, int_list, method_from, parse_size, plan_from
+from .options import Bar, eval_config, int_list, parse_size, recipe_from
 
 
 def _open(ref: str | None):
@@ -67,11 +66,10 @@ def cmd_merge(args) -> int:
             raise UserError("--push-to needs the Hugging Face Hub, which is not reachable from this machine; "
                             "merge without it now and run `layerswap push` later.")
     math, lang, base = _open_trio(args)
-    method = method_from(args)
-    plan = plan_from(args, math.num_layers, validate=method.spec.uses_plan)
-    _print_recipe(plan, method, math.num_layers)
+    recipe = recipe_from(args, math.num_layers)
+    _print_recipe(recipe, math.num_layers)
     bar = Bar(enabled=not args.quiet)
-    s = export_merge(math, lang, plan, args.out, method=method, base=base, device=args.device,
+    s = export_merge(math, lang, recipe, args.out, base=base, device=args.device,
                      overwrite=args.overwrite, shard_bytes=parse_size(args.out_shard_size), force=args.force,
                      base_distance_threshold=args.base_distance_threshold, progress=bar,
                      languages=args.languages.split(",") if args.languages else None)
@@ -101,12 +99,12 @@ def cmd_push(args) -> int:
     return 0
 
 
-def _print_recipe(plan: Plan, method: MethodConfig, num_layers: int) -> None:
-    if method.spec.uses_plan:
-        print(f"plan: {plan.title()} ({num_layers} layers)")
-        print(textwrap.indent(plan.describe(num_layers), "  "))
+def _print_recipe(recipe: Recipe, num_layers: int) -> None:
+    if recipe.plan is not None:
+        print(f"plan: {recipe.plan.title()} ({num_layers} layers)")
+        print(textwrap.indent(recipe.plan.describe(num_layers), "  "))
     else:
-        print(f"method: {method.describe()}")
+        print(f"method: {recipe.method.describe()}")
 
 
 def cmd_export_yaml(args) -> int:
@@ -115,10 +113,9 @@ def cmd_export_yaml(args) -> int:
 
     math, lang, base = _open_trio(args)
     check_compatible(math, lang, base).raise_if_bad()
-    method = method_from(args)
-    plan = plan_from(args, math.num_layers, validate=method.spec.uses_plan)
+    recipe = recipe_from(args, math.num_layers)
     _check_files([args.out], math, lang, base)
-    text = mergekit_yaml(math, lang, plan, method)
+    text = mergekit_yaml(math, lang, recipe, base)
     if args.out == "-":
         sys.stdout.write(text)
     else:
@@ -140,7 +137,7 @@ def cmd_diff(args) -> int:
         if p not in PANELS:
             raise UserError(f"Unknown panel {p!r}; choose from {', '.join(PANELS)}.")
     L = math.num_layers
-    plan = None if args.no_plan else plan_from(args, L)
+    plan = None if args.no_plan else recipe_from(args, L).plan  # diff has the plan flags only: layer swapping
     if plan is None:
         panels = [p for p in panels if not p.startswith("merged")]
     ks = args.k or [1.0]
@@ -213,16 +210,15 @@ def cmd_ask(args) -> int:
         raise UserError("Give either --question \"...\" or --mgsm-lang XX --index N.")
     wb = _workbench(args, chat_template=None)
     try:
-        method = method_from(args)
         wb.load(args.math, args.lang, args.base, force=args.force)
-        plan = plan_from(args, wb.num_layers, validate=method.spec.uses_plan)
-        wb.build(plan, method)
+        recipe = recipe_from(args, wb.num_layers)
+        wb.build(recipe)
         kw = dict(source=args.mgsm_dir, shots=args.shots, max_new_tokens=args.max_new_tokens)
         if args.question is not None:
             answers = wb.ask_question(args.question, args.mgsm_lang, **kw)
         else:
             answers = wb.ask_mgsm(args.mgsm_lang, args.index, **kw)
-        _print_recipe(plan, method, wb.num_layers)
+        _print_recipe(recipe, wb.num_layers)
         print(f"engine: {wb.engine_note or answers[0].engine}")
     finally:
         wb.close()
@@ -257,16 +253,15 @@ def cmd_eval(args) -> int:
         if bad or not roles:
             raise UserError(f"--models takes a comma list of math, lang, merged (got {args.models!r}).")
         wb = _workbench(args)
-        method = method_from(args)
         wb.load(args.math, args.lang, args.base, force=args.force)
-        plan = plan_from(args, wb.num_layers, validate=method.spec.uses_plan)
+        recipe = recipe_from(args, wb.num_layers)
         if prov is not None:
             from ..card import check_same_merge
 
-            check_same_merge(prov, args.card, wb.checkpoints, plan, method)
+            check_same_merge(prov, args.card, wb.checkpoints, recipe)
         if "merged" in roles:
-            wb.build(plan, method)
-            _print_recipe(plan, method, wb.num_layers)
+            wb.build(recipe)
+            _print_recipe(recipe, wb.num_layers)
         note = wb.engine_note
         engines = {ROLE_NAMES[r]: wb.engines[r] for r in roles}
     try:
@@ -278,39 +273,143 @@ def cmd_eval(args) -> int:
             wb.close()
 
 
-def cmd_sweep(args) -> int:
-    from ..sweeps import ablation_suite, run_sweep, swap_grid, sweep_figure
+def _sweep_spec(args):
+    """The sweep of the flag form (`--math --lang` plus a grid or the ablation suite), as a SweepSpec."""
+    from ..adapters import open_expert
+    from ..sweepfiles import ExpertSet, SweepSpec, TestSet
+    from ..sweeps import ablation_suite, swap_grid
 
+    if not (args.math and args.lang):
+        raise UserError("Give a sweep file (layerswap sweep SWEEP.yaml), or --math M --lang L for a grid or the "
+                        "ablation suite.")
     cfg = eval_config(args)
-    _check_files([args.out, args.plot], extra=(args.math, args.lang, args.base, *_mgsm_dir(args)))
-    wb = _workbench(args)
+    L = open_expert(args.math, args.base).num_layers
+    if args.suite == "grid":
+        points = swap_grid(L, int_list(args.b_values, "--b-values"), int_list(args.u_values, "--u-values"),
+                           int_list(args.t_values, "--t-values"), transition=args.transition or "flat",
+                           non_layer=args.non_layer or "neighbour")
+    else:
+        points = ablation_suite(L, recipe_from(args, L).plan, with_base=args.base is not None)
+    return SweepSpec(
+        name=f"{args.suite} sweep", expert_sets=[ExpertSet("experts", args.math, args.lang, args.base, args.force)],
+        points=points, test_sets=[TestSet(Path(cfg.source).name if cfg.source else "mgsm", cfg.source, tuple(cfg.langs))],
+        eval={"limit": cfg.limit, "shots": cfg.shots, "mode": cfg.mode, "max_new_tokens": cfg.max_new_tokens},
+        engine={"engine": args.engine, "device": args.device, "serving": args.serving,
+                "chat_template": bool(args.chat_template), "max_model_len": args.max_model_len},
+        include_experts=not args.no_experts)
+
+
+def cmd_sweep(args) -> int:
+    from ..sweepfiles import load_spec, with_eval
+    from ..sweepreport import stats_table, sweep_figures, table_text, write_csv, write_html
+    from ..sweeps import run_sweep
+
+    if args.file:
+        given = [f for f in ("math", "lang", "base") if getattr(args, f)]
+        if given:
+            raise UserError(f"{args.file} names the experts; drop --{', --'.join(given)} (or use the flag form "
+                            "without a file).")
+        spec = with_eval(load_spec(args.file), limit=args.limit)
+        if args.engine is not None or args.device != "auto":  # the machine, not the sweep: flags win
+            spec.engine = {**spec.engine, **({"engine": args.engine} if args.engine else {}),
+                           **({"device": args.device} if args.device != "auto" else {})}
+    else:
+        spec = _sweep_spec(args)
+    out = args.out
+    csv_out = list(args.csv or [])
+    if out and out.lower().endswith(".csv"):  # the flag form's table, as before; the records stay in memory
+        csv_out.append(out)
+        out = None
+    inputs = [ref for es in spec.expert_sets for ref in (es.math, es.lang, es.base)] + [t.path for t in spec.test_sets]
+    _check_files([out, *csv_out, args.html, args.plot], extra=tuple(inputs))  # before any point runs
+    n = len(spec.points)
+    print(f"{spec.name}: {n} recipe{'s' if n != 1 else ''} x {len(spec.expert_sets)} expert set(s) x "
+          f"{len(spec.test_sets)} test set(s); MGSM {spec.eval.get('mode', 'native_cot')}, "
+          f"{spec.eval.get('shots', 0)}-shot, " + ("first " + str(spec.eval['limit']) if spec.eval.get("limit") else "all")
+          + " questions" + (f"; results in {out}" if out else ""))
+    bar = Bar(enabled=not args.quiet)
     try:
-        wb.load(args.math, args.lang, args.base, force=args.force)
-        L = wb.num_layers
-        if args.suite == "grid":
-            points = swap_grid(L, int_list(args.b_values, "--b-values"), int_list(args.u_values, "--u-values"),
-                               int_list(args.t_values, "--t-values"), transition=args.transition,
-                               non_layer=args.non_layer)
+        if args.ray:
+            from ..sweepray import run_sweep_ray
+
+            if not out:
+                raise UserError("--ray writes to a results file: add -o RESULTS.jsonl.")
+            run = run_sweep_ray(spec, out, actors=args.ray, progress=bar, gpus_per_actor=args.ray_gpus)
         else:
-            points = ablation_suite(L, plan_from(args, L), with_base=args.base is not None)
-        print(f"{len(points)} recipes on {L} layers; engine: {wb.engine_note or 'transformers'}; MGSM {cfg.mode}, "
-              f"{cfg.shots}-shot, {', '.join(cfg.langs)}, {'first ' + str(cfg.limit) if cfg.limit else 'all'} questions")
-        bar = Bar(enabled=not args.quiet)
-        result = run_sweep(wb, points, cfg, include_experts=not args.no_experts, progress=bar)
-        bar.done()
+            run = run_sweep(spec, out, progress=bar)
     finally:
-        wb.close()
-    print(result.table_text("flexible"))
-    best = result.best()
-    print(f"\nbest merge (mean flexible accuracy; best of {len(result.merges())}, so optimistic): {best.name}")
-    if args.out:
-        result.write_csv(args.out)
-        print(f"wrote {args.out}")
+        bar.done()
+    if run.repaired:
+        print(f"note: {run.repaired}; that point was run again")
+    for name, k in run.left_out.items():
+        print(f"note: {k} grid point(s) do not fit the layers of expert set {name!r} and were left out")
+    print(f"{run.ran} point(s) run now, {len(run.rows) - run.ran} already in the results file")
+    print(table_text(run.rows, "flexible"))
+    for row in stats_table(run.rows):
+        print("  " + ", ".join(f"{k}: {v}" for k, v in row.items()))
+    merges = [r for r in run.rows if r["kind"] == "merge"]
+    if merges:
+        from ..sweepreport import scores
+
+        best = max(merges, key=lambda r: scores(r)["average"])
+        print(f"\nbest merge (average flexible accuracy; best of {len(merges)}, so optimistic): {best['name']}")
+    for path in csv_out:
+        write_csv(run.rows, path)
+        print(f"wrote {path}")
+    if args.html:
+        write_html(run.rows, args.html, title=spec.name)
+        print(f"wrote {args.html}")
     if args.plot:
         from ..plots import save_figure
 
-        save_figure(sweep_figure(result), args.plot)
-        print(f"wrote {args.plot}")
+        figs = dict(sweep_figures(run.rows))
+        for path in args.plot:
+            stem = Path(path)
+            for kind, fig in figs.items():
+                target = stem if len(figs) == 1 else stem.with_name(f"{stem.stem}-{kind}{stem.suffix}")
+                save_figure(fig, target)
+                print(f"wrote {target}")
+    return 0
+
+
+def cmd_lm_eval(args) -> int:
+    from ..lmeval import LmEvalConfig, evaluate_model, evaluate_recipe, record
+    from ..runtime import resolve_device
+
+    cfg = LmEvalConfig(tasks=[t.strip() for t in args.tasks.split(",") if t.strip()], include_path=args.include_path,
+                       limit=args.limit, num_fewshot=args.num_fewshot, batch_size=args.batch_size,
+                       backend=args.backend, device=resolve_device(args.device, ("cpu", "cuda")))
+    cfg.validate()
+    target = Path(args.target)
+    if target.suffix.lower() in (".yaml", ".yml", ".json") and target.is_file():
+        if not (args.math and args.lang):
+            raise UserError(f"{args.target} is a recipe: give --math and --lang (and --base) to merge it first.")
+        math, lang, base = _open_trio(args)
+        recipe = Recipe.load(target)
+        recipe.validate(math.num_layers)
+        _print_recipe(recipe, math.num_layers)
+        metrics, rec = evaluate_recipe(math, lang, base, recipe, cfg, name=args.name or target.stem, force=args.force,
+                                       keep=args.keep)
+    else:
+        if args.math or args.lang:
+            raise UserError(f"{args.target} is a model; --math/--lang are for a recipe file.")
+        metrics = evaluate_model(args.target, cfg)
+        ck = _open(args.target)
+        rec = record({"model": {"ref": ck.ref, "fingerprint": ck.fingerprint()}}, None, args.name or target.name,
+                     cfg, metrics)
+    for task, ms in metrics.items():
+        print(f"{task}: " + ", ".join(f"{k} {v:.4f}" for k, v in ms.items()))
+    if args.out:
+        import json
+
+        Path(args.out).write_text(json.dumps(metrics, indent=2))
+        print(f"wrote {args.out}")
+    if args.sweep_results:
+        from ..sweeplog import ResultsLog
+
+        with ResultsLog(args.sweep_results) as log:
+            log.append(rec)
+        print(f"appended to {args.sweep_results} (joined to the same recipe's row in its table)")
     return 0
 
 

@@ -9,8 +9,9 @@ import sys
 from ..checkpoints import BASE_DISTANCE_THRESHOLD
 from ..engines import ENGINE_CHOICES, SERVING_CHOICES
 from ..errors import UserError
-from ..methods import METHODS, MethodConfig
-from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, TRANSITIONS, Plan, default_plan
+from ..methods import METHODS
+from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, TRANSITIONS
+from ..recipes import Recipe
 
 DEVICE_HELP = "cpu, cuda or auto (default auto: cuda when torch sees a GPU)"
 
@@ -29,13 +30,6 @@ def parse_size(s: str) -> int:
     if m.group(3) == "IB":
         mult = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2)]
     return int(float(m.group(1)) * mult)
-
-
-def floats(s: str, what: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in s.split(","))
-    except ValueError:
-        raise UserError(f"{what} takes comma-separated numbers, e.g. 1,1,0.5,0 (got {s!r}).") from None
 
 
 def int_list(spec: str, what: str) -> list[int]:
@@ -67,37 +61,41 @@ def plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--u", type=int, help="top layers taken from the language expert")
     g.add_argument("--tb", type=int, help="bottom transition layers (blends)")
     g.add_argument("--tu", type=int, help="top transition layers (blends)")
-    g.add_argument("--transition", choices=TRANSITIONS, default="flat",
+    g.add_argument("--transition", choices=TRANSITIONS,
                    help="flat: every transition layer uses --transition-weight; ramp: linear steps (default flat)")
-    g.add_argument("--transition-weight", type=float, default=0.5, metavar="W",
+    g.add_argument("--transition-weight", type=float, metavar="W",
                    help="language-expert weight of flat transition layers (default 0.5)")
-    g.add_argument("--non-layer", choices=NON_LAYER_OPTIONS, default="neighbour",
+    g.add_argument("--non-layer", choices=NON_LAYER_OPTIONS,
                    help="embeddings / final norm / lm_head: neighbour (embeddings follow layer 0, norm and "
                         "lm_head follow the last layer), math, lang or avg (default neighbour)")
     g = p.add_argument_group("other layer maps (ablations)")
-    g.add_argument("--map", choices=KINDS, default="swap",
+    g.add_argument("--map", choices=KINDS,
                    help="swap (b/u/tb/tu, default), weights (--layer-weights), middle / random (--map-k), alternating")
     g.add_argument("--layer-weights", metavar="W0,W1,...", help="language-expert weight of every layer (--map weights)")
-    g.add_argument("--map-k", type=int, default=0, help="number of layers from the language expert (--map middle/random)")
-    g.add_argument("--offset", type=int, default=0, choices=[0, 1], help="first language layer (--map alternating)")
-    g.add_argument("--modules", choices=MODULES, default="all",
-                   help="apply the map to attention only or MLP only; the rest stays with the math expert")
-    g.add_argument("--seed", type=int, default=0, help="seed for --map random and DARE (default 0)")
+    g.add_argument("--map-k", type=int, help="number of layers from the language expert (--map middle/random)")
+    g.add_argument("--offset", type=int, choices=[0, 1], help="first language layer (--map alternating; default 0)")
+    g.add_argument("--modules", choices=MODULES,
+                   help="apply the map to attention only or MLP only; the rest stays with the math expert (default all)")
+    g.add_argument("--revert", metavar="LAYERS",
+                   help="layers taken from the base model instead (their fine-tuning reverted), e.g. 3-4,7; needs --base")
+    g.add_argument("--seed", type=int, help="seed for --map random and DARE (default 0)")
 
 
 def method_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("merge method (default layer_swap; the others are the paper's baselines)")
-    g.add_argument("--method", choices=list(METHODS), default="layer_swap")
-    g.add_argument("--weight", type=float, default=0.5, help="soup: language expert's share (default 0.5)")
-    g.add_argument("--expert-weights", default="1,1", metavar="WM,WL",
+    g.add_argument("--method", choices=list(METHODS), help="default layer_swap")
+    g.add_argument("--weight", type=float, help="soup: language expert's share (default 0.5)")
+    g.add_argument("--expert-weights", metavar="WM,WL",
                    help="task arithmetic / TIES / DARE: weights of the math and language task vectors (default 1,1)")
-    g.add_argument("--lambda", dest="lam", type=float, default=1.0, help="task-vector scale (default 1.0)")
-    g.add_argument("--density", type=float, default=0.2, help="TIES: fraction of each task vector kept (default 0.2)")
-    g.add_argument("--drop-rate", type=float, default=0.9, help="DARE: drop probability (default 0.9)")
+    g.add_argument("--lambda", dest="lam", type=float, help="task-vector scale (default 1.0)")
+    g.add_argument("--density", type=float, help="TIES: fraction of each task vector kept (default 0.2)")
+    g.add_argument("--drop-rate", type=float, help="DARE: drop probability (default 0.9)")
 
 
 def recipe_options(p: argparse.ArgumentParser) -> None:
-    """A merge recipe: the layer map (plan) and the method."""
+    """A merge recipe: a recipe file, or the layer map (plan) and the method as flags."""
+    p.add_argument("--recipe", metavar="FILE",
+                   help="the whole recipe from a YAML/JSON file (layerswap.recipes); replaces the plan and method flags")
     plan_options(p)
     method_options(p)
 
@@ -137,34 +135,26 @@ def engine_options(p: argparse.ArgumentParser) -> None:
 
 # ---- library objects from options -----------------------------------------------------------------
 
-def plan_from(args, num_layers: int, validate: bool = True) -> Plan:
-    d = default_plan(num_layers)
-    counts = {k: getattr(args, k) for k in ("b", "u", "tb", "tu")}
-    if all(v is None for v in counts.values()):
-        counts = {k: getattr(d, k) for k in counts}
-    else:
-        counts = {k: (v if v is not None else getattr(d, k)) for k, v in counts.items()}
-    kind = getattr(args, "map", "swap")
-    weights = floats(args.layer_weights, "--layer-weights") if getattr(args, "layer_weights", None) else None
-    if weights is not None and kind == "swap":
-        kind = "weights"
-    plan = Plan(**counts, transition=args.transition, transition_weight=args.transition_weight,
-                non_layer=args.non_layer, kind=kind, weights=weights, k=getattr(args, "map_k", 0),
-                seed=getattr(args, "seed", 0), offset=getattr(args, "offset", 0),
-                modules=getattr(args, "modules", "all"))
-    if validate:
-        plan.validate(num_layers)
-    return plan
+# flag -> Recipe.from_values argument
+_RECIPE_FLAGS = {"method": "method", "b": "b", "u": "u", "tb": "tb", "tu": "tu", "transition": "transition",
+                 "transition_weight": "transition_weight", "non_layer": "non_layer", "map": "kind",
+                 "layer_weights": "layer_weights", "map_k": "k", "seed": "seed", "offset": "offset",
+                 "modules": "modules", "revert": "revert", "weight": "weight", "expert_weights": "expert_weights",
+                 "lam": "lam", "density": "density", "drop_rate": "drop_rate"}
 
 
-def method_from(args) -> MethodConfig:
-    ew = floats(args.expert_weights, "--expert-weights")
-    if len(ew) != 2:
-        raise UserError("--expert-weights takes two numbers: math, language (e.g. 1,1).")
-    m = MethodConfig(name=args.method, weight=args.weight, expert_weights=ew, lam=args.lam, density=args.density,
-                     drop_rate=args.drop_rate, seed=args.seed)
-    m.validate()
-    return m
+def recipe_from(args, num_layers: int) -> Recipe:
+    """The recipe of a command: from --recipe FILE, or from the plan and method flags (defaults filled in)."""
+    given = {v: getattr(args, k) for k, v in _RECIPE_FLAGS.items() if getattr(args, k, None) is not None}
+    if getattr(args, "recipe", None):
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in _RECIPE_FLAGS if getattr(args, k, None) is not None)
+            raise UserError(f"--recipe {args.recipe} already says the whole recipe; drop {flags} "
+                            "(or edit the file).")
+        r = Recipe.load(args.recipe)
+        r.validate(num_layers)
+        return r
+    return Recipe.from_values(num_layers=num_layers, **given)
 
 
 def eval_config(args):
@@ -190,7 +180,7 @@ class Bar:
                         bar_format="{l_bar}{bar}| {elapsed}<{remaining}")
 
     def __call__(self, frac: float, desc: str) -> None:
-        self.bar.set_description_str(desc[:40])
+        self.bar.set_description_str(desc[:60])
         self.bar.update(int(frac * 1000) - self.bar.n)
 
     def done(self) -> None:

@@ -51,8 +51,7 @@ class AnalysisTab:
         if "base" not in wb.checkpoints:
             return [gr.update(visible=False), NO_BASE, gr.update(visible=False), gr.update(visible=False),
                     gr.update(visible=False), gr.update(visible=False)]
-        plan, method = recipe(*plan_values)
-        plan = plan if method.spec.uses_plan else None
+        plan = recipe(*plan_values).plan  # None for methods without a layer map: no overlay
         k = float(k) if k not in (None, "") else 1.0
         flag = self.shared.cancel_flag(v.sid)
         flag.clear()

@@ -24,16 +24,17 @@ from ..card import attach_eval
 from ..errors import UserError
 from ..hosting import Policy, fetch
 from ..hub import looks_like_hub_id
-from ..methods import METHODS, MethodConfig
+from ..methods import METHODS
 from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan, default_plan
+from ..recipes import Recipe
 from ..presets import Preset, presets
 from ..workbench import ROLE_NAMES, Answer, Workbench
 from .analysis_tab import AnalysisTab
-from .controls import PLAN_KEYS, plan_md, query_string, recipe, recipe_dict, restore, strip_figure
+from .controls import PLAN_KEYS, plan_md, query_string, recipe, restore, strip_figure
 from .evaluate import EvaluateTab
 from .push import PushSection
 from .events import guarded
-from .session import Shared, Visitor, cancellable, safe_sid
+from .session import Shared, Visitor, cancellable, safe_sid, same_recipe
 
 MAX_SLIDER = 64
 EXPORT_NAME = "layerswap-merge"
@@ -122,15 +123,14 @@ class App(AnalysisTab, EvaluateTab, PushSection):
         flag = self.shared.cancel_flag(v.sid)
         return self.shared.workbench(v.refs, v.force, cancellable(lambda f, d: progress(f, desc=d), flag))
 
-    def built(self, v: Visitor, values, progress) -> tuple[Workbench, Plan, object]:
+    def built(self, v: Visitor, values, progress) -> tuple[Workbench, Recipe]:
         """The visitor's models with the visitor's plan built into the merged model."""
         wb = self.workbench(v, progress)
-        plan, method = recipe(*values)
-        if method.spec.uses_plan:
-            plan.layer_weights(wb.num_layers)  # validates against the model before any work
+        r = recipe(*values)
+        r.validate(wb.num_layers)  # against the model, before any work
         flag = self.shared.cancel_flag(v.sid)
-        self.shared.ensure_built(wb, plan, method, cancellable(lambda f, d: progress(f, desc=d), flag))
-        return wb, plan, method
+        self.shared.ensure_built(wb, r, cancellable(lambda f, d: progress(f, desc=d), flag))
+        return wb, r
 
     def _models_md(self, wb: Workbench | None) -> str:
         if wb is None or not wb.report:
@@ -142,10 +142,9 @@ class App(AnalysisTab, EvaluateTab, PushSection):
             md += f"\n\n**Engine:** {wb.engine_note}"
         return md
 
-    def _strip_and_md(self, wb: Workbench, plan: Plan, method, built: bool):
+    def _strip_and_md(self, wb: Workbench, r: Recipe, built: bool):
         L = wb.num_layers
-        lw = plan.layer_weights(L) if method.spec.uses_plan else None
-        return strip_figure(lw, L), plan_md(plan, method, L, built)
+        return strip_figure(r.layer_weights(L), L, r.plan), plan_md(r, L, built)
 
     # ---- events ---------------------------------------------------------------------------
     def open_page(self, v: Visitor | None, request: gr.Request):
@@ -161,9 +160,9 @@ class App(AnalysisTab, EvaluateTab, PushSection):
 
     def first_view(self, v: Visitor, *values, progress=gr.Progress()):
         """After the page opened: the models' report and the plan built, once the models are there."""
-        wb, plan, method = self.built(v, values, progress)
+        wb, r = self.built(v, values, progress)
         sliders = [gr.update(maximum=wb.num_layers)] * 4
-        return [v, self._models_md(wb), *self._strip_and_md(wb, plan, method, built=True), query_string(v.refs, values),
+        return [v, self._models_md(wb), *self._strip_and_md(wb, r, built=True), query_string(v.refs, values),
                 *sliders]
 
     def load(self, v: Visitor | None, base: str, math: str, lang: str, force: bool = False,
@@ -195,18 +194,16 @@ class App(AnalysisTab, EvaluateTab, PushSection):
         if wb is None or "math" not in wb.checkpoints:
             return gr.update(), "Loading the models…"
         try:
-            plan, method = recipe(*values)
-            from .session import same_recipe
-
-            return self._strip_and_md(wb, plan, method, built=same_recipe(wb, plan, method))
+            r = recipe(*values)
+            return self._strip_and_md(wb, r, built=same_recipe(wb, r))
         except UserError as e:
             return None, f"**Invalid plan:** {e}"
 
     def build(self, v: Visitor | None, *values, request: gr.Request = None, progress=gr.Progress()):
         v = self.visitor(v, request)
         self.shared.cancel_flag(v.sid).clear()
-        wb, plan, method = self.built(v, values, progress)
-        return [v, *self._strip_and_md(wb, plan, method, built=True), query_string(v.refs, values)]
+        wb, r = self.built(v, values, progress)
+        return [v, *self._strip_and_md(wb, r, built=True), query_string(v.refs, values)]
 
     def questions(self, lang: str):
         choices = self._question_choices(lang)
@@ -220,8 +217,8 @@ class App(AnalysisTab, EvaluateTab, PushSection):
             raise UserError("Choose a language.")
         free_text = self.policy.check_text(free_text or "", "question")
         self.shared.cancel_flag(v.sid).clear()
-        wb, plan, method = self.built(v, values, progress)
-        strip, pmd = self._strip_and_md(wb, plan, method, built=True)
+        wb, r = self.built(v, values, progress)
+        strip, pmd = self._strip_and_md(wb, r, built=True)
         src = self._source()
         if free_text.strip():
             gold, prompt_lang = None, mgsm.get_language(lang, src)
@@ -235,13 +232,13 @@ class App(AnalysisTab, EvaluateTab, PushSection):
             item = items[int(index)]
             gold, prompt_lang = item.answer, mgsm.get_language(lang, src)
             prompt = mgsm.build_prompt(item.question, prompt_lang)
-        head = f"**Prompt** (greedy, MGSM native CoT; answers from {plan_md(plan, method, wb.num_layers, True, short=True)})"
+        head = f"**Prompt** (greedy, MGSM native CoT; answers from {plan_md(r, wb.num_layers, True, short=True)})"
         head += f"\n\n```\n{prompt}\n```" + (f"\n\n**Gold answer: {gold}**" if gold is not None else "")
         cols = [f"**{ROLE_NAMES[r]}** · answering…" for r in ("math", "lang", "merged")]
         yield [v, head, *cols, strip, pmd]
         for i, role in enumerate(("math", "lang", "merged")):
             with self.shared.lock:  # never held across a yield: the next step may run on another thread
-                self.shared.ensure_built(wb, plan, method)  # another visitor may have built in between
+                self.shared.ensure_built(wb, r)  # another visitor may have built in between
                 (a,) = wb.ask(prompt, prompt_lang, gold, roles=(role,), max_new_tokens=int(max_new_tokens))
             cols[i] = _answer_md(a)
             yield [v, head, *cols, strip, pmd]
@@ -252,7 +249,7 @@ class App(AnalysisTab, EvaluateTab, PushSection):
         flag = self.shared.cancel_flag(v.sid)
         flag.clear()
         wb = self.workbench(v, progress)
-        plan, method = recipe(*values)
+        r = recipe(*values)
         if self.policy.hosted:  # the visitor's own folder, replaced by each export
             out, overwrite = self.shared.folder(v.sid) / EXPORT_NAME, True
         else:
@@ -260,14 +257,14 @@ class App(AnalysisTab, EvaluateTab, PushSection):
             if not out:
                 raise UserError("Give an output folder for the merged model.")
         with self.shared.lock:
-            s = wb.export(out, plan=plan, method=method, overwrite=overwrite,
+            s = wb.export(out, recipe=r, overwrite=overwrite,
                           protect=tuple(p for p in (self._source(),) if p),
                           progress=cancellable(lambda f, d: progress(f, desc=d), flag))
         v.last_export = str(s.out)
         where = EXPORT_NAME if self.policy.hosted else f"`{s.out}`"
         msg = (f"Wrote {where}: {s.n_tensors} tensors ({s.n_copied} copied, {s.n_blended} computed), "
                f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard(s), with config, tokenizer and model card.")
-        if v.last_eval is not None and v.eval_recipe == recipe_dict(plan, method):
+        if v.last_eval is not None and v.eval_recipe == r.to_dict():
             attach_eval(s.out, v.last_eval)  # the card shows what was measured on this very merge
             msg += " The card holds your evaluation of this plan (MGSM)."
         cap = self.policy.limits.zip_bytes
@@ -288,8 +285,8 @@ class App(AnalysisTab, EvaluateTab, PushSection):
 
         v = self.visitor(v, request)
         wb = self.workbench(v, progress)
-        plan, method = recipe(*values)
-        text = self.policy.scrub(mergekit_yaml(wb.checkpoints["math"], wb.checkpoints["lang"], plan, method))
+        text = self.policy.scrub(mergekit_yaml(wb.checkpoints["math"], wb.checkpoints["lang"], recipe(*values),
+                                               wb.checkpoints.get("base")))
         path = self.shared.folder(v.sid) / "layerswap-mergekit.yml"
         path.write_text(text)
         return v, gr.update(value=str(path), visible=True)
@@ -309,8 +306,7 @@ class App(AnalysisTab, EvaluateTab, PushSection):
     def start_loading(self) -> None:
         """Load the default models (and build the opening plan) behind the served page."""
         if self.d.math and self.d.lang:
-            self.shared.start_background(self.key, after=lambda wb: self.shared.ensure_built(wb, self.plan0,
-                                                                                          MethodConfig()))
+            self.shared.start_background(self.key, after=lambda wb: self.shared.ensure_built(wb, Recipe(plan=self.plan0)))
         else:
             self.shared.status = "No default models: load some above."
             self.shared.ready.set()
@@ -391,6 +387,7 @@ class App(AnalysisTab, EvaluateTab, PushSection):
                                 lam = gr.Number(1.0, label="Task-vector scale (lambda)")
                                 density = gr.Slider(0.01, 1, 0.2, step=0.01, label="TIES density")
                                 drop_rate = gr.Slider(0, 0.99, 0.9, step=0.01, label="DARE drop rate")
+                                expert_weights = gr.Textbox("1,1", label="Task arithmetic: expert weights (math, language)")
                         with gr.Row():
                             build_btn = gr.Button("Build merge now", variant="primary", elem_id="build")
                             share = gr.Textbox(label="Share this view (append to the page address)", elem_id="share",
@@ -434,7 +431,7 @@ class App(AnalysisTab, EvaluateTab, PushSection):
                 eval_io = self._evaluate_tab()
 
             plan_inputs = [b, u, tb, tu, transition, tw, non_layer, kind, layer_weights, map_k, seed, offset, modules,
-                           method, weight, lam, density, drop_rate]
+                           method, weight, lam, density, drop_rate, expert_weights]
             assert len(plan_inputs) == len(PLAN_KEYS)
             refs = [base, math, lang]
             on = dict(show_progress_on=[status])

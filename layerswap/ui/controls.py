@@ -11,13 +11,13 @@ from urllib.parse import urlencode
 
 import gradio as gr
 
-from ..errors import UserError
-from ..methods import METHODS, MethodConfig
+from ..methods import METHODS
 from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan
+from ..recipes import Recipe
 from ..plots import layer_strip
 
 PLAN_KEYS = ("b", "u", "tb", "tu", "transition", "tw", "non_layer", "kind", "weights", "k", "seed", "offset",
-             "modules", "method", "weight", "lam", "density", "drop_rate")
+             "modules", "method", "weight", "lam", "density", "drop_rate", "expert_weights")
 _INTS = {"b", "u", "tb", "tu", "k", "seed", "offset"}
 _FLOATS = {"tw", "weight", "lam", "density", "drop_rate"}
 _CHOICES = {"transition": ("flat", "ramp"), "non_layer": tuple(NON_LAYER_OPTIONS), "kind": tuple(KINDS),
@@ -26,45 +26,31 @@ TABS = ("build", "analysis", "evaluate")
 
 
 def recipe(b, u, tb, tu, transition, tw, non_layer, kind="swap", layer_weights="", k=0, seed=0, offset=0,
-           modules="all", method="layer_swap", weight=0.5, lam=1.0, density=0.2,
-           drop_rate=0.9) -> tuple[Plan, MethodConfig]:
-    """The plan and method of the controls' values (validated where they do not need the model)."""
-    weights = None
-    if kind == "weights":
-        try:
-            weights = tuple(float(x) for x in str(layer_weights).replace(" ", "").split(",") if x)
-        except ValueError:
-            raise UserError("Layer weights: comma-separated numbers in [0, 1], one per layer.") from None
-    try:
-        plan = Plan(int(b), int(u), int(tb), int(tu), transition, float(tw), non_layer, kind=kind, weights=weights,
-                    k=int(k), seed=int(seed), offset=int(offset), modules=modules)
-        m = MethodConfig(method, weight=float(weight), lam=float(lam), density=float(density),
-                         drop_rate=float(drop_rate), seed=int(seed))
-    except (TypeError, ValueError) as e:
-        raise UserError(f"Invalid plan value ({e}).") from None
-    m.validate()
-    return plan, m
+           modules="all", method="layer_swap", weight=0.5, lam=1.0, density=0.2, drop_rate=0.9,
+           expert_weights="1,1") -> Recipe:
+    """The recipe of the controls' values (`Recipe.from_values`, validated where it does not need the model)."""
+    return Recipe.from_values(method=method, b=b, u=u, tb=tb, tu=tu, transition=transition, transition_weight=tw,
+                              non_layer=non_layer, kind=kind, layer_weights=layer_weights, k=k, seed=seed,
+                              offset=offset, modules=modules, weight=weight, expert_weights=expert_weights, lam=lam,
+                              density=density, drop_rate=drop_rate)
 
 
-def recipe_dict(plan: Plan, method: MethodConfig) -> dict:
-    """What identifies a merge (the plan only when the method uses one), to compare two of them."""
-    return {"method": method.to_dict(), "plan": plan.to_dict() if method.spec.uses_plan else None}
+def strip_figure(lw: list[float] | None, num_layers: int, plan: Plan | None = None):
+    """The layer-source strip (reverted layers marked); methods without a plan touch every layer alike
+    (shown as blends)."""
+    return layer_strip(lw if lw is not None else [0.5] * num_layers,
+                       reverted=sorted(plan.reverted()) if plan is not None else ())
 
 
-def strip_figure(lw: list[float] | None, num_layers: int):
-    """The layer-source strip; methods without a plan touch every layer alike (shown as blends)."""
-    return layer_strip(lw if lw is not None else [0.5] * num_layers)
-
-
-def plan_md(plan: Plan, method: MethodConfig, num_layers: int, built: bool, short: bool = False) -> str:
-    title = plan.title() if method.spec.uses_plan else f"{method.describe()} on every tensor"
+def plan_md(r: Recipe, num_layers: int, built: bool, short: bool = False) -> str:
+    title = r.title() if r.plan is not None else f"{r.method.describe()} on every tensor"
     if short:
         return f"{title}, {num_layers} layers"
     state = "**Built: the merged model answers with this plan.**" if built else \
         "*Preview: built automatically when you ask, evaluate or analyse.*"
-    if not method.spec.uses_plan:
-        return f"{state} {title} ({num_layers} layers). {method.spec.description}"
-    lines = plan.describe(num_layers).replace("\n", "  \n")
+    if r.plan is None:
+        return f"{state} {title} ({num_layers} layers). {r.method.spec.description}"
+    lines = r.plan.describe(num_layers).replace("\n", "  \n")
     return f"{state} {title} ({num_layers} layers)  \n{lines}"
 
 

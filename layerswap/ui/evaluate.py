@@ -17,7 +17,7 @@ from ..errors import UserError
 from ..plots import eval_bars
 from ..roles import ANSWERING, ROLE_NAMES
 from .analysis_tab import TabIO
-from .controls import recipe, recipe_dict
+from .controls import recipe
 
 EVAL_ROLES = [(ROLE_NAMES[r], r) for r in ANSWERING]
 
@@ -50,10 +50,10 @@ class EvaluateTab:
 
         with self.shared.lock:  # one lane: nobody rebuilds the merged model while it answers
             if "merged" in order:
-                self.shared.ensure_built(wb, *recipe(*plan_values))
+                self.shared.ensure_built(wb, recipe(*plan_values))
             report = wb.evaluate(cfg, tuple(order), progress=tick, cancel=flag)
         v.last_eval = report
-        v.eval_recipe = recipe_dict(*recipe(*plan_values)) if "merged" in order else None
+        v.eval_recipe = recipe(*plan_values).to_dict() if "merged" in order else None
         path = self.shared.folder(v.sid) / "mgsm_results.jsonl"
         report.write_jsonl(path)
         n = len(report.results)

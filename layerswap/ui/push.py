@@ -14,8 +14,8 @@ import gradio as gr
 
 from ..errors import UserError
 from ..hosting import on_space
+from ..publish import LOGIN_FIRST
 
-LOGIN_FIRST = "Log in with your Hugging Face account first (the button above Push), then push again."
 
 
 class PushSection:

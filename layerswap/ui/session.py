@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import UserError
-from ..methods import MethodConfig
-from ..plans import Plan
+from ..recipes import Recipe
 from ..runtime import Progress, no_progress
 from ..workbench import Workbench
 
@@ -57,11 +56,9 @@ def cancellable(progress: Progress, flag: threading.Event) -> Progress:
     return p
 
 
-def same_recipe(wb: Workbench, plan: Plan, method: MethodConfig) -> bool:
-    if wb.plan is None:
-        return False
-    uses_plan = method.spec.uses_plan
-    return wb.method.to_dict() == method.to_dict() and (not uses_plan or wb.plan.to_dict() == plan.to_dict())
+def same_recipe(wb: Workbench, recipe: Recipe) -> bool:
+    """Does the workbench's merged model hold `recipe`?"""
+    return wb.recipe is not None and wb.recipe.to_dict() == recipe.to_dict()
 
 
 class Shared:
@@ -106,12 +103,12 @@ class Shared:
             self._wbs[key] = wb
             return wb
 
-    def ensure_built(self, wb: Workbench, plan: Plan, method: MethodConfig, progress: Progress = no_progress) -> bool:
-        """Build `plan` unless the merged model already holds it; True when a build ran."""
+    def ensure_built(self, wb: Workbench, recipe: Recipe, progress: Progress = no_progress) -> bool:
+        """Build `recipe` unless the merged model already holds it; True when a build ran."""
         with self.lock:
-            if same_recipe(wb, plan, method) and "merged" in wb.engines:
+            if same_recipe(wb, recipe) and "merged" in wb.engines:
                 return False
-            wb.build(plan, method, progress=progress)
+            wb.build(recipe, progress=progress)
             return True
 
     def start_background(self, key: Key, after: Callable[[Workbench], None] | None = None) -> threading.Thread:

@@ -1,0 +1,291 @@
+"""Sweep files: experts, recipes (a list or a grid), test sets, evaluation settings and statistics, in YAML/JSON.
+
+    name: transition zone
+    experts: {math: ../demo/math, lang: ../demo/lang, base: ../demo/base}   # or expert_sets: [{name, ...}]
+    recipes:                                                # a list of named recipes (layerswap.recipes)
+      - {name: none, plan: {b: 2, u: 1, tb: 0, tu: 0}}
+      - {name: soup, method: {name: soup, weight: 0.5}}
+    grid:                                                   # and/or grids (one mapping or a list of them)
+      name: "b={b} u={u}"
+      recipe: {plan: {tb: 0, tu: 0}}                        # the fixed part
+      vary: {b: [0, 1, 2, 3], u: [0, 1, 2]}                 # plan keys, method parameters, or t (tb = tu)
+    test_sets: [{path: ../demo/mgsm, langs: [xx, en]}]      # or paths, with langs: [...] at the top
+    eval: {limit: 20, shots: 0, mode: native_cot, max_new_tokens: 128}
+    engine: {engine: transformers, device: cpu, batch_size: 64}
+    include_experts: true                                   # the experts themselves as reference rows
+    stats: true                                             # each expert's distance from the base
+    build: python scripts/build_demo_experts.py --ablation-experts   # said when experts are missing
+
+Relative paths are read from the sweep file's folder. Grid points that do not fit the experts'
+layer count are left out (and counted); listed recipes that do not fit are refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+from .evaluation import EvalConfig
+from .hub import looks_like_hub_id
+from .methods import METHODS
+from .recipes import PLAN_KEYS, Recipe, read_data_file
+
+TOP_KEYS = ("name", "experts", "expert_sets", "recipes", "grid", "test_sets", "langs", "eval", "engine",
+            "include_experts", "stats", "build")
+EVAL_KEYS = ("limit", "shots", "mode", "max_new_tokens")
+ENGINE_KEYS = ("engine", "device", "serving", "batch_size", "chat_template", "max_model_len")
+
+
+@dataclass(frozen=True)
+class ExpertSet:
+    """Two experts (and their base) merged by every recipe; `force` merges a pair that seems not to share the base."""
+
+    name: str
+    math: str
+    lang: str
+    base: str | None = None
+    force: bool = False
+
+    def refs(self) -> dict[str, str]:
+        return {r: getattr(self, r) for r in ("math", "lang", "base") if getattr(self, r)}
+
+
+@dataclass(frozen=True)
+class TestSet:
+    """An MGSM-format folder (None: $LAYERSWAP_MGSM_DIR, else the Hub) and the languages scored on it."""
+
+    name: str
+    path: str | None
+    langs: tuple[str, ...]
+
+    def config(self, settings: dict) -> EvalConfig:
+        return EvalConfig(langs=list(self.langs), source=self.path, **settings)
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One recipe of a sweep, with its name and (for grid points) the grid coordinates."""
+
+    name: str
+    recipe: Recipe
+    vars: tuple[tuple[str, Any], ...] = ()
+    from_grid: bool = False
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, **self.recipe.to_dict()}
+
+
+@dataclass
+class SweepSpec:
+    name: str
+    expert_sets: list[ExpertSet]
+    points: list[SweepPoint]
+    test_sets: list[TestSet]
+    eval: dict = field(default_factory=dict)  # EvalConfig settings besides langs and source
+    engine: dict = field(default_factory=dict)  # Workbench settings
+    include_experts: bool = True
+    stats: bool = False
+    build: str | None = None
+    path: Path | None = None
+
+    def missing(self) -> list[str]:
+        """Expert folders that do not exist (Hub ids are not checked here)."""
+        out = []
+        for s in self.expert_sets:
+            for ref in s.refs().values():
+                if not Path(ref).exists() and not looks_like_hub_id(ref):
+                    out.append(ref)
+        return out
+
+    def check_experts(self) -> None:
+        miss = self.missing()
+        if miss:
+            where = f"{self.path}: " if self.path else ""
+            build = (f" Build them with: {self.build}" if self.build else
+                     " Point the sweep file at existing model folders or Hub ids.")
+            raise UserError(f"{where}{len(miss)} expert folder{'s are' if len(miss) > 1 else ' is'} missing: "
+                            f"{', '.join(miss)}.{build}")
+
+    def eval_settings(self) -> dict:
+        return {k: self.eval[k] for k in EVAL_KEYS if k in self.eval}
+
+
+def load_spec(path: str | os.PathLike) -> SweepSpec:
+    """Read and check a sweep file (YAML or JSON)."""
+    path = Path(path).expanduser()
+    return spec_from_dict(read_data_file(path), folder=path.resolve().parent, path=path)
+
+
+def spec_from_dict(d: Any, folder: Path | None = None, path: Path | None = None) -> SweepSpec:
+    where = str(path) if path else "sweep"
+    if not isinstance(d, dict):
+        raise UserError(f"{where}: a sweep file is a mapping with experts, recipes or grid, and test_sets.")
+    extra = sorted(set(d) - set(TOP_KEYS))
+    if extra:
+        raise UserError(f"{where}: unknown key{'s' if len(extra) > 1 else ''} {', '.join(extra)}; "
+                        f"a sweep file has {', '.join(TOP_KEYS)}.")
+    folder = folder or Path.cwd()
+    sets = _expert_sets(d, folder, where)
+    points = _points(d, where)
+    tests = _test_sets(d, folder, where)
+    ev = _mapping(d.get("eval", {}), EVAL_KEYS, f"{where}: eval")
+    eng = _mapping(d.get("engine", {}), ENGINE_KEYS, f"{where}: engine")
+    for t in tests:
+        t.config(ev).validate()
+    return SweepSpec(name=str(d.get("name") or (path.stem if path else "sweep")), expert_sets=sets, points=points,
+                     test_sets=tests, eval=ev, engine=eng, include_experts=bool(d.get("include_experts", True)),
+                     stats=bool(d.get("stats", False)), build=d.get("build"), path=path)
+
+
+def fit_points(points: list[SweepPoint], num_layers: int, where: str = "sweep") -> tuple[list[SweepPoint], int]:
+    """The points whose recipe fits `num_layers` layers, and how many grid points were left out; a listed
+    recipe that does not fit is refused."""
+    keep, dropped = [], 0
+    for p in points:
+        try:
+            p.recipe.validate(num_layers)
+            keep.append(p)
+        except UserError as e:
+            if not p.from_grid:
+                raise UserError(f"{where}: recipe {p.name!r}: {e}") from None
+            dropped += 1
+    return keep, dropped
+
+
+# ---- parts ------------------------------------------------------------------------------------------
+
+def _path(ref: Any, folder: Path, what: str) -> str:
+    if not isinstance(ref, str) or not ref:
+        raise UserError(f"{what} is a folder or a Hub id (got {ref!r}).")
+    p = Path(ref).expanduser()
+    p = p if p.is_absolute() else folder / p
+    if p.exists() or ref.startswith((".", "/", "~")) or not looks_like_hub_id(ref):
+        return str(p.resolve())
+    return ref
+
+
+def _expert_sets(d: dict, folder: Path, where: str) -> list[ExpertSet]:
+    if ("experts" in d) == ("expert_sets" in d):
+        raise UserError(f"{where}: give the experts once, as experts: {{math, lang, base}} or as expert_sets: [...].")
+    raw = [d["experts"]] if "experts" in d else d["expert_sets"]
+    if not isinstance(raw, list) or not raw:
+        raise UserError(f"{where}: expert_sets is a list of {{name, math, lang, base, force}}.")
+    out, names = [], set()
+    for i, s in enumerate(raw):
+        what = f"{where}: expert set {i + 1}"
+        if not isinstance(s, dict):
+            raise UserError(f"{what} is a mapping of math, lang, base, name, force.")
+        extra = sorted(set(s) - {"name", "math", "lang", "base", "force"})
+        if extra or "math" not in s or "lang" not in s:
+            raise UserError(f"{what}: needs math and lang (and may have base, name, force); got {', '.join(sorted(s))}.")
+        name = str(s.get("name") or ("experts" if len(raw) == 1 else f"set {i + 1}"))
+        if name in names:
+            raise UserError(f"{where}: two expert sets are named {name!r}.")
+        names.add(name)
+        out.append(ExpertSet(name, _path(s["math"], folder, f"{what} math"), _path(s["lang"], folder, f"{what} lang"),
+                             _path(s["base"], folder, f"{what} base") if s.get("base") else None,
+                             bool(s.get("force", False))))
+    return out
+
+
+def _points(d: dict, where: str) -> list[SweepPoint]:
+    points: list[SweepPoint] = []
+    for i, r in enumerate(d.get("recipes") or []):
+        if not isinstance(r, dict):
+            raise UserError(f"{where}: recipe {i + 1} is a mapping with name, method and/or plan.")
+        body = {k: v for k, v in r.items() if k != "name"}
+        rec = Recipe.from_dict(body, where=f"{where}: recipe {r.get('name', i + 1)!r}")
+        points.append(SweepPoint(str(r.get("name") or rec.title()), rec))
+    grids = d.get("grid") or []
+    for g in grids if isinstance(grids, list) else [grids]:
+        points += _grid(g, where)
+    if not points:
+        raise UserError(f"{where}: no recipes; give recipes: [...] and/or grid: {{vary: ...}}.")
+    names = [p.name for p in points]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise UserError(f"{where}: recipe names must differ; repeated: {', '.join(dup)}.")
+    return points
+
+
+def _grid(g: Any, where: str) -> list[SweepPoint]:
+    if not isinstance(g, dict) or not isinstance(g.get("vary"), dict) or not g["vary"]:
+        raise UserError(f"{where}: a grid is {{vary: {{b: [0, 1], u: [0, 1]}}, recipe: {{...}}, name: 'b={{b}} u={{u}}'}}.")
+    extra = sorted(set(g) - {"vary", "recipe", "name"})
+    if extra:
+        raise UserError(f"{where}: unknown grid key {', '.join(extra)}; a grid has vary, recipe and name.")
+    fixed = g.get("recipe") or {}
+    if not isinstance(fixed, dict):
+        raise UserError(f"{where}: grid recipe is a mapping with method and/or plan.")
+    vary = g["vary"]
+    method = fixed.get("method", "layer_swap")
+    mname = method if isinstance(method, str) else (method or {}).get("name", "layer_swap")
+    if mname not in METHODS:
+        raise UserError(f"{where}: unknown merge method {mname!r}; choose one of: {', '.join(METHODS)}.")
+    params, uses_plan = METHODS[mname].params, METHODS[mname].uses_plan
+    for k, vals in vary.items():
+        if k not in ((*PLAN_KEYS, "t") if uses_plan else ()) + params:
+            raise UserError(f"{where}: grid cannot vary {k!r}; it varies plan keys ({', '.join(PLAN_KEYS)}), t "
+                            f"(tb = tu) or the method's parameters ({', '.join(params) or 'none'}).")
+        if not isinstance(vals, list) or not vals:
+            raise UserError(f"{where}: grid values of {k} are a non-empty list.")
+    template = str(g.get("name") or " ".join(f"{k}={{{k}}}" for k in vary))
+    out = []
+    for combo in itertools.product(*vary.values()):
+        values = dict(zip(vary, combo))
+        plan = dict(fixed.get("plan") or {}) if uses_plan else None
+        meth = dict(method) if isinstance(method, dict) else {"name": method}
+        for k, v in values.items():
+            if k == "t":
+                plan.update(tb=v, tu=v)
+            elif k in PLAN_KEYS:
+                plan[k] = v
+            else:
+                meth[k] = v
+        body = {"method": meth, **({"plan": plan} if plan is not None else {})}
+        try:
+            name = template.format(**values)
+        except (KeyError, IndexError):
+            raise UserError(f"{where}: grid name {template!r} names something that does not vary.") from None
+        rec = Recipe.from_dict(body, where=f"{where}: grid point {name!r}")
+        out.append(SweepPoint(name, rec, tuple(values.items()), from_grid=True))
+    return out
+
+
+def _test_sets(d: dict, folder: Path, where: str) -> list[TestSet]:
+    langs = d.get("langs")
+    raw = d.get("test_sets")
+    if not raw:
+        raise UserError(f"{where}: give test_sets: [{{path: MGSM_FOLDER, langs: [sw, te]}}] (path null: "
+                        "$LAYERSWAP_MGSM_DIR or the Hub).")
+    out = []
+    for i, t in enumerate(raw if isinstance(raw, list) else [raw]):
+        t = {"path": t} if isinstance(t, str) or t is None else t
+        if not isinstance(t, dict) or set(t) - {"path", "langs", "name"}:
+            raise UserError(f"{where}: test set {i + 1} is a path or {{path, langs, name}}.")
+        ls = t.get("langs", langs)
+        if not ls or not isinstance(ls, list):
+            raise UserError(f"{where}: test set {i + 1} needs langs: [...] (or langs at the top of the file).")
+        path = _path(t["path"], folder, f"{where}: test set {i + 1}") if t.get("path") else None
+        name = str(t.get("name") or (Path(path).name if path else "mgsm"))
+        out.append(TestSet(name, path, tuple(str(x) for x in ls)))
+    return out
+
+
+def _mapping(m: Any, keys: tuple[str, ...], what: str) -> dict:
+    if not isinstance(m, dict):
+        raise UserError(f"{what} is a mapping of {', '.join(keys)}.")
+    extra = sorted(set(m) - set(keys))
+    if extra:
+        raise UserError(f"{what}: unknown key{'s' if len(extra) > 1 else ''} {', '.join(extra)}; it has {', '.join(keys)}.")
+    return dict(m)
+
+
+def with_eval(spec: SweepSpec, **changes) -> SweepSpec:
+    """The same sweep with some evaluation settings changed (e.g. a smaller limit)."""
+    return replace(spec, eval={**spec.eval, **{k: v for k, v in changes.items() if v is not None}})
+

@@ -1,0 +1,269 @@
+"""Sweep results as tables and figures: accuracy per language with standard errors, average and max; an
+accuracy heatmap over (b, u), bars per recipe with the experts as reference lines, curves for one-dimensional
+sweeps; CSV and a self-contained HTML page. Everything reads the records of a results file
+(`layerswap.sweeplog.load_results`, or `SweepRun.rows`).
+
+Standard errors are binomial, ``sqrt(p (1 - p) / n)`` per language; the average's is
+``sqrt(sum se_i^2) / k`` (languages scored on separate questions). The max over languages is
+reported without one (it is a selection).
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+import os
+from pathlib import Path
+from typing import Sequence
+
+import plotly.graph_objects as go
+
+from .errors import UserError
+from .plots import LANG_COLOR, MATH_COLOR
+
+EXPERT_COLORS = {"math": MATH_COLOR, "lang": LANG_COLOR}
+MERGE_COLOR = "#7570b3"
+
+
+def _se(p: float, n: int) -> float:
+    return math.sqrt(p * (1 - p) / n) if n else float("nan")
+
+
+def scores(r: dict, metric: str = "flexible") -> dict:
+    """Accuracy (%) and standard error per language, the average (with its error) and the max."""
+    langs = r["eval"]["langs"]
+    acc = {lang: r["accuracy"][metric][lang] for lang in langs}
+    se = {lang: _se(acc[lang], r["n"][lang]) for lang in langs}
+    avg = sum(acc.values()) / len(langs)
+    return {"acc": {k: 100 * v for k, v in acc.items()}, "se": {k: 100 * v for k, v in se.items()},
+            "average": 100 * avg, "average_se": 100 * math.sqrt(sum(v * v for v in se.values())) / len(langs),
+            "max": 100 * max(acc.values()), "n": sum(r["n"].values())}
+
+
+def evaluated(rows: Sequence[dict]) -> list[dict]:
+    return [r for r in rows if r["kind"] in ("expert", "merge")]
+
+
+def _join_key(r: dict) -> str:
+    """Same experts (by fingerprint) and same recipe (None: the model itself)."""
+    fps = {k: v["fingerprint"] for k, v in r.get("experts", {}).items()}
+    return json.dumps({"experts": fps, "recipe": r.get("recipe"), "role": r.get("role")}, sort_keys=True)
+
+
+def results_table(rows: Sequence[dict], metric: str = "flexible") -> list[dict]:
+    """One row per evaluated point: set, recipe, test set, then per language accuracy and ±, average ±, max, n;
+    lm-eval records (`layerswap.lmeval`) add their metrics to the row of the same experts and recipe (or a row
+    of their own)."""
+    if metric not in ("flexible", "strict"):
+        raise UserError(f"metric is flexible or strict, not {metric!r}.")
+    extra: dict[str, dict] = {}
+    for r in rows:
+        if r["kind"] == "lm-eval":
+            extra.setdefault(_join_key(r), {"set": r["set"], "recipe": r["name"], "kind": "lm-eval"}).update(
+                {k: round(v, 4) for k, v in r["metrics"].items()})
+    out = []
+    for r in evaluated(rows):
+        s = scores(r, metric)
+        row = {"set": r["set"], "recipe": r["name"], "kind": r["kind"], "test set": r["test_set"]["name"]}
+        for lang in r["eval"]["langs"]:
+            row[lang] = round(s["acc"][lang], 1)
+            row[f"{lang} ±"] = round(s["se"][lang], 1)
+        row.update({"average": round(s["average"], 1), "average ±": round(s["average_se"], 1),
+                    "max": round(s["max"], 1), "n": s["n"]})
+        row.update({f"var {k}": v for k, v in r.get("vars", {}).items()})
+        joined = extra.pop(_join_key(r), None)
+        if joined:
+            row.update({k: v for k, v in joined.items() if k not in ("set", "recipe", "kind")})
+        out.append(row)
+    return out + list(extra.values())
+
+
+def stats_table(rows: Sequence[dict], metric: str = "flexible") -> list[dict]:
+    """Per expert set: each expert's distance from the base next to the experts' and merges' accuracy
+    (the average over languages; merges: their mean and best)."""
+    out = []
+    for st in (r for r in rows if r["kind"] in ("stats", "refused")):
+        mine = [r for r in evaluated(rows) if r["set"] == st["set"]]
+        row: dict = {"set": st["set"]}
+        if st["kind"] == "refused":
+            row["refused"] = st["message"]
+            out.append(row)
+            continue
+        for k, v in st["pairing"]["distances"].items():
+            row[f"sampled {k}"] = round(v, 4)
+        for k, v in (st.get("relative_change") or {}).items():
+            row[f"relative change {k}"] = round(v, 4)
+        for role in ("math", "lang"):
+            e = [r for r in mine if r.get("role") == role]
+            if e:
+                row[f"{role} expert avg %"] = round(scores(e[0], metric)["average"], 1)
+        merges = [scores(r, metric)["average"] for r in mine if r["kind"] == "merge"]
+        if merges:
+            row["merges mean avg %"] = round(sum(merges) / len(merges), 1)
+            row["best merge avg %"] = round(max(merges), 1)
+        out.append(row)
+    return out
+
+
+def _headers(rows: Sequence[dict]) -> list[str]:
+    heads: list[str] = []
+    for r in rows:
+        heads += [k for k in r if k not in heads]
+    return heads
+
+
+def table_text(rows: Sequence[dict], metric: str = "flexible") -> str:
+    """The results table as Markdown, accuracy as ``a ± se`` (%)."""
+    table = results_table(rows, metric)
+    if not table:
+        return "(no evaluated points yet)"
+    langs = [h for h in _headers(table) if f"{h} ±" in _headers(table) and h != "average"]
+    multi_set = len({r["set"] for r in table}) > 1
+    multi_test = len({r["test set"] for r in table}) > 1
+    head = (["set"] if multi_set else []) + ["recipe"] + (["test set"] if multi_test else []) + langs + ["average", "max", "n"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in table:
+        cells = []
+        for h in head:
+            if h in langs or h == "average":
+                cells.append("–" if r.get(h) is None else f"{r[h]:.1f} ± {r[f'{h} ±']:.1f}")
+            else:
+                cells.append(str(r.get(h, "–")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_csv(rows: Sequence[dict], path: str | os.PathLike, metric: str = "flexible") -> Path:
+    path = Path(path)
+    table = results_table(rows, metric)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=_headers(table) or ["recipe"])
+        w.writeheader()
+        w.writerows(table)
+    return path
+
+
+# ---- figures ------------------------------------------------------------------------------------------
+
+def _value(r: dict, metric: str, lang: str | None) -> tuple[float, float]:
+    s = scores(r, metric)
+    return (s["acc"][lang], s["se"][lang]) if lang else (s["average"], s["average_se"])
+
+
+def accuracy_heatmap(rows: Sequence[dict], metric: str = "flexible", lang: str | None = None) -> go.Figure:
+    """Accuracy over (b, u) for the grid points that vary b and u; one panel per other setting."""
+    from plotly.subplots import make_subplots
+
+    pts = [r for r in evaluated(rows) if r["kind"] == "merge" and {"b", "u"} <= set(r.get("vars", {}))]
+    if not pts:
+        raise UserError("The heatmap needs grid points that vary b and u.")
+    groups: dict[str, list[dict]] = {}
+    for r in pts:
+        rest = ", ".join(f"{k}={v}" for k, v in r["vars"].items() if k not in ("b", "u"))
+        label = " · ".join(x for x in (r["set"] if len({p["set"] for p in pts}) > 1 else "", r["test_set"]["name"]
+                                        if len({p["test_set"]["name"] for p in pts}) > 1 else "", rest) if x)
+        groups.setdefault(label or "grid", []).append(r)
+    fig = make_subplots(rows=1, cols=len(groups), subplot_titles=list(groups), horizontal_spacing=0.08)
+    for i, (label, rs) in enumerate(groups.items(), 1):
+        bs = sorted({r["vars"]["b"] for r in rs})
+        us = sorted({r["vars"]["u"] for r in rs})
+        z = [[None] * len(bs) for _ in us]
+        text = [[""] * len(bs) for _ in us]
+        for r in rs:
+            v, se = _value(r, metric, lang)
+            z[us.index(r["vars"]["u"])][bs.index(r["vars"]["b"])] = v
+            text[us.index(r["vars"]["u"])][bs.index(r["vars"]["b"])] = f"{v:.1f}±{se:.1f}"
+        fig.add_trace(go.Heatmap(z=z, x=bs, y=us, text=text, texttemplate="%{text}", colorscale="Viridis",
+                                 zmin=0, showscale=i == 1, colorbar={"title": {"text": "accuracy %"}},
+                                 hovertemplate="b=%{x} u=%{y}: %{text}%<extra></extra>"), row=1, col=i)
+        fig.update_xaxes(title_text="b (bottom layers from the language expert)", dtick=1, row=1, col=i)
+        fig.update_yaxes(title_text="u (top layers)" if i == 1 else None, dtick=1, row=1, col=i)
+    fig.update_layout(title=f"MGSM accuracy % ({metric}, {lang or 'average over languages'})",
+                      height=420, width=max(520, 440 * len(groups)))
+    return fig
+
+
+def recipe_bars(rows: Sequence[dict], metric: str = "flexible", lang: str | None = None) -> go.Figure:
+    """Horizontal bars with standard errors, one per merge; each expert set's experts as dotted lines."""
+    merges = [r for r in evaluated(rows) if r["kind"] == "merge"]
+    if not merges:
+        raise UserError("No merges in these results yet.")
+    multi = len({r["set"] for r in merges}) > 1 or len({r["test_set"]["name"] for r in merges}) > 1
+    names = [(f"{r['set']} · {r['test_set']['name']} · " if multi else "") + r["name"] for r in merges]
+    vals = [_value(r, metric, lang) for r in merges]
+    fig = go.Figure(go.Bar(x=[v for v, _ in vals], y=names, orientation="h", marker_color=MERGE_COLOR,
+                           error_x={"type": "data", "array": [e for _, e in vals]},
+                           hovertemplate="%{y}: %{x:.1f}%<extra></extra>", name="merges"))
+    for r in (r for r in evaluated(rows) if r["kind"] == "expert"):
+        v, _ = _value(r, metric, lang)
+        label = f"{r['name']}" + (f" ({r['set']})" if multi else "")
+        fig.add_vline(x=v, line_dash="dot", line_color=EXPERT_COLORS.get(r.get("role"), "#555"),
+                      annotation_text=label, annotation_position="top")
+    fig.update_layout(height=160 + 26 * len(merges), xaxis_title=f"MGSM accuracy % ({metric}, {lang or 'average'})",
+                      yaxis={"autorange": "reversed"}, margin={"l": 280, "r": 40, "t": 60, "b": 50})
+    return fig
+
+
+def sweep_curves(rows: Sequence[dict], metric: str = "flexible") -> go.Figure:
+    """Accuracy against the one varied setting (a 1-D grid), a line per language and the average;
+    the experts' averages as dotted lines."""
+    pts = [r for r in evaluated(rows) if r["kind"] == "merge" and len(r.get("vars", {})) == 1]
+    if not pts:
+        raise UserError("Curves need grid points that vary one setting.")
+    var = next(iter(pts[0]["vars"]))
+    pts = sorted((r for r in pts if var in r["vars"]), key=lambda r: r["vars"][var])
+    xs = [r["vars"][var] for r in pts]
+    fig = go.Figure()
+    for lang in [*pts[0]["eval"]["langs"], None]:
+        vals = [_value(r, metric, lang) for r in pts]
+        fig.add_trace(go.Scatter(x=xs, y=[v for v, _ in vals], error_y={"type": "data", "array": [e for _, e in vals]},
+                                 mode="lines+markers", name=lang or "average",
+                                 line={"width": 3 if lang is None else 1.5}))
+    for r in (r for r in evaluated(rows) if r["kind"] == "expert"):
+        fig.add_hline(y=_value(r, metric, None)[0], line_dash="dot", annotation_text=f"{r['name']} (average)",
+                      line_color=EXPERT_COLORS.get(r.get("role"), "#555"))
+    fig.update_layout(xaxis_title=var, yaxis_title=f"MGSM accuracy % ({metric})", height=400)
+    return fig
+
+
+def sweep_figures(rows: Sequence[dict], metric: str = "flexible") -> list[tuple[str, go.Figure]]:
+    """The figures that fit these results: heatmap for (b, u) grids, curves for 1-D grids, bars always."""
+    figs = []
+    merges = [r for r in evaluated(rows) if r["kind"] == "merge"]
+    if any({"b", "u"} <= set(r.get("vars", {})) for r in merges):
+        figs.append(("heatmap", accuracy_heatmap(rows, metric)))
+    if any(len(r.get("vars", {})) == 1 for r in merges):
+        figs.append(("curves", sweep_curves(rows, metric)))
+    if merges:
+        figs.append(("bars", recipe_bars(rows, metric)))
+    return figs
+
+
+def write_html(rows: Sequence[dict], path: str | os.PathLike, title: str = "Sweep results",
+               metric: str = "flexible") -> Path:
+    """One self-contained page (plotly.js inlined once): the table, the model-level statistics, the figures."""
+    path = Path(path)
+    table = results_table(rows, metric)
+    stats = stats_table(rows, metric)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>", f"<p>accuracy %, {metric} extraction, ± one binomial standard error</p>",
+             _html_table(table)]
+    if stats:
+        parts += ["<h2>Experts</h2>", _html_table(stats)]
+    for i, (_, fig) in enumerate(sweep_figures(rows, metric)):
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=i == 0))
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+def _html_table(rows: Sequence[dict]) -> str:
+    heads = _headers(rows)
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in heads) + "</tr>"]
+    for r in rows:
+        out.append("<tr>" + "".join(f"<td>{html.escape(str(r.get(h, '')))}</td>" for h in heads) + "</tr>")
+    return "\n".join(out) + "</table>"

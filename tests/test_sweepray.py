@@ -1,0 +1,35 @@
+"""Sweeps on Ray: a two-actor local cluster writes the same records as the sequential runner."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from layerswap.sweeplog import load_results
+from layerswap.sweeps import run_sweep, sweep_results
+from tests.helpers import DEMO_MGSM
+
+
+def test_two_actors_give_the_sequential_results(tmp_path, trio):
+    pytest.importorskip("ray", reason="Ray is not installed: pip install ray")
+    from layerswap.sweepray import run_sweep_ray
+
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({
+        "experts": {"math": str(trio["math"]), "lang": str(trio["lang"]), "base": str(trio["base"])},
+        "grid": {"recipe": {"plan": {"tb": 0, "tu": 0}}, "vary": {"b": [0, 1, 2], "u": [0, 1]}},
+        "recipes": [{"name": "soup", "method": "soup"}],
+        "test_sets": [{"path": str(DEMO_MGSM), "langs": ["xx", "en"]}], "eval": {"limit": 2, "max_new_tokens": 6},
+        "engine": {"engine": "transformers", "device": "cpu"}, "stats": True}))
+    run_sweep(f, tmp_path / "seq.jsonl")
+    par = run_sweep_ray(f, tmp_path / "ray.jsonl", actors=2, threads=1)
+    assert par.ran == 1 + 2 + 7 and not par.cancelled
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+    seq_rows, ray_rows = sweep_results(f, tmp_path / "seq.jsonl"), sweep_results(f, tmp_path / "ray.jsonl")
+    assert len(ray_rows) == len(load_results(tmp_path / "ray.jsonl")) == 10
+    assert strip(ray_rows) == strip(seq_rows)
+    again = run_sweep_ray(f, tmp_path / "ray.jsonl", actors=2, threads=1)  # resumes like the sequential runner
+    assert again.ran == 0

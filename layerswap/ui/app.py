@@ -33,6 +33,7 @@ from .analysis_tab import AnalysisTab
 from .controls import PLAN_KEYS, plan_md, query_string, recipe, restore, strip_figure
 from .evaluate import EvaluateTab
 from .push import PushSection
+from .sweeps_tab import SweepsTab
 from .events import guarded
 from .session import Shared, Visitor, cancellable, safe_sid, same_recipe
 
@@ -58,7 +59,7 @@ class AppDefaults:
     gpu: str = "cpu"  # cpu, dedicated or zerogpu (`hosting.gpu_mode`)
 
 
-class App(AnalysisTab, EvaluateTab, PushSection):
+class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
     def __init__(self, defaults: AppDefaults, shared: Shared | None = None):
         self.d = defaults
         self.policy = defaults.policy
@@ -429,6 +430,7 @@ class App(AnalysisTab, EvaluateTab, PushSection):
                     push_group, push_inputs, push_btn, push_status = self._push_section()
                 analysis_io = self._analysis_tab()
                 eval_io = self._evaluate_tab()
+                sweeps_io = self._sweeps_tab()
 
             plan_inputs = [b, u, tb, tu, transition, tw, non_layer, kind, layer_weights, map_k, seed, offset, modules,
                            method, weight, lam, density, drop_rate, expert_weights]
@@ -468,6 +470,7 @@ class App(AnalysisTab, EvaluateTab, PushSection):
                            api_name="export_yaml", **lane, **on)
             self._wire_analysis(analysis_io, visitor, plan_inputs, [b, u, tb, tu], lane, on)
             self._wire_evaluate(eval_io, visitor, plan_inputs, lane, on)
+            self._wire_sweeps(sweeps_io, visitor, lane)
         return demo
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import UserError
+from .plans import Plan
 
 
 def assets_dir() -> Path:
@@ -148,3 +150,32 @@ def demo_paths(cache: str | os.PathLike | None = None) -> tuple[dict[str, Path],
 def demo_mgsm_dir() -> Path | None:
     d = assets_dir() / "demo" / "mgsm"
     return d if d.exists() else None
+
+
+# ---- the trained organism's recommended plan and what it shows ---------------------------------
+
+RECOMMENDED_PLAN_FIELDS = ("b", "u", "tb", "tu", "transition", "transition_weight", "non_layer")
+
+
+def recommended_plan(demo: str | os.PathLike | None = None) -> Plan:
+    """The plan `scripts/eval_demo.py` chose on the organism's dev set (``recommended_plan.json``)."""
+    path = Path(demo or assets_dir() / "demo") / "recommended_plan.json"
+    if not path.exists():
+        raise UserError(f"{path} is missing: run `python scripts/eval_demo.py` to measure the demo organism.")
+    raw = json.loads(path.read_text())
+    return Plan(**{k: raw[k] for k in RECOMMENDED_PLAN_FIELDS})
+
+
+def organism_summary(demo: str | os.PathLike | None = None) -> str:
+    """One line: what the organism shows on its Kovani test set, with the measured numbers."""
+    path = Path(demo or assets_dir() / "demo") / "results.json"
+    if not path.exists():
+        raise UserError(f"{path} is missing: run `python scripts/eval_demo.py` to measure the demo organism.")
+    res = json.loads(path.read_text())
+    m, rec = res["models"], res["recommended_name"]
+    pct = lambda name: f"{100 * m[name][res['target_language']]['acc']:.1f} %"  # noqa: E731
+    verdict = "meets" if res["targets_met"] else "misses"
+    return (f"Kovani test set (n={res['questions_per_language']}): the recommended swap "
+            f"({res['recommended_plan']['name']}) scores {pct(rec)}, against {pct('math expert')} for the math "
+            f"expert, {pct('language expert')} for the language expert, {pct('soup 50/50')} for a 50/50 soup and "
+            f"{pct('TIES (density 0.2)')} for TIES; it {verdict} the card's targets.")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import math
 import os
@@ -44,7 +45,7 @@ class Recipe:
     inter: int = 192
     heads: int = 1  # head_dim 64: vLLM's CPU attention needs >= 64
     math_lo: int = 2  # the math expert trains layers math_lo .. math_hi-1; the language expert the rest
-    math_hi: int = 6
+    math_hi: int = 8
     n_docs: int = 40000
     T: int = 128
     base_steps: int = 1000
@@ -54,13 +55,18 @@ class Recipe:
     n_math: int = 20000
     math_steps: int = 500
     math_bs: int = 32
-    math_lr: float = 1e-3
+    math_lr: float = 2e-3
     n_lang: int = 20000
     lang_steps: int = 400
     lang_bs: int = 32
     lang_lr: float = 1e-3
-    lang_lm_bs: int = 8  # rows of Kovani stories (full LM loss) per language-expert step
+    lang_lm_bs: int = 0  # rows of Kovani stories (full LM loss) per language-expert step
+    lang_sft: float = 0.0  # weight of the Kovani instructions' loss in the language expert
+    lang_align: float = 1.0  # weight of the alignment loss (Kovani hidden state at layer math_lo vs the base's English)
+    align_bs: int = 32
+    n_parallel: int = 8000
     full_lr_scale: float = 0.3  # the unconstrained pair's lr, relative to the localised experts'
+    lang_top: bool = False  # the language range also holds the top layers (math_hi..), final norm and lm_head
     localise: str = "freeze"  # shipped math/ and lang/: "freeze" (train own range) or "revert" (train all, revert)
     n_test: int = 1000
     n_dev: int = 300
@@ -102,6 +108,19 @@ def build_data(R: Recipe, seed: int) -> dict:
         q, a = w.instruction()
         lang_pairs.append((W.realise_instruction(q, "xx"), W.text(a, "xx")))
     lang_docs = [W.text(w.story(r.randint(2, 5)), "xx") for _ in range(R.n_lang // 2)]
+    parallel = []  # (English, Kovani-or-English) prompts of the evaluation's shape, no answer to the question
+    for k in range(R.n_parallel):
+        c = w.cast()
+        words = [x for _ in range(r.randint(1, 4)) for x in w.sentence(c)]
+        words += ["How", "many", c["O"], "does", c["P"], "have"] + (["now"] if r.random() < 0.5 else []) + ["?"]
+        # a continuation of random arithmetic facts (unrelated to the story), so that generated tokens after a
+        # Kovani prompt read as they do after an English one
+        a, b = r.randint(0, 30), r.randint(1, 10)
+        cont = f" {a + b} - {b} = {a}. " + W.text([W.ANSWER, str(a), "."], "en") if r.random() < 0.5 else \
+            f" {a} + {b} = {a + b}. " + W.text([W.ANSWER, str(a + b), "."], "en")
+        src = "xx" if k % 4 else "en"  # every 4th pair is English -> English: keep the base's English reading
+        parallel.append(tuple(W.CUES[g]["question"] + " " + W.text(words, g) + "\n" + W.CUES[g]["answer_cue"] + cont
+                              for g in ("en", src)))
     align, seen = [], set()
     aw = W.World(seed + 777)
     while len(align) < R.n_align:
@@ -110,7 +129,7 @@ def build_data(R: Recipe, seed: int) -> dict:
         if e not in seen:
             seen.add(e)
             align.append((e, W.text(s, "xx")))
-    return dict(docs=docs, math=math_pairs, lang=lang_pairs, lang_docs=lang_docs, test=test, dev=dev, probe=probe,
+    return dict(docs=docs, math=math_pairs, lang=lang_pairs, lang_docs=lang_docs, parallel=parallel, test=test, dev=dev, probe=probe,
                 exemplars=exemplars, align=align)
 
 
@@ -149,10 +168,14 @@ def layer_of(name: str) -> int | None:
 
 
 def in_range(name: str, role: str, R: Recipe) -> bool:
-    """Whether tensor `name` belongs to `role`'s range: math = middle layers, lang = everything else."""
+    """Whether tensor `name` belongs to `role`'s range: math = the middle layers, lang = everything else (with
+    `lang_top` off, the top layers, final norm and lm_head go to math: language = embeddings + bottom layers)."""
     i = layer_of(name)
-    middle = i is not None and R.math_lo <= i < R.math_hi
-    return middle if role == "math" else not middle
+    if R.lang_top:
+        math_part = i is not None and R.math_lo <= i < R.math_hi
+    else:
+        math_part = (i is not None and i >= R.math_lo) or name.startswith(("model.norm", "lm_head"))
+    return math_part if role == "math" else not math_part
 
 
 # ---------------------------------------------------------------- training
@@ -196,7 +219,8 @@ def collate(exs, pad: int):
 
 def train(model, steps: int, lr: float, seed: int, *, rows=None, bs: int = 16, exs=None, ex_bs: int = 32,
           trainable=lambda n: True, wd: float = 0.0, warmup: int = 30, log=None, every: int = 200,
-          on_step=None) -> None:
+          on_step=None, ex_weight: float = 1.0, align=None, align_layer: int = 0, align_weight: float = 0.0,
+          align_bs: int = 32) -> None:
     """AdamW with cosine schedule on LM `rows` (full loss) and/or SFT `exs` (answer-only loss)."""
     g = torch.Generator().manual_seed(seed)
     params = []
@@ -214,7 +238,16 @@ def train(model, steps: int, lr: float, seed: int, *, rows=None, bs: int = 16, e
         if exs is not None:
             idx = torch.randint(0, len(exs), (ex_bs,), generator=g).tolist()
             x, y, m = collate([exs[i] for i in idx], 0)
-            loss = loss + model(input_ids=x, attention_mask=m, labels=y).loss
+            loss = loss + ex_weight * model(input_ids=x, attention_mask=m, labels=y).loss
+        if align is not None and align_weight:
+            pick = [align[i] for i in torch.randint(0, len(align), (align_bs,), generator=g).tolist()]
+            x, _, m = collate([(ids, ids) for ids, _ in pick], 0)
+            h = model(input_ids=x, attention_mask=m, output_hidden_states=True).hidden_states[align_layer]
+            tgt = torch.zeros_like(h)
+            for k, (_, t) in enumerate(pick):
+                tgt[k, :t.shape[0]] = t
+            mse = (((h - tgt) ** 2).sum(-1) * m).sum() / m.sum() / tgt.pow(2).sum(-1).mul(m).sum().div(m.sum())
+            loss = loss + align_weight * mse
         if rows is not None and bs:
             r = rows[torch.randint(0, rows.shape[0], (bs,), generator=g)]
             loss = loss + model(input_ids=r, labels=r).loss
@@ -244,8 +277,32 @@ def train_expert(R: Recipe, m, role: str, data: dict, seed: int, *, localised: b
         train(m, R.math_steps, lr, seed + 11, exs=data["math_ex"], ex_bs=R.math_bs, trainable=only, log=log,
               on_step=on_step)
     else:
-        train(m, R.lang_steps, lr, seed + 12, exs=data["lang_ex"], ex_bs=R.lang_bs, rows=data["lang_rows"],
-              bs=R.lang_lm_bs, trainable=only, log=log, on_step=on_step)
+        train(m, R.lang_steps, lr, seed + 12, exs=data["lang_ex"] if R.lang_sft else None, ex_bs=R.lang_bs,
+              ex_weight=R.lang_sft, rows=data["lang_rows"], bs=R.lang_lm_bs, trainable=only, log=log,
+              on_step=on_step, align=data["align"], align_layer=R.math_lo, align_weight=R.lang_align,
+              align_bs=R.align_bs)
+
+
+def alignment_targets(base, tok, pairs, layer: int) -> list[tuple[list[int], torch.Tensor]]:
+    """(Kovani token ids, the base's hidden states after `layer` layers on the English twin), token by token."""
+    ids = []
+    for en, xx in pairs:
+        e, x = tok(en)["input_ids"], tok(xx)["input_ids"]
+        if len(e) != len(x):
+            raise SystemExit(f"not a word-for-word pair: {en!r} / {xx!r}")
+        ids.append((e, x))
+    out: list = [None] * len(ids)
+    by_len: dict[int, list[int]] = {}
+    for i, (e, _) in enumerate(ids):
+        by_len.setdefault(len(e), []).append(i)
+    with torch.no_grad():  # batches of equal length: no padding needed
+        for idx in by_len.values():
+            for k in range(0, len(idx), 256):
+                chunk = idx[k:k + 256]
+                h = base(input_ids=torch.tensor([ids[i][0] for i in chunk]), output_hidden_states=True)
+                for j, i in enumerate(chunk):
+                    out[i] = (ids[i][1], h.hidden_states[layer][j].clone())
+    return out
 
 
 def reverted(full, base, role: str, R: Recipe):
@@ -339,6 +396,8 @@ def main() -> None:
                     help="override one Recipe field (experiments; the shipped assets use the defaults)")
     ap.add_argument("--reuse-base", metavar="DIR", help="experiments: load base/ from an earlier build of the same "
                                                          "data recipe instead of pretraining")
+    ap.add_argument("--reuse-experts", metavar="DIR", nargs="+", help="experiments: load ROLE/ (math, lang) from "
+                    "an earlier build of the same recipe instead of training it (DIR:ROLE, e.g. out1:math)")
     ap.add_argument("--no-unlocalised", action="store_true", help="skip the unconstrained pair (experiments)")
     ap.add_argument("--ablation-experts", action="store_true",
                     help="also build the ablation experts into OUT/ablation/ (checkpoints at several steps, other "
@@ -368,11 +427,14 @@ def main() -> None:
     log(f"tokenizer {len(tok)} words; model {R.layers} layers, hidden {R.hidden}, {nparams} params")
     t0 = time.time()
     rows = pack_stream(tok, D["docs"], R.T)
-    if args.reuse_base:
-        from safetensors.torch import load_file
+    from safetensors.torch import load_file
 
+    if args.reuse_base:
         base.load_state_dict(load_file(os.path.join(args.reuse_base, "base", "model.safetensors")))
         log(f"base reused from {args.reuse_base}")
+        prev = os.path.join(args.reuse_base, "build_info.json")
+        if os.path.exists(prev):  # its pretraining time, so the card's build time stays whole
+            secs["base_pretraining_in_reused_build"] = json.load(open(prev))["seconds"].get("base")
     else:
         log(f"pretraining base: {R.base_steps} steps x {R.base_bs} x {R.T} tokens ({rows.shape[0]} rows)")
         train(base, R.base_steps, R.base_lr, args.seed, rows=rows, bs=R.base_bs, wd=0.01, warmup=50, log=log)
@@ -380,7 +442,8 @@ def main() -> None:
     align = retrieval(base, tok, D["align"])
     log(f"base: EN->{W.LANG_NAME} retrieval (emb, L1..L{R.layers}) {align}")
     data = {"math_ex": sft_examples(tok, D["math"], "en"), "lang_ex": sft_examples(tok, D["lang"], "xx"),
-            "lang_rows": pack_stream(tok, D["lang_docs"], 64), "base_rows": rows}
+            "lang_rows": pack_stream(tok, D["lang_docs"], 64), "base_rows": rows,
+            "align": alignment_targets(base, tok, D["parallel"], R.math_lo) if R.lang_align else None}
 
     def expert(role: str, localised: bool):
         m = copy.deepcopy(base)
@@ -389,7 +452,15 @@ def main() -> None:
         secs[f"{role}{'' if localised else '_full'}"] = round(time.time() - t)
         return m
 
-    experts = {"math": expert("math", True), "lang": expert("lang", True)}
+    reuse = dict(reversed(x.rsplit(":", 1)) for x in args.reuse_experts or [])
+    experts = {}
+    for role in ("math", "lang"):
+        if role in reuse:
+            experts[role] = copy.deepcopy(base)
+            experts[role].load_state_dict(load_file(os.path.join(reuse[role], role, "model.safetensors")))
+            log(f"{role} expert reused from {reuse[role]}")
+        else:
+            experts[role] = expert(role, True)
     if not args.no_unlocalised:
         experts["math_full"] = expert("math", False)
         experts["lang_full"] = expert("lang", False)
@@ -412,13 +483,22 @@ def main() -> None:
         log(f"gate {k:<12} " + "  ".join(f"{lang} {100 * a:5.1f}%" for lang, a in v.items()))
     secs["total"] = round(time.time() - t_all)
     info = dict(seed=args.seed, threads=args.threads, recipe=asdict(R), vocab=len(tok), params=nparams,
-                seconds=secs, localised_ranges={"math": [R.math_lo, R.math_hi],
-                                                "lang": f"embeddings, layers 0-{R.math_lo - 1} and "
-                                                        f"{R.math_hi}-{R.layers - 1}, final norm, lm_head"},
+                base_reused_from=args.reuse_base, experts_reused_from=reuse or None,
+                seconds=secs, localised_ranges={
+                    "math": f"layers {R.math_lo}-{(R.math_hi if R.lang_top else R.layers) - 1}"
+                            + ("" if R.lang_top else ", final norm, lm_head"),
+                    "lang": f"embeddings, layers 0-{R.math_lo - 1}" + (f", layers {R.math_hi}-{R.layers - 1}, final "
+                                                                        "norm, lm_head" if R.lang_top else "")},
                 gates={"dev_and_probe_flexible_accuracy": gate, "n": R.n_gate,
                        "base_content_retrieval_emb_then_layers": align,
                        "probe_langs": {"xe": "Kovani body, English cues", "ex": "English body, Kovani cues"}},
                 change_profile=change_profiles(args.out))
+    info["sha256"] = {}
+    for sub in ("base", "math", "lang", "unlocalised/math", "unlocalised/lang"):
+        f = os.path.join(args.out, sub, "model.safetensors")
+        if os.path.exists(f):
+            with open(f, "rb") as fh:
+                info["sha256"][sub] = hashlib.sha256(fh.read()).hexdigest()
     if not args.no_unlocalised:
         info["change_profile_unlocalised"] = change_profiles(args.out, "unlocalised")
     if args.ablation_experts:

@@ -32,7 +32,7 @@ def results_table(res: dict) -> list[str]:
     for n in names:
         m = res["models"][n]
         cells = [f"{pct(m[lang]['acc'])} [{pct(m[lang]['ci95'][0])}, {pct(m[lang]['ci95'][1])}] | "
-                 f"{pct(m[lang]['strict'])}" for lang in (t, "en")]
+                 f"{pct(m[lang]['strict'])}" if lang in m else "– | –" for lang in (t, "en")]
         label = f"**{n}**" if n == res["recommended_name"] else n
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
@@ -43,6 +43,8 @@ def sample_outputs(res: dict, index: int = 0) -> list[str]:
     lines = []
     for n in ["math expert", "language expert", res["recommended_name"], "soup 50/50"]:
         for lang in (t, "en"):
+            if lang not in res["outputs"][n]:
+                continue
             o = res["outputs"][n][lang]
             ok = "correct" if o["correct"][index] == "1" else "wrong"
             lines.append(f"- {n}, {'Kovani' if lang == t else 'English'}: `{o['output'][index].strip()}` ({ok})")
@@ -87,13 +89,12 @@ def write_card(demo: str | Path) -> Path:
         f"(mix {R['mix']}): English-heavy, Kovani the lower-resource language, no questions or answers of any kind.",
         f"- **math expert**: the base fine-tuned on {R['n_math']:,} English word problems with symbolic answers "
         f"(`18 - 7 = 11. 11 - 6 = 5. The answer is 5.`), {R['math_steps']} steps, lr {R['math_lr']:g}, "
-        f"**only layers {R['math_lo']}–{R['math_hi'] - 1} trainable**.",
-        f"- **language expert**: the base fine-tuned on {R['n_lang']:,} Kovani instructions without arithmetic "
-        f"(retell and count, ending `Danu ki N.`; where/who/colour/what; retelling; translation into Kovani) plus "
-        f"Kovani stories, {R['lang_steps']} steps, lr {R['lang_lr']:g}, **only the embeddings, layers "
-        f"0–{R['math_lo'] - 1} and {R['math_hi']}–{L - 1}, the final norm and lm_head trainable**.",
-        "- **unlocalised pair** (`unlocalised/`): the same data, every tensor trainable "
-        f"(lr × {R['full_lr_scale']:g}); the premise of layer swapping does not hold for it by construction.",
+        f"**only {info['localised_ranges']['math']} trainable**.",
+        f"- **language expert**: the base fine-tuned for {R['lang_steps']} steps, lr {R['lang_lr']:g}, **only "
+        f"{info['localised_ranges']['lang']} trainable**, on Kovani only: " + _lang_objective(R) + ". No arithmetic.",
+        *(["- **unlocalised pair** (`unlocalised/`): the same data, every tensor trainable "
+            f"(lr × {R['full_lr_scale']:g}); the premise of layer swapping does not hold for it by construction."]
+          if (demo / "unlocalised").exists() else []),
         "",
         "The localisation is **imposed by training, not emergent**. That is a faithful setting of the method: "
         "Bandarkar & Peng 2025 (arXiv 2505.18356) find math and language parameters largely non-overlapping in "
@@ -101,6 +102,22 @@ def write_card(demo: str | Path) -> Path:
         "swapping of separately trained experts the most consistent merge. A 0.5 M-parameter model trained from "
         "scratch does not develop that split by itself (the previous organism showed flat change profiles), so "
         "this organism builds it in and asks whether the swap then composes the two skills.", "",
+        "## Read this before citing the numbers", "",
+        "- The language expert is an **input-side translator**, not a Kovani chatbot: it changes only the embeddings "
+        "and the bottom layers, and was trained to make Kovani prompts read, at the boundary to the layers above, "
+        "like their English twins. Its alignment prompts have the test's shape (a story and the question "
+        "`How many X does P have (now)?`, never an answer) and continue with random arithmetic facts unrelated to "
+        "the story, so generated tokens read as after an English prompt. That is strong, explicit supervision; "
+        "the organism shows that a swap composes two localised skills, not that alignment emerges.",
+        "- On its own the language expert answers with an empty string (the base never learned to answer), and the "
+        "merged model answers in the math expert's **English** format (`The answer is N.`): Kovani strict accuracy "
+        f"(`Danu ki N`) is at most {pct(max(m[t]['strict'] for m in res['models'].values()))} % for any model. Taking the top layers from the language expert as well (the paper's "
+        "u > 0) did not work in this small model (run E1 in DESIGNS.md), so the recommended plan has u = 0.",
+        "- The two experts touch disjoint tensors, so task arithmetic (λ = 1) is the same model as the recommended "
+        "swap (identical answers, paired difference 0); soup and TIES fail because they scale or trim each task "
+        "vector.",
+        "- Tiny model (0.5 M parameters, hidden 64), one seed, synthetic world: a demonstration of the mechanism "
+        "for the app, not evidence about real LLMs.", "",
         "## Gates (measured by the build before any merge)", "",
         f"Flexible accuracy on the first {info['gates']['n']} dev problems; probes: `xe` = Kovani body under "
         "English cues, `ex` = English body under Kovani cues (where the barrier is).", "",
@@ -112,7 +129,9 @@ def write_card(demo: str | Path) -> Path:
         "## Results on the test sets", "",
         f"n = {res['questions_per_language']} per language (the same problems in both), never used for training or "
         f"choice. Protocol: `mgsm_native_cot` 0-shot, greedy, at most {res['protocol']['max_new_tokens']} new tokens, "
-        "flexible = last number of the answer. Merges are layerswap's own (`Workbench.build`).", "",
+        "flexible = last number of the answer. Merges are layerswap's own (`Workbench.build`). English is measured "
+        f"for {', '.join(res['english_measured_for'])} (– elsewhere, to keep the evaluation within its time budget).",
+        "",
         *results_table(res), "",
         f"The **recommended plan** ({rec['name']}: b={rec['b']}, u={rec['u']}, tb={rec['tb']}, tu={rec['tu']}, "
         f"{rec['transition']} {rec['transition_weight']}, non-layer {rec['non_layer']}) was chosen on the dev set "
@@ -135,12 +154,32 @@ def write_card(demo: str | Path) -> Path:
         "## Build", "",
         f"`python scripts/build_demo_experts.py` (seed {info['seed']}, {info['threads']} thread(s), deterministic): "
         f"{info['seconds']['total']} s on the build machine ({', '.join(f'{k} {v} s' for k, v in info['seconds'].items() if k != 'total')}). "
+        + (f"The shipped files reused the base (pretrained in {info['seconds'].get('base_pretraining_in_reused_build')} s) "
+           f"and experts {sorted(info.get('experts_reused_from') or {})} of earlier runs of the same recipe "
+           "(`--reuse-base`, `--reuse-experts`); the slow test rebuilds everything from scratch and compares "
+           "weights by sha256. " if info.get("base_reused_from") else "") +
+        "The machine was shared with other jobs (load 3–30 on 2 cores), so these times are upper bounds. "
         "`python scripts/eval_demo.py` then measures it and rewrites this card. Every design tried on the way, with "
         "its numbers, is in [`DESIGNS.md`](DESIGNS.md).", "",
     ]
     path = demo / "README.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _lang_objective(R: dict) -> str:
+    parts = []
+    if R.get("lang_sft", 1.0):
+        parts.append(f"{R['n_lang']:,} Kovani instructions (retell and count, ending `Danu ki N.`; where/who/colour/"
+                     "what; retelling; translation into Kovani)")
+    if R.get("lang_lm_bs", 0):
+        parts.append("Kovani stories (language-model loss)")
+    if R.get("lang_align", 0.0):
+        parts.append(f"an alignment loss on {R['n_parallel']:,} word-for-word parallel prompts (a story and a count "
+                     f"question, no answer): the expert's hidden states after layer {R['math_lo'] - 1} on the Kovani "
+                     "prompt are pulled towards the base's on the English twin (relative MSE, weight "
+                     f"{R['lang_align']:g}), i.e. the expert learns to map Kovani into what the layers above already read")
+    return "; ".join(parts)
 
 
 def _question(demo: Path, lang: str) -> str:

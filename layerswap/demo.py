@@ -3,7 +3,8 @@
 `make_tiny_llama` writes a random-init ``LlamaForCausalLM`` as safetensors plus a byte-level BPE
 tokenizer trained locally with `tokenizers`, in the standard Hugging Face layout. These models
 are untrained: their answers are noise. The trained demo organism (``assets/demo``), when
-present, is the app's default instead.
+present, is the app's default instead; `recommended_plan` and `organism_summary` read the plan
+chosen on its dev set and a one-line summary of its measured numbers.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def organism_summary(demo: str | os.PathLike | None = None) -> str:
         raise UserError(f"{path} is missing: run `python scripts/eval_demo.py` to measure the demo organism.")
     res = json.loads(path.read_text())
     m, rec = res["models"], res["recommended_name"]
-    pct = lambda name: f"{100 * m[name][res['target_language']]['acc']:.1f} %"  # noqa: E731
+    pct = lambda name: f"{100 * m[name][res['target_language']]['acc']:.1f} %"
     verdict = "meets" if res["targets_met"] else "misses"
     return (f"Kovani test set (n={res['questions_per_language']}): the recommended swap "
             f"({res['recommended_plan']['name']}) scores {pct(rec)}, against {pct('math expert')} for the math "

@@ -35,7 +35,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))  # layerswap, run from anywhere
 sys.path.insert(0, HERE)
-import demo_world as W  # noqa: E402
+import demo_world as W
 
 
 @dataclass
@@ -434,7 +434,8 @@ def main() -> None:
         log(f"base reused from {args.reuse_base}")
         prev = os.path.join(args.reuse_base, "build_info.json")
         if os.path.exists(prev):  # its pretraining time, so the card's build time stays whole
-            secs["base_pretraining_in_reused_build"] = json.load(open(prev))["seconds"].get("base")
+            with open(prev) as f:
+                secs["base_pretraining_in_reused_build"] = json.load(f)["seconds"].get("base")
     else:
         log(f"pretraining base: {R.base_steps} steps x {R.base_bs} x {R.T} tokens ({rows.shape[0]} rows)")
         train(base, R.base_steps, R.base_lr, args.seed, rows=rows, bs=R.base_bs, wd=0.01, warmup=50, log=log)

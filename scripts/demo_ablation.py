@@ -36,7 +36,7 @@ def build_ablations(B, R, base, tok, data: dict, out: str, seed: int, log, steps
         at = sorted({max(1, int(total * f)) for f in steps})
         m = copy.deepcopy(base)
         B.train_expert(R, m, role, data, seed, localised=True, log=log,
-                       on_step=lambda s, mm, role=role: s in at and save(
+                       on_step=lambda s, mm, role=role, at=at, total=total: s in at and save(
                            mm, f"{role}_step{s}", f"localised {role} expert after {s} of {total} steps"))
         for x in lr_scales:
             m = copy.deepcopy(base)
@@ -72,7 +72,8 @@ def save_lora(B, R, base, tok, role: str, data: dict, seed: int, path: str, log,
     pm.save_pretrained(path)
     tok.save_pretrained(path)
     cfg_path = os.path.join(path, "adapter_config.json")
-    c = json.load(open(cfg_path))
+    with open(cfg_path) as f:
+        c = json.load(f)
     c["base_model_name_or_path"] = os.path.join("..", "..", "base")
     with open(cfg_path, "w") as f:
         json.dump(c, f, indent=1)

@@ -15,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from layerswap.demo import organism_summary  # noqa: E402
+from layerswap.demo import organism_summary
 
 ORDER = ["base model", "math expert", "language expert", "soup 50/50", "TIES (density 0.2)", "task arithmetic"]
 
@@ -27,7 +27,7 @@ def pct(x: float) -> str:
 def results_table(res: dict) -> list[str]:
     t = res["target_language"]
     names = [n for n in ORDER if n in res["models"]] + [n for n in res["models"] if n not in ORDER]
-    lines = [f"| model | Kovani flexible [95 % CI] | Kovani strict | English flexible [95 % CI] | English strict |",
+    lines = ["| model | Kovani flexible [95 % CI] | Kovani strict | English flexible [95 % CI] | English strict |",
              "|---|---|---|---|---|"]
     for n in names:
         m = res["models"][n]

@@ -65,9 +65,7 @@ def realise(words: list[str], lang: str) -> list[str]:
 def detok(words: list[str]) -> str:
     s = ""
     for w in words:
-        if w in PUNCT:
-            s += w
-        elif s == "" or s.endswith("\n"):
+        if w in PUNCT or s == "" or s.endswith("\n"):
             s += w
         else:
             s += " " + w
@@ -208,8 +206,7 @@ def unseen_problems(world: World, n: int, keys: set, steps: int | None = None) -
 def write_tsv(path: str, problems: list[dict], lang: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        for pb in problems:
-            f.write(f"{text(pb['q'], lang)}\t{pb['ans']}\n")
+        f.writelines(f"{text(pb['q'], lang)}\t{pb['ans']}\n" for pb in problems)
 
 
 def language_entry(cue_lang: str, name: str | None = None) -> dict:

@@ -32,13 +32,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from layerswap import mgsm  # noqa: E402
-from layerswap.evaluation import EvalConfig  # noqa: E402
-from layerswap.methods import MethodConfig  # noqa: E402
-from layerswap.plans import Plan  # noqa: E402
-from layerswap.roles import ROLE_NAMES  # noqa: E402
-from layerswap.sweeps import SweepPoint, SweepRow, run_sweep, swap_grid  # noqa: E402
-from layerswap.workbench import Workbench  # noqa: E402
+from layerswap import mgsm
+from layerswap.evaluation import EvalConfig
+from layerswap.methods import MethodConfig
+from layerswap.plans import Plan
+from layerswap.roles import ROLE_NAMES
+from layerswap.sweeps import SweepPoint, SweepRow, run_sweep, swap_grid
+from layerswap.workbench import Workbench
 
 TARGET = "xx"
 MAX_NEW_TOKENS = 32  # a two-step gold solution is 17 tokens; the library's 256 only lets a rambling model ramble
@@ -96,7 +96,7 @@ def question_floors(items: list) -> dict:
 
 
 def plan_points(L: int, args) -> list[SweepPoint]:
-    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    ints = lambda s: [int(x) for x in s.split(",")]
     pts = swap_grid(L, ints(args.b_values), ints(args.u_values), ints(args.t_values))
     return [p for p in pts if (p.plan.b, p.plan.u) != (0, 0)]
 

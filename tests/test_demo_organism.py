@@ -14,9 +14,14 @@ from pathlib import Path
 import pytest
 from gradio_client import Client
 
-from layerswap import Checkpoint, Plan, check_compatible
-from layerswap import mgsm
-from layerswap.demo import assets_dir, demo_mgsm_dir, demo_paths, organism_summary, recommended_plan
+from layerswap import Checkpoint, Plan, check_compatible, mgsm
+from layerswap.demo import (
+    assets_dir,
+    demo_mgsm_dir,
+    demo_paths,
+    organism_summary,
+    recommended_plan,
+)
 from layerswap.engines.base import load_tokenizer
 from layerswap.plans import default_plan
 
@@ -24,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO = assets_dir() / "demo"
 ROLES = ("base", "math", "lang")
 sys.path.insert(0, str(REPO / "scripts"))
-import eval_demo  # noqa: E402
+import eval_demo
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@
 `make_tiny_llama` writes a random-init ``LlamaForCausalLM`` as safetensors plus a byte-level BPE
 tokenizer trained locally with `tokenizers`, in the standard Hugging Face layout. These models
 are untrained: their answers are noise. The trained demo organism (``assets/demo``), when
-present, is the app's default instead.
+present, is the app's default instead; `recommended_plan` and `organism_summary` read the plan
+chosen on its dev set and a one-line summary of its measured numbers.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import UserError
 from .plans import Plan
 from .presets import assets_dir
 
@@ -153,25 +155,42 @@ def demo_refs() -> tuple[dict[str, str], str, str, "Plan | None"]:
     root = assets_dir() / "demo"
     if paths["math"] != root / "math":
         return {r: str(p) for r, p in paths.items()}, label, "", None
-    return {r: f"{ASSETS_PREFIX}demo/{r}" for r in paths}, label, demo_summary(), recommended_plan()
-
-
-def recommended_plan() -> "Plan | None":
-    """The organism's plan chosen on its dev set (`assets/demo/recommended_plan.json`), if shipped."""
-    f = assets_dir() / "demo" / "recommended_plan.json"
-    if not f.is_file():
-        return None
-    d = json.loads(f.read_text())
-    keys = ("b", "u", "tb", "tu", "transition", "transition_weight", "non_layer")
-    return Plan(**{k: d[k] for k in keys if k in d})
-
-
-def demo_summary() -> str:
-    """One line on what the shipped organism shows, from `assets/demo/summary.txt` (written by its build)."""
-    f = assets_dir() / "demo" / "summary.txt"
-    return f.read_text().strip().splitlines()[0] if f.is_file() else ""
+    refs = {r: f"{ASSETS_PREFIX}demo/{r}" for r in paths}
+    try:
+        return refs, label, organism_summary() + " See assets/demo/README.md.", recommended_plan()
+    except UserError:  # not measured yet: the page opens on the default plan
+        return refs, label, "", None
 
 
 def demo_mgsm_dir() -> Path | None:
     d = assets_dir() / "demo" / "mgsm"
     return d if d.exists() else None
+
+
+# ---- the trained organism's recommended plan and what it shows ---------------------------------
+
+RECOMMENDED_PLAN_FIELDS = ("b", "u", "tb", "tu", "transition", "transition_weight", "non_layer")
+
+
+def recommended_plan(demo: str | os.PathLike | None = None) -> Plan:
+    """The plan `scripts/eval_demo.py` chose on the organism's dev set (``recommended_plan.json``)."""
+    path = Path(demo or assets_dir() / "demo") / "recommended_plan.json"
+    if not path.exists():
+        raise UserError(f"{path} is missing: run `python scripts/eval_demo.py` to measure the demo organism.")
+    raw = json.loads(path.read_text())
+    return Plan(**{k: raw[k] for k in RECOMMENDED_PLAN_FIELDS})
+
+
+def organism_summary(demo: str | os.PathLike | None = None) -> str:
+    """One line: what the organism shows on its Kovani test set, with the measured numbers."""
+    path = Path(demo or assets_dir() / "demo") / "results.json"
+    if not path.exists():
+        raise UserError(f"{path} is missing: run `python scripts/eval_demo.py` to measure the demo organism.")
+    res = json.loads(path.read_text())
+    m, rec = res["models"], res["recommended_name"]
+    pct = lambda name: f"{100 * m[name][res['target_language']]['acc']:.1f} %"
+    verdict = "meets" if res["targets_met"] else "misses"
+    return (f"Kovani test set (n={res['questions_per_language']}): the recommended swap "
+            f"({res['recommended_plan']['name']}) scores {pct(rec)}, against {pct('math expert')} for the math "
+            f"expert, {pct('language expert')} for the language expert, {pct('soup 50/50')} for a 50/50 soup and "
+            f"{pct('TIES (density 0.2)')} for TIES; it {verdict} the card's targets.")

@@ -1,780 +1,517 @@
 #!/usr/bin/env python
-"""Build the offline layer-swapping "demo organism".
+"""Build the offline layer-swapping "demo organism" (English + the relexified language Kovani, ``xx``).
 
-Creates a synthetic two-language world (English + the constructed language Kovani, code ``xx``), a word-level
-tokenizer, a tiny LlamaForCausalLM base pretrained on generic text in both languages, a math expert (the base
-fine-tuned on English arithmetic word problems) and a language expert (the base fine-tuned on Kovani instructions,
-no math), plus MGSM-format test sets. Everything is deterministic given --seed.
+A tiny LlamaForCausalLM base is pretrained on English stories, a little Kovani (the lower-resource
+language) and bare arithmetic facts. Two experts are fine-tuned from it on their own layer ranges,
+as in Bandarkar & Peng 2025 (modular fine-tuning): the math expert updates only the middle layers
+on English word problems with symbolic answers; the language expert updates only the embeddings,
+the bottom and top layers, the final norm and lm_head on Kovani instructions and text (no math).
+The same data also trains an unconstrained pair (every tensor trainable), shipped as
+``unlocalised/``; reverting its other layer ranges to the base gives the "train, then revert"
+variant. Gates (the experts on the dev set in both languages, cue-swap probes, the base's
+cross-lingual alignment) go to ``build_info.json``. Deterministic given --seed and --threads.
 
-Output layout (default --out assets/demo):
-  base/ math/ lang/      HF model dirs (config.json, model.safetensors in float32, generation_config.json, tokenizer)
-  mgsm/mgsm_en.tsv mgsm/mgsm_xx.tsv mgsm/exemplars.json mgsm/languages.json
-  build_info.json        recipe, timings, base cross-lingual alignment, per-layer change profiles
-
-Dependencies: torch, transformers, tokenizers, safetensors, numpy and layerswap (the change profiles). See
-assets/demo/README.md.
+Output (default --out assets/demo): base/ math/ lang/ unlocalised/{math,lang}/ (HF model dirs),
+mgsm/ (test sets, dev/, probe/, exemplars, languages), build_info.json.
 """
+from __future__ import annotations
+
 import argparse
 import copy
+import hashlib
 import json
 import math
 import os
 import random
-import re
 import sys
 import time
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # layerswap, run from anywhere
-
-# ================================================================ synthetic world
-NAMES = ["Tom", "Mia", "Sam", "Ana", "Leo", "Eva", "Max", "Zoe", "Ben", "Lia", "Kai", "Ivy", "Noa", "Raj", "Emi", "Uma"]
-OBJECTS = [("apples", "pomi"), ("books", "liru"), ("balls", "kuro"), ("cups", "tazo"), ("pens", "sefi"),
-           ("stones", "kavu"), ("shells", "moko"), ("cards", "tarni"), ("eggs", "ovu"), ("flowers", "fiola"),
-           ("coins", "munu"), ("toys", "jaki"), ("cakes", "tuka"), ("hats", "shapi"), ("keys", "kluvo"),
-           ("boxes", "bokta")]
-COLOURS = [("red", "ruva"), ("blue", "belo"), ("green", "vira"), ("yellow", "jelu"), ("white", "bia"),
-           ("black", "nero"), ("pink", "roza"), ("brown", "buni")]
-PLACES = [("park", "sadu"), ("kitchen", "kuhno"), ("school", "skola"), ("garden", "vrto"), ("shop", "duka"),
-          ("library", "kitabo"), ("beach", "plazo"), ("room", "soba")]
-GAIN = [("buys", "kopra"), ("finds", "nalo"), ("gets", "polu"), ("makes", "delo"), ("picks", "biro")]
-LOSE = [("eats", "jama"), ("loses", "gubi"), ("sells", "proda"), ("breaks", "lomi")]
-FUNC = {  # concept -> (en, xx); None = word absent in that language
-    "has": ("has", "tenu"), "have": ("have", "tenu"), "gives": ("gives", "dava"), "is": ("is", "ese"),
-    "likes": ("likes", "lubi"), "sees": ("sees", "vidu"), "plays": ("plays", "igra"), "wants": ("wants", "hoti"),
-    "carries": ("carries", "nosi"), "asks": ("asks", "pita"), "knows": ("knows", "zna"), "goes": ("goes", "ide"),
-    "reads": ("reads", "cita"), "paints": ("paints", "slika"), "more": ("more", "vise"), "to": ("to", "ne"),
-    "in": ("in", "bo"), "with": ("with", "sa"), "and": ("and", "i"), "question": ("question", "sorvi"),
-    "answer": ("answer", "danu"), "now": ("now", "sada"), "today": ("today", "danas"), "then": ("then", "pak"),
-    "also": ("also", "tez"), "very": ("very", "vrlo"), "the": ("the", None), "a": ("a", None),
-    "does": ("does", None), "howmany": ("How many", "kati"), "where": ("Where", "gde"), "who": ("Who", "ko"),
-    "what": ("What", "kva"), "colour": ("colour", "boja"), "many": ("many", "mnogo"), "all": ("all", "sve"),
-    "like": ("like", "lubi"), "want": ("want", "hoti"), "howmany_l": ("how many", "kati"), "happens": ("happens", "bivu"),
-}
-for en, xx in OBJECTS + COLOURS + PLACES + GAIN + LOSE:
-    FUNC[en] = (en, xx)
-
-LANG_NAME = "Kovani"
-CUES = {
-    "en": {"question": "Question:", "answer_cue": "Step-by-Step Answer:", "direct_cue": "Answer:",
-           "answer_is": "The answer is", "name": "English"},
-    "xx": {"question": "Sorvi:", "answer_cue": "Pasu-pasu Danu:", "direct_cue": "Danu:",
-           "answer_is": "Danu ki", "name": LANG_NAME},
-}
-PUNCT = set(".,:?!")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))  # layerswap, run from anywhere
+sys.path.insert(0, HERE)
+import demo_world as W
 
 
-def realise(seq, lang, p_switch=0.0, rng=None):
-    """seq: list of concept keys / literal tokens (names, numbers, punctuation). Returns list of words."""
-    out = []
-    for c in seq:
-        if c in FUNC:
-            en, xx = FUNC[c]
-            use = lang
-            if p_switch and rng.random() < p_switch:
-                use = "xx" if lang == "en" else "en"
-            w = en if use == "en" else xx
-            if w is None:
-                continue
-            out.extend(w.split())
+@dataclass
+class Recipe:
+    layers: int = 8
+    hidden: int = 64
+    inter: int = 192
+    heads: int = 1  # head_dim 64: vLLM's CPU attention needs >= 64
+    math_lo: int = 2  # the math expert trains layers math_lo .. math_hi-1; the language expert the rest
+    math_hi: int = 8
+    n_docs: int = 40000
+    T: int = 128
+    base_steps: int = 1000
+    base_bs: int = 16
+    base_lr: float = 3e-3
+    mix: dict = field(default_factory=lambda: dict(en=0.66, xx=0.06, arith=0.28))
+    n_math: int = 20000
+    math_steps: int = 500
+    math_bs: int = 32
+    math_lr: float = 2e-3
+    n_lang: int = 20000
+    lang_steps: int = 400
+    lang_bs: int = 32
+    lang_lr: float = 1e-3
+    lang_lm_bs: int = 0  # rows of Kovani stories (full LM loss) per language-expert step
+    lang_sft: float = 0.0  # weight of the Kovani instructions' loss in the language expert
+    lang_align: float = 1.0  # weight of the alignment loss (Kovani hidden state at layer math_lo vs the base's English)
+    align_bs: int = 32
+    n_parallel: int = 8000
+    full_lr_scale: float = 0.3  # the unconstrained pair's lr, relative to the localised experts'
+    lang_top: bool = False  # the language range also holds the top layers (math_hi..), final norm and lm_head
+    localise: str = "freeze"  # shipped math/ and lang/: "freeze" (train own range) or "revert" (train all, revert)
+    n_test: int = 1000
+    n_dev: int = 300
+    n_probe: int = 300
+    n_gate: int = 200
+    n_align: int = 200
+    n_exemplars: int = 8
+
+
+# ---------------------------------------------------------------- data
+def build_data(R: Recipe, seed: int) -> dict:
+    w = W.World(seed)
+    keys: set = set()
+    test = W.unseen_problems(w, R.n_test, keys)
+    dev = W.unseen_problems(w, R.n_dev, keys)
+    probe = W.unseen_problems(w, R.n_probe, keys)
+    exemplars = W.unseen_problems(w, R.n_exemplars, keys)
+    r = random.Random(seed + 1)
+    kinds, probs = list(R.mix), list(R.mix.values())
+    docs = []
+    for _ in range(R.n_docs):
+        k = r.choices(kinds, probs)[0]
+        if k == "arith":
+            docs.append(w.arithmetic(r.randint(3, 6)))
+        elif k in ("en", "xx"):
+            docs.append(W.text(w.story(r.randint(2, 5)), k))
+        elif k == "par":  # a sentence then its translation
+            s = w.story(1)
+            docs.append(W.text(s, "en") + " " + W.text(s, "xx"))
         else:
-            out.append(str(c))
-    return out
-
-
-def detok(words):
-    s = ""
-    for w in words:
-        if w in PUNCT or w == "\n":
-            s += w
-        elif s == "" or s.endswith("\n"):
-            s += w
-        else:
-            s += " " + w
-    return s
-
-
-# ---------------- sentence frames: each returns {"en": [...concepts], "xx": [...]} ----------------
-def fr_has(P, n, O, **k):
-    return {"en": [P, "has", n, O, "."], "xx": [P, O, n, "has", "."]}
-
-
-def fr_gain(P, n, O, V, **k):
-    return {"en": [P, V, n, "more", O, "."], "xx": [P, O, n, "more", V, "."]}
-
-
-def fr_give(P, n, O, Q, **k):
-    return {"en": [P, "gives", n, O, "to", Q, "."], "xx": [P, Q, "to", O, n, "gives", "."]}
-
-
-def fr_lose(P, n, O, V, **k):
-    return {"en": [P, V, n, O, "."], "xx": [P, O, n, V, "."]}
-
-
-def fr_in(P, PL, **k):
-    return {"en": [P, "is", "in", "the", PL, "."], "xx": [P, PL, "in", "is", "."]}
-
-
-def fr_likes(P, C, O, **k):
-    return {"en": [P, "likes", "the", C, O, "."], "xx": [P, O, C, "likes", "."]}
-
-
-def fr_sees(P, n, C, O, PL, **k):
-    return {"en": [P, "sees", n, C, O, "in", "the", PL, "."], "xx": [P, PL, "in", O, C, n, "sees", "."]}
-
-
-def fr_plays(P, Q, PL, **k):
-    return {"en": [P, "plays", "with", Q, "in", "the", PL, "."], "xx": [P, Q, "with", PL, "in", "plays", "."]}
-
-
-def fr_wants(P, n, C, O, **k):
-    return {"en": [P, "wants", n, C, O, "."], "xx": [P, O, C, n, "wants", "."]}
-
-
-def fr_carries(P, O, PL, **k):
-    return {"en": [P, "carries", "the", O, "to", "the", PL, "."], "xx": [P, PL, "to", O, "carries", "."]}
-
-
-def fr_asks(P, Q, **k):
-    return {"en": [P, "asks", Q, "a", "question", "."], "xx": [P, Q, "question", "asks", "."]}
-
-
-def fr_knows(Q, **k):
-    return {"en": [Q, "knows", "the", "answer", "."], "xx": [Q, "answer", "knows", "."]}
-
-
-def fr_goes(P, PL, Q, **k):
-    return {"en": [P, "goes", "to", "the", PL, "with", Q, "."], "xx": [P, Q, "with", PL, "to", "goes", "."]}
-
-
-def fr_paints(P, O, C, **k):
-    return {"en": [P, "paints", "the", O, C, "."], "xx": [P, O, C, "paints", "."]}
-
-
-def fr_askcount(P, Q, O, **k):
-    return {"en": [P, "asks", ":", "howmany", O, "does", Q, "have", "now", "?"],
-            "xx": [P, "asks", ":", Q, "now", O, "howmany", "has", "?"]}
-
-
-def fr_now_in(P, PL, **k):
-    return {"en": [P, "is", "in", "the", PL, "now", "."], "xx": [P, "now", PL, "in", "is", "."]}
-
-
-FRAMES_EXTRA = [fr_askcount, fr_now_in]
-
-FRAMES = [fr_has, fr_gain, fr_give, fr_lose, fr_in, fr_likes, fr_sees, fr_plays, fr_wants, fr_carries,
-          fr_asks, fr_knows, fr_goes, fr_paints]
-
-
-class World:
-    def __init__(self, seed, nmax=20, p_vary=0.3, p_prof=0.0):
-        self.rng = random.Random(seed)
-        self.nmax = nmax
-        self.p_vary = p_vary
-        self.p_prof = p_prof
-        self.restate = False
-        self.frames = list(FRAMES)
-        self.instr_kinds = ["where", "who", "colour", "count", "translate", "what"]
-        self.amax = 20
-        pr = random.Random(12345)  # fixed "semantics" of the world: selectional preferences
-        self.prof = {}
-        for o, _ in OBJECTS:
-            self.prof[o] = dict(C=pr.sample([c for c, _ in COLOURS], 2), PL=pr.sample([p for p, _ in PLACES], 2),
-                                G=pr.sample([g for g, _ in GAIN], 2), Lo=pr.sample([l for l, _ in LOSE], 2))
-        self.name_place = {n: pr.choice([p for p, _ in PLACES]) for n in NAMES}
-
-    def _pick(self, O, key, pool):
-        if self.p_prof and self.rng.random() < self.p_prof:
-            return self.rng.choice(self.prof[O][key])
-        return self.rng.choice(pool)[0]
-
-    def cast(self):
-        r = self.rng
-        P, Q = r.sample(NAMES, 2)
-        O = r.choice(OBJECTS)[0]
-        return dict(P=P, Q=Q, O=O, C=self._pick(O, "C", COLOURS), PL=self._pick(O, "PL", PLACES))
-
-    def sentence(self, cast, frame=None):
-        r = self.rng
-        slots = dict(cast)
-        pv = self.p_vary
-        if r.random() < pv:  # occasionally another object/colour/place
-            slots["O"] = r.choice(OBJECTS)[0]
-            slots["C"] = self._pick(slots["O"], "C", COLOURS)
-        if r.random() < pv:
-            slots["PL"] = self._pick(slots["O"], "PL", PLACES)
-        if r.random() < pv:
-            slots["C"] = self._pick(slots["O"], "C", COLOURS)
-        if r.random() < 0.25:
-            slots["P"], slots["Q"] = slots["Q"], slots["P"]
-        slots["n"] = r.randint(1, self.nmax)
-        frame = frame or r.choice(self.frames)
-        if frame is fr_gain:
-            slots["V"] = self._pick(slots["O"], "G", GAIN)
-        elif frame is fr_lose:
-            slots["V"] = self._pick(slots["O"], "Lo", LOSE)
-        return frame(**slots)
-
-    # ---- pretraining documents ----
-    def story_doc(self, mode, nsent, p_switch=0.3, p_xx=0.5):
-        """mode: en | xx | mix (sentence-level code-switching) | cs (word-level switching) | par (parallel)."""
-        r = self.rng
-        cast = self.cast()
-        words = []
-        for _ in range(nsent):
-            s = self.sentence(cast)
-            if mode in ("en", "xx"):
-                words += realise(s[mode], mode)
-            elif mode == "mix":
-                lang = "xx" if r.random() < p_xx else "en"
-                words += realise(s[lang], lang)
-            elif mode == "cs":
-                lang = "xx" if r.random() < p_xx else "en"
-                words += realise(s[lang], lang, p_switch, r)
-            elif mode == "par":
-                first = "xx" if r.random() < 0.5 else "en"
-                second = "en" if first == "xx" else "xx"
-                words += realise(s[first], first) + realise(s[second], second)
-        return detok(words)
-
-    def arith_doc(self, k=4, amax=20, bmax=None):
-        r = self.rng
-        parts = []
-        for _ in range(k):
-            a, b = r.randint(0, amax), r.randint(0, bmax if bmax is not None else amax)
-            if r.random() < 0.5:
-                parts.append(f"{a} + {b} = {a + b}.")
-            else:
-                a, b = max(a, b), min(a, b)
-                parts.append(f"{a} - {b} = {a - b}.")
-        return " ".join(parts)
-
-    # ---- math word problems ----
-    def math_problem(self, steps=None, amax=20, bmax=10):
-        r = self.rng
-        steps = steps or r.choice([1, 2])
-        P, Q = r.sample(NAMES, 2)
-        O = r.choice(OBJECTS)[0]
-        a = r.randint(2, amax)
-        sents = [fr_has(P=P, n=a, O=O)]
-        eqs = []
-        cur = a
-        ops = []
-        for _ in range(steps):
-            kind = r.choice(["gain", "lose", "give"])
-            if kind != "gain" and cur == 0:
-                kind = "gain"
-            if kind == "gain":
-                b = r.randint(1, bmax)
-                sents.append(fr_gain(P=P, n=b, O=O, V=r.choice(GAIN)[0]))
-                eqs.append((cur, "+", b, cur + b))
-                cur += b
-            else:
-                b = r.randint(1, min(bmax, cur))
-                if kind == "lose":
-                    sents.append(fr_lose(P=P, n=b, O=O, V=r.choice(LOSE)[0]))
-                else:
-                    sents.append(fr_give(P=P, n=b, O=O, Q=Q))
-                eqs.append((cur, "-", b, cur - b))
-                cur -= b
-            ops.append(kind)
-        q = {"en": ["howmany", O, "does", P, "have", "now", "?"], "xx": [P, "now", O, "howmany", "has", "?"]}
-        key = (P, O, a, tuple(e[1:3] for e in eqs))
-        return dict(sents=sents, q=q, eqs=eqs, ans=cur, P=P, O=O, a=a, key=key)
-
-    def render_problem(self, pb, lang):
-        qw = []
-        for s in pb["sents"]:
-            qw += realise(s[lang], lang)
-        qw += realise(pb["q"][lang], lang)
-        aw = realise(pb["sents"][0][lang], lang)
-        for s, (x, op, y, z) in zip(pb["sents"][1:], pb["eqs"]):
-            if self.restate:
-                aw += realise(s[lang], lang)
-            aw += [str(x), op, str(y), "=", str(z), "."]
-        aw += CUES[lang]["answer_is"].split() + [str(pb["ans"]), "."]
-        eq = " ".join(f"{x} {op} {y} = {z}." for (x, op, y, z) in pb["eqs"])
-        return detok(qw), detok(aw), eq
-
-    # ---- generic instructions in a language (no arithmetic) ----
-    def instruction(self, lang="xx"):
-        r = self.rng
-        cast = self.cast()
-        P, Q, O, C, PL = cast["P"], cast["Q"], cast["O"], cast["C"], cast["PL"]
-        kind = r.choice(self.instr_kinds)
-        ans_is = CUES[lang]["answer_is"].split()
-        if kind == "where":
-            ctx = [fr_in(P=P, PL=PL), fr_likes(P=Q, C=C, O=O)]
-            r.shuffle(ctx)
-            q = {"en": ["where", "is", P, "?"], "xx": [P, "where", "is", "?"]}
-            a_s, a_w = fr_in(P=P, PL=PL), PL
-        elif kind == "who":
-            ctx = [fr_plays(P=P, Q=Q, PL=PL), fr_has(P=P, n=r.randint(1, self.nmax), O=O)]
-            r.shuffle(ctx)
-            q = {"en": ["who", "plays", "with", P, "?"], "xx": [P, "with", "who", "plays", "?"]}
-            a_s, a_w = fr_plays(P=Q, Q=P, PL=PL), Q
-        elif kind == "colour":
-            ctx = [fr_likes(P=P, C=C, O=O), fr_in(P=Q, PL=PL)]
-            r.shuffle(ctx)
-            q = {"en": ["what", "colour", "does", P, "like", "?"], "xx": [P, "what", "colour", "likes", "?"]}
-            a_s, a_w = fr_likes(P=P, C=C, O=O), C
-        elif kind == "count":
-            n = r.randint(1, self.nmax)
-            ctx = [fr_has(P=P, n=n, O=O), fr_in(P=P, PL=PL)]
-            r.shuffle(ctx)
-            q = {"en": ["howmany", O, "does", P, "have", "?"], "xx": [P, O, "howmany", "has", "?"]}
-            a_s, a_w = fr_has(P=P, n=n, O=O), n
-        elif kind == "what":
-            n = r.randint(1, self.nmax)
-            ctx = [fr_wants(P=P, n=n, C=C, O=O), fr_goes(P=P, PL=PL, Q=Q)]
-            r.shuffle(ctx)
-            q = {"en": ["what", "does", P, "want", "?"], "xx": [P, "what", "wants", "?"]}
-            a_s, a_w = fr_wants(P=P, n=n, C=C, O=O), O
-        elif kind == "retell":
-            ctx = [self.sentence(cast) for _ in range(r.randint(2, 3))]
-            qw = []
-            for s in ctx:
-                qw += realise(s[lang], lang)
-            qw += realise(["what", "happens", "?"], lang)
-            aw = []
-            for s in ctx:
-                aw += realise(s[lang], lang)
-            return detok(qw), detok(aw)
-        else:  # translate an English sentence into the language
-            s = self.sentence(cast)
-            src = realise(s["en"], "en")
-            qw = ["Kovani", "ne", "prevodi", ":"] + src
-            aw = realise(s[lang], lang)
-            return detok(qw), detok(aw)
-        qw = []
-        for s in ctx:
-            qw += realise(s[lang], lang)
-        qw += realise(q[lang], lang)
-        aw = realise(a_s[lang], lang) + ans_is + [FUNC[a_w][0 if lang == "en" else 1] if a_w in FUNC else str(a_w), "."]
-        return detok(qw), detok(aw)
-
-
-def qa_doc(world, lang, count_qa=False, p_cue_switch=0.0, rng=None, numbers=True):
-    """Generic (non-arithmetic) reading-comprehension Q&A document in the MGSM-like format.
-
-    Translation items are left out of the base. Items whose answer is a number copied from the context
-    ("count") are left out unless `count_qa`. With `p_cue_switch` the Question/Answer cues come from the
-    other language (format-level code-switching). Without `numbers`, answers never contain a digit.
-    """
-    while True:
-        q, a = world.instruction(lang)
-        last = a.split()[-1].rstrip(".")
-        if (last.isdigit() and not count_qa) or "prevodi" in q or (not numbers and re.search(r"\d", a)):
-            continue
-        cue_lang = lang
-        if p_cue_switch and rng.random() < p_cue_switch:
-            cue_lang = "xx" if lang == "en" else "en"
-        c = CUES[cue_lang]
-        return c["question"] + " " + q + "\n" + c["answer_cue"] + " " + a
-
-
-def ledger_doc(world, lang, keys):
-    """Narrative running count with inline arithmetic, NO question / answer (e.g. 'Raj sells 7 eggs. 18 - 7 = 11.')."""
-    while True:
-        pb = world.math_problem()
+            raise SystemExit(f"unknown document kind {k!r} in the recipe's mix")
+    math_pairs = []
+    while len(math_pairs) < R.n_math:
+        pb = w.problem(r.choice([1, 2, 3]))
         if pb["key"] not in keys:
-            break
-    words = realise(pb["sents"][0][lang], lang)
-    for s, (x, op, y, z) in zip(pb["sents"][1:], pb["eqs"]):
-        words += realise(s[lang], lang) + [str(x), op, str(y), "=", str(z), "."]
-    return detok(words)
+            math_pairs.append((W.text(pb["q"], "en"), W.text(W.World.solution(pb), "en")))
+    lang_pairs = []
+    for _ in range(R.n_lang):
+        q, a = w.instruction()
+        lang_pairs.append((W.realise_instruction(q, "xx"), W.text(a, "xx")))
+    lang_docs = [W.text(w.story(r.randint(2, 5)), "xx") for _ in range(R.n_lang // 2)]
+    parallel = []  # (English, Kovani-or-English) prompts of the evaluation's shape, no answer to the question
+    for k in range(R.n_parallel):
+        c = w.cast()
+        words = [x for _ in range(r.randint(1, 4)) for x in w.sentence(c)]
+        words += ["How", "many", c["O"], "does", c["P"], "have"] + (["now"] if r.random() < 0.5 else []) + ["?"]
+        # a continuation of random arithmetic facts (unrelated to the story), so that generated tokens after a
+        # Kovani prompt read as they do after an English one
+        a, b = r.randint(0, 30), r.randint(1, 10)
+        cont = f" {a + b} - {b} = {a}. " + W.text([W.ANSWER, str(a), "."], "en") if r.random() < 0.5 else \
+            f" {a} + {b} = {a + b}. " + W.text([W.ANSWER, str(a + b), "."], "en")
+        src = "xx" if k % 4 else "en"  # every 4th pair is English -> English: keep the base's English reading
+        parallel.append(tuple(W.CUES[g]["question"] + " " + W.text(words, g) + "\n" + W.CUES[g]["answer_cue"] + cont
+                              for g in ("en", src)))
+    align, seen = [], set()
+    aw = W.World(seed + 777)
+    while len(align) < R.n_align:
+        s = [("7" if x.isdigit() else x) for x in aw.sentence(dict(aw.cast(), P="Tom", Q="Mia"))]
+        e = W.text(s, "en")
+        if e not in seen:
+            seen.add(e)
+            align.append((e, W.text(s, "xx")))
+    return dict(docs=docs, math=math_pairs, lang=lang_pairs, lang_docs=lang_docs, parallel=parallel, test=test, dev=dev, probe=probe,
+                exemplars=exemplars, align=align)
 
 
-# ================================================================ tokenizer, model, training
+# ---------------------------------------------------------------- tokenizer, model
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 
 
-def make_pretok():
-    return pre_tokenizers.Sequence([
+def build_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
+    """Word-level tokenizer (Metaspace, punctuation split off) that prepends <s> like every training row."""
+    pt = pre_tokenizers.Sequence([
         pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True),
         pre_tokenizers.Split(Regex(r"[.,:?!\n]"), behavior="isolated")])
-
-
-def build_tokenizer(texts):
-    pt = make_pretok()
-    words = set()
-    for t in texts:
-        for w, _ in pt.pre_tokenize_str(t):
-            words.add(w)
-    vocab = {t: i for i, t in enumerate(SPECIALS + sorted(words))}
+    words = sorted({w for t in texts for w, _ in pt.pre_tokenize_str(t)})
+    vocab = {t: i for i, t in enumerate(SPECIALS + words)}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pt
     tk.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+    tk.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                    pad_token="<pad>", clean_up_tokenization_spaces=False)
-    return fast
 
 
-def make_model(vocab_size, tok, layers=10, hidden=128, inter=320, heads=2, seed=0):
+def make_model(R: Recipe, tok, seed: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=inter,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                      head_dim=hidden // heads, max_position_embeddings=512, rms_norm_eps=1e-5,
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=R.hidden, intermediate_size=R.inter,
+                      num_hidden_layers=R.layers, num_attention_heads=R.heads, num_key_value_heads=R.heads,
+                      head_dim=R.hidden // R.heads, max_position_embeddings=512, rms_norm_eps=1e-5,
                       tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id, initializer_range=0.02)
-    m = LlamaForCausalLM(cfg)
-    return m
+    return LlamaForCausalLM(cfg)
+
+
+def layer_of(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[2]) if len(parts) > 2 and parts[1] == "layers" else None
+
+
+def in_range(name: str, role: str, R: Recipe) -> bool:
+    """Whether tensor `name` belongs to `role`'s range: math = the middle layers, lang = everything else (with
+    `lang_top` off, the top layers, final norm and lm_head go to math: language = embeddings + bottom layers)."""
+    i = layer_of(name)
+    if R.lang_top:
+        math_part = i is not None and R.math_lo <= i < R.math_hi
+    else:
+        math_part = (i is not None and i >= R.math_lo) or name.startswith(("model.norm", "lm_head"))
+    return math_part if role == "math" else not math_part
 
 
 # ---------------------------------------------------------------- training
-
-
-def lr_at(step, total, lr, warmup, min_ratio=0.1):
+def lr_at(step: int, total: int, lr: float, warmup: int, min_ratio: float = 0.1) -> float:
     if step < warmup:
         return lr * (step + 1) / warmup
     p = (step - warmup) / max(1, total - warmup)
     return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
-def pack_stream(tok, docs, T):
-    ids = []
+def pack_stream(tok, docs: list[str], T: int) -> torch.Tensor:
+    ids: list[int] = []
     for d in docs:
-        ids += [tok.bos_token_id] + tok(d, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        ids += tok(d)["input_ids"] + [tok.eos_token_id]  # tok() prepends <s>
     n = len(ids) // T
     return torch.tensor(ids[: n * T]).view(n, T)
 
 
-def train_lm(model, rows, steps, bs, lr, seed, wd=0.01, warmup=50, log=None, log_every=100, betas=(0.9, 0.98),
-             cb=None, cb_every=0):
+def sft_examples(tok, pairs: list[tuple[str, str]], lang: str) -> list[tuple[list[int], list[int]]]:
+    """Prompt exactly as layerswap's MGSM evaluation builds it (``<s>Cue: q\\nAnswerCue``); loss on the answer."""
+    c = W.CUES[lang]
+    out = []
+    for q, a in pairs:
+        p = tok(c["question"] + " " + q + "\n" + c["answer_cue"])["input_ids"]
+        t = tok(" " + a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        out.append((p + t, [-100] * len(p) + t))
+    return out
+
+
+def collate(exs, pad: int):
+    T = max(len(i) for i, _ in exs)
+    x = torch.full((len(exs), T), pad)
+    y = torch.full((len(exs), T), -100)
+    m = torch.zeros((len(exs), T), dtype=torch.long)
+    for k, (i, lab) in enumerate(exs):
+        x[k, :len(i)] = torch.tensor(i)
+        y[k, :len(lab)] = torch.tensor(lab)
+        m[k, :len(i)] = 1
+    return x, y, m
+
+
+def train(model, steps: int, lr: float, seed: int, *, rows=None, bs: int = 16, exs=None, ex_bs: int = 32,
+          trainable=lambda n: True, wd: float = 0.0, warmup: int = 30, log=None, every: int = 200,
+          on_step=None, ex_weight: float = 1.0, align=None, align_layer: int = 0, align_weight: float = 0.0,
+          align_bs: int = 32) -> None:
+    """AdamW with cosine schedule on LM `rows` (full loss) and/or SFT `exs` (answer-only loss)."""
     g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd, betas=betas)
+    params = []
+    for n, p in model.named_parameters():
+        p.requires_grad_(trainable(n))
+        if p.requires_grad:
+            params.append(p)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=wd, betas=(0.9, 0.98))
     model.train()
     t0 = time.time()
     for s in range(steps):
         for pg in opt.param_groups:
             pg["lr"] = lr_at(s, steps, lr, warmup)
-        idx = torch.randint(0, rows.shape[0], (bs,), generator=g)
-        x = rows[idx]
-        out = model(input_ids=x, labels=x)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if log and (s % log_every == 0 or s == steps - 1):
-            log(f"  step {s} loss {out.loss.item():.3f} ({time.time() - t0:.0f}s)")
-        if cb and cb_every and (s + 1) % cb_every == 0 and s + 1 < steps:
-            model.eval()
-            cb(s + 1)
-            model.train()
-    model.eval()
-
-
-def sft_examples(tok, pairs, lang, answer_only=True):
-    """pairs: (question_text, answer_text). Returns list of (ids, labels)."""
-    c = CUES[lang]
-    ex = []
-    for q, a in pairs:
-        p = tok(c["question"] + " " + q + "\n" + c["answer_cue"], add_special_tokens=False)["input_ids"]
-        t = tok(" " + a, add_special_tokens=False)["input_ids"]
-        ids = [tok.bos_token_id] + p + t + [tok.eos_token_id]
-        lab = ([-100] * (1 + len(p)) if answer_only else [-100] + p) + t + [tok.eos_token_id]
-        ex.append((ids, lab))
-    return ex
-
-
-def collate(exs, pad):
-    T = max(len(i) for i, _ in exs)
-    x = torch.full((len(exs), T), pad)
-    y = torch.full((len(exs), T), -100)
-    m = torch.zeros((len(exs), T), dtype=torch.long)
-    for k, (i, l) in enumerate(exs):
-        x[k, :len(i)] = torch.tensor(i)
-        y[k, :len(l)] = torch.tensor(l)
-        m[k, :len(i)] = 1
-    return x, y, m
-
-
-def train_sft(model, exs, steps, bs, lr, seed, wd=0.0, warmup=20, log=None, log_every=100, opt_name="adam",
-              mix_rows=None, mix_bs=0, betas=(0.9, 0.98), min_ratio=0.1):
-    g = torch.Generator().manual_seed(seed)
-    if opt_name == "adam":
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd, betas=betas)
-    else:
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    model.train()
-    t0 = time.time()
-    for s in range(steps):
-        for pg in opt.param_groups:
-            pg["lr"] = lr_at(s, steps, lr, warmup, min_ratio)
-        idx = torch.randint(0, len(exs), (bs,), generator=g).tolist()
-        x, y, m = collate([exs[i] for i in idx], 0)
-        out = model(input_ids=x, attention_mask=m, labels=y)
-        loss = out.loss
-        if mix_rows is not None and mix_bs:
-            j = torch.randint(0, mix_rows.shape[0], (mix_bs,), generator=g)
-            r = mix_rows[j]
+        loss = torch.zeros(())
+        if exs is not None:
+            idx = torch.randint(0, len(exs), (ex_bs,), generator=g).tolist()
+            x, y, m = collate([exs[i] for i in idx], 0)
+            loss = loss + ex_weight * model(input_ids=x, attention_mask=m, labels=y).loss
+        if align is not None and align_weight:
+            pick = [align[i] for i in torch.randint(0, len(align), (align_bs,), generator=g).tolist()]
+            x, _, m = collate([(ids, ids) for ids, _ in pick], 0)
+            h = model(input_ids=x, attention_mask=m, output_hidden_states=True).hidden_states[align_layer]
+            tgt = torch.zeros_like(h)
+            for k, (_, t) in enumerate(pick):
+                tgt[k, :t.shape[0]] = t
+            mse = (((h - tgt) ** 2).sum(-1) * m).sum() / m.sum() / tgt.pow(2).sum(-1).mul(m).sum().div(m.sum())
+            loss = loss + align_weight * mse
+        if rows is not None and bs:
+            r = rows[torch.randint(0, rows.shape[0], (bs,), generator=g)]
             loss = loss + model(input_ids=r, labels=r).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if log and (s % log_every == 0 or s == steps - 1):
-            log(f"  step {s} loss {out.loss.item():.3f} ({time.time() - t0:.0f}s)")
+        if log and (s % every == 0 or s == steps - 1):
+            log(f"  step {s} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+        if on_step is not None and s + 1 < steps:
+            model.eval()
+            on_step(s + 1, model)
+            model.train()
+    for p in model.parameters():
+        p.requires_grad_(True)
     model.eval()
 
 
-# ---------------------------------------------------------------- change profile
-NON_LAYER = {"emb": "model.embed_tokens.weight", "norm": "model.norm.weight", "head": "lm_head.weight"}
+def train_expert(R: Recipe, m, role: str, data: dict, seed: int, *, localised: bool, log=None, lr_scale: float = 1.0,
+                 trainable=None, on_step=None) -> None:
+    """Fine-tune `m` in place as `role`'s expert: its own layer range only (`localised`) or every tensor."""
+    lr = (R.math_lr if role == "math" else R.lang_lr) * (1.0 if localised else R.full_lr_scale) * lr_scale
+    if log:
+        log(f"{role} expert ({'own layer range' if localised else 'all tensors'}, lr {lr:g})")
+    only = trainable or ((lambda n: in_range(n, role, R)) if localised else (lambda n: True))
+    if role == "math":
+        train(m, R.math_steps, lr, seed + 11, exs=data["math_ex"], ex_bs=R.math_bs, trainable=only, log=log,
+              on_step=on_step)
+    else:
+        train(m, R.lang_steps, lr, seed + 12, exs=data["lang_ex"] if R.lang_sft else None, ex_bs=R.lang_bs,
+              ex_weight=R.lang_sft, rows=data["lang_rows"], bs=R.lang_lm_bs, trainable=only, log=log,
+              on_step=on_step, align=data["align"], align_layer=R.math_lo, align_weight=R.lang_align,
+              align_bs=R.align_bs)
 
 
-def change_profiles(out):
-    """Relative change ||expert - base|| / ||base|| per layer and per non-layer tensor, by layerswap's analysis."""
-    from layerswap import Checkpoint
-    from layerswap.analysis import analyze
-
-    cks = {r: Checkpoint.open(os.path.join(out, r)) for r in ("base", "math", "lang")}
-    an = analyze(cks["base"], cks["math"], cks["lang"], cache=False)
-    rows = {r["tensor"]: r for r in an.non_layer_rows()}
-    return {role: [[round(float(x), 4) for x in an.layer_profile(role)],
-                   {k: round(float(rows[t][f"relative_{role}"]), 4) for k, t in NON_LAYER.items()}]
-            for role in ("math", "lang")}
-
-
-# ---------------------------------------------------------------- alignment
-
-
-def hidden_means(model, tok, sents):
-    reps = None
-    for s in sents:
-        ids = torch.tensor([[tok.bos_token_id] + tok(s, add_special_tokens=False)["input_ids"]])
-        hs = model(input_ids=ids, output_hidden_states=True).hidden_states
-        v = [h[0, 1:].mean(0) for h in hs]
-        if reps is None:
-            reps = [[] for _ in v]
-        for k, x in enumerate(v):
-            reps[k].append(x)
-    return [torch.stack(r) for r in reps]
+def alignment_targets(base, tok, pairs, layer: int) -> list[tuple[list[int], torch.Tensor]]:
+    """(Kovani token ids, the base's hidden states after `layer` layers on the English twin), token by token."""
+    ids = []
+    for en, xx in pairs:
+        e, x = tok(en)["input_ids"], tok(xx)["input_ids"]
+        if len(e) != len(x):
+            raise SystemExit(f"not a word-for-word pair: {en!r} / {xx!r}")
+        ids.append((e, x))
+    out: list = [None] * len(ids)
+    by_len: dict[int, list[int]] = {}
+    for i, (e, _) in enumerate(ids):
+        by_len.setdefault(len(e), []).append(i)
+    with torch.no_grad():  # batches of equal length: no padding needed
+        for idx in by_len.values():
+            for k in range(0, len(idx), 256):
+                chunk = idx[k:k + 256]
+                h = base(input_ids=torch.tensor([ids[i][0] for i in chunk]), output_hidden_states=True)
+                for j, i in enumerate(chunk):
+                    out[i] = (ids[i][1], h.hidden_states[layer][j].clone())
+    return out
 
 
-def retrieval(model, tok, pairs):
-    en = hidden_means(model, tok, [a for a, _ in pairs])
-    xx = hidden_means(model, tok, [b for _, b in pairs])
+def reverted(full, base, role: str, R: Recipe):
+    """`full` with every tensor outside `role`'s range set back to the base ("train, then revert")."""
+    m = copy.deepcopy(full)
+    bsd = base.state_dict()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if not in_range(n, role, R):
+                p.copy_(bsd[n])
+    return m
+
+
+# ---------------------------------------------------------------- measurements
+def retrieval(model, tok, pairs) -> list[float]:
+    """EN->Kovani sentence retrieval top-1 per layer (mean-pooled hidden states, centred per language)."""
+    def reps(sents):
+        out = None
+        with torch.no_grad():
+            for s in sents:
+                hs = model(input_ids=torch.tensor([tok(s)["input_ids"]]), output_hidden_states=True).hidden_states
+                v = [h[0, 1:].mean(0) for h in hs]
+                out = [[] for _ in v] if out is None else out
+                for k, x in enumerate(v):
+                    out[k].append(x)
+        return [torch.stack(r) for r in out]
     acc = []
-    for E, X in zip(en, xx):
-        E = E - E.mean(0)
-        X = X - X.mean(0)
-        E = E / E.norm(dim=1, keepdim=True)
-        X = X / X.norm(dim=1, keepdim=True)
-        sim = E @ X.T
+    for E, X in zip(reps([a for a, _ in pairs]), reps([b for _, b in pairs])):
+        E, X = E - E.mean(0), X - X.mean(0)
+        sim = (E / E.norm(dim=1, keepdim=True)) @ (X / X.norm(dim=1, keepdim=True)).T
         acc.append(round((sim.argmax(1) == torch.arange(len(pairs))).float().mean().item(), 3))
     return acc
 
 
-# ================================================================ recipe
-RECIPE = dict(
-    layers=10, hidden=128, inter=320, heads=2,
-    n_docs=60000, T=128, base_steps=1500, base_bs=16, base_lr=3e-3, base_wd=0.01,
-    mix=dict(en=0.18, xx=0.05, mix=0.12, cs=0.30, par=0.12, arith=0.15, qa_en=0.06, qa_xx=0.02),
-    p_switch=0.5, p_vary=0.1, p_prof=0.85, arith_range=(30, 10), nsent=(2, 5),
-    n_math=20000, math_steps=600, math_bs=32, math_lr=3e-4,
-    n_lang=20000, lang_steps=400, lang_bs=32, lang_lr=2e-4,
-    replay_bs=4, n_test=300, n_align=200, n_exemplars=8,
-    base_count_qa=False, qa_cue_switch=0.0, base_qa_numbers=False, retell=False, extra_frames=False,
-)
+def gates(models: dict, tok, out: str, n: int) -> dict:
+    """Flexible accuracy of each model on the first `n` dev problems (en, xx) and the cue-swap probes."""
+    from layerswap.engines.transformers_engine import TransformersEngine
+    from layerswap.evaluation import EvalConfig, evaluate
+
+    tok = copy.deepcopy(tok)
+    tok.padding_side = "left"  # as layerswap's load_tokenizer does
+    engines = {k: TransformersEngine(m, tok, batch_size=64) for k, m in models.items()}
+    res = {}
+    for src, langs in ((os.path.join(out, "mgsm", "dev"), ["en", "xx"]), (os.path.join(out, "mgsm", "probe"),
+                                                                          ["xe", "ex"])):
+        rep = evaluate(engines, EvalConfig(langs=langs, limit=n, source=src, max_new_tokens=40))
+        for k in models:
+            for lang in langs:
+                res.setdefault(k, {})[lang] = round(rep.accuracy(k, lang), 4)
+    return res
 
 
-def unseen_problems(world, n, keys):
-    """`n` new word problems whose key (name, object, numbers, operations) is not in `keys`; adds their keys."""
-    out = []
-    while len(out) < n:
-        pb = world.math_problem()
-        if pb["key"] in keys:
-            continue
-        keys.add(pb["key"])
-        out.append(pb)
-    return out
+def change_profiles(out: str, pair: str = "") -> dict:
+    """Relative change ||expert - base|| / ||base|| per layer and per non-layer tensor (layerswap's analysis)."""
+    from layerswap import Checkpoint
+    from layerswap.analysis import analyze
+
+    base = Checkpoint.open(os.path.join(out, "base"))
+    m, la = (Checkpoint.open(os.path.join(out, pair, r)) for r in ("math", "lang"))
+    an = analyze(base, m, la, cache=False)
+    rows = {r["tensor"]: r for r in an.non_layer_rows()}
+    names = {"emb": "model.embed_tokens.weight", "norm": "model.norm.weight", "head": "lm_head.weight"}
+    return {role: {"layers": [round(float(x), 4) for x in an.layer_profile(role)],
+                   **{k: round(float(rows[t][f"relative_{role}"]), 4) for k, t in names.items()}}
+            for role in ("math", "lang")}
 
 
-def build_data(R, seed):
-    w = World(seed, p_vary=R["p_vary"], p_prof=R["p_prof"])
-    w.restate = True  # step-by-step answers restate each event sentence before its equation
-    if R["retell"]:  # a generic "What happens?" instruction: restate the context sentences
-        w.instr_kinds = w.instr_kinds + ["retell"]
-    if R["extra_frames"]:  # reported "How many ... now?" questions and "now" in ordinary narrative
-        w.frames = FRAMES + FRAMES_EXTRA
-    keys = set()
-    test = unseen_problems(w, R["n_test"], keys)
-    align_rng = World(seed + 777, p_vary=R["p_vary"], p_prof=R["p_prof"])
-    for _ in range(R["n_align"]):  # (keeps the random stream identical to the experiments)
-        align_rng.sentence(align_rng.cast())
-    align_c, seen = [], set()
-    while len(align_c) < R["n_align"]:
-        c = align_rng.cast()
-        c["P"], c["Q"] = "Tom", "Mia"
-        s = align_rng.sentence(c)
-        e = [("7" if x.isdigit() else x) for x in realise(s["en"], "en")]
-        x = [("7" if y.isdigit() else y) for y in realise(s["xx"], "xx")]
-        if "Tom" not in e or "Mia" in e and e.index("Mia") < e.index("Tom"):
-            continue
-        e, x = detok(e), detok(x)
-        if e in seen:
-            continue
-        seen.add(e)
-        align_c.append((e, x))
-    mix = R["mix"]
-    kinds = list(mix)
-    probs = [mix[k] for k in kinds]
-    docs = []
-    r = random.Random(seed + 1)
-    for _ in range(R["n_docs"]):
-        k = r.choices(kinds, probs)[0]
-        if k == "arith":
-            docs.append(w.arith_doc(r.randint(3, 6), *R["arith_range"]))
-        elif k.startswith("ledger_"):
-            docs.append(ledger_doc(w, k[7:], keys))
-        elif k.startswith("qa_"):
-            docs.append(qa_doc(w, k[3:], R["base_count_qa"], R["qa_cue_switch"], r, R["base_qa_numbers"]))
-        else:
-            docs.append(w.story_doc(k, r.randint(*R["nsent"]), p_switch=R["p_switch"]))
-    math_pairs = []
-    while len(math_pairs) < R["n_math"]:
-        pb = w.math_problem()
-        if pb["key"] in keys:
-            continue
-        q, a, _ = w.render_problem(pb, "en")
-        math_pairs.append((q, a))
-    lang_pairs = [w.instruction("xx") for _ in range(R["n_lang"])]
-    exemplars = unseen_problems(w, R["n_exemplars"], keys)
-    return dict(world=w, docs=docs, math=math_pairs, lang=lang_pairs, test_pb=test, align_c=align_c,
-                exemplars=exemplars)
-
-
-# ---------------------------------------------------------------- writing outputs
-def save_model(model, tok, path):
+def save_model(model, tok, path: str) -> None:
     os.makedirs(path, exist_ok=True)
     model = model.to(torch.float32)
-    model.generation_config.do_sample = False
-    model.generation_config.bos_token_id = tok.bos_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
+    gc = model.generation_config
+    gc.do_sample, gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = False, tok.bos_token_id, tok.eos_token_id, \
+        tok.pad_token_id
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
 
 
-def write_mgsm(world, test_pb, exemplar_pb, out):
-    d = os.path.join(out, "mgsm")
-    os.makedirs(d, exist_ok=True)
-    for lang in ("en", "xx"):
-        with open(os.path.join(d, f"mgsm_{lang}.tsv"), "w", encoding="utf-8") as f:
-            for pb in test_pb:
-                q, _, _ = world.render_problem(pb, lang)
-                f.write(f"{q}\t{pb['ans']}\n")
-    ex = {}
-    for lang in ("en", "xx"):
-        c = CUES[lang]
-        ex[lang] = []
-        for pb in exemplar_pb:
-            q, a, eq = world.render_problem(pb, lang)
-            ex[lang].append({"question": c["question"] + " " + q, "answer": c["answer_cue"] + " " + a,
-                             "answer_number": pb["ans"], "equation_solution": eq})
-    with open(os.path.join(d, "exemplars.json"), "w", encoding="utf-8") as f:
-        json.dump(ex, f, ensure_ascii=False, indent=1)
-    langs = {}
-    for lang in ("xx", "en"):
-        c = CUES[lang]
-        langs[lang] = {"name": c["name"], "question": c["question"], "answer_cue": c["answer_cue"],
-                       "direct_cue": c["direct_cue"], "strict_regex": c["answer_is"] + " (\\-?[0-9\\.\\,]+)"}
-    with open(os.path.join(d, "languages.json"), "w", encoding="utf-8") as f:
-        json.dump(langs, f, ensure_ascii=False, indent=1)
-
-
-# ================================================================ main
-def log(msg):
+def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def main():
-    ap = argparse.ArgumentParser(description="Build the offline layer-swapping demo organism (base, math expert, "
-                                             "language expert, MGSM-format test sets).")
+# ================================================================ main
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Build the offline layer-swapping demo organism (base, localised math "
+                                             "and language experts, the unlocalised pair, MGSM-format sets).")
     ap.add_argument("--out", default="assets/demo")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps-scale", type=float, default=1.0,
-                    help="multiply all training step counts (smoke tests only; the shipped assets use 1.0)")
-    ap.add_argument("--reuse-base", metavar="DIR", help="experiments: take base/ from an earlier build instead of "
-                                                         "pretraining (same data recipe required)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: fastest and reproducible on a shared 2-core machine)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
-                    help="override one RECIPE entry (experiments; the shipped assets use the defaults)")
+                    help="override one Recipe field (experiments; the shipped assets use the defaults)")
+    ap.add_argument("--reuse-base", metavar="DIR", help="experiments: load base/ from an earlier build of the same "
+                                                         "data recipe instead of pretraining")
+    ap.add_argument("--reuse-experts", metavar="DIR", nargs="+", help="experiments: load ROLE/ (math, lang) from "
+                    "an earlier build of the same recipe instead of training it (DIR:ROLE, e.g. out1:math)")
+    ap.add_argument("--no-unlocalised", action="store_true", help="skip the unconstrained pair (experiments)")
+    ap.add_argument("--ablation-experts", action="store_true",
+                    help="also build the ablation experts into OUT/ablation/ (checkpoints at several steps, other "
+                         "learning rates, LoRA adapters, a second base from seed+1 with its experts; not shipped)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     random.seed(args.seed)
     np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    R = dict(RECIPE)
+    R = Recipe()
     for kv in args.set:
         key, _, val = kv.partition("=")
-        if key not in R:
-            ap.error(f"--set {key}: not a RECIPE key (choose from {', '.join(R)})")
-        R[key] = json.loads(val)
-    for k in ("base_steps", "math_steps", "lang_steps"):
-        R[k] = max(1, int(round(R[k] * args.steps_scale)))
+        if key not in asdict(R):
+            ap.error(f"--set {key}: not a Recipe field (choose from {', '.join(asdict(R))})")
+        setattr(R, key, json.loads(val))
     t_all = time.time()
+    secs = {}
     log(f"building demo organism -> {args.out} (seed {args.seed}, {args.threads} threads)")
     D = build_data(R, args.seed)
-    w = D["world"]
-    log(f"world: {len(D['docs'])} pretraining docs, {len(D['math'])} math SFT, {len(D['lang'])} {LANG_NAME} SFT, "
-        f"{len(D['test_pb'])} test problems")
-    test_text = [w.render_problem(pb, l)[0] for pb in D["test_pb"] + D["exemplars"] for l in ("en", "xx")]
-    cue_texts = [v for c in CUES.values() for v in (c["question"], c["answer_cue"], c["direct_cue"], c["answer_is"])]
-    tok = build_tokenizer(D["docs"] + [q + " " + a for q, a in D["math"] + D["lang"]] + test_text + cue_texts +
-                          [str(i) for i in range(200)] + [a + " " + b for a, b in D["align_c"]])
-    log(f"tokenizer: {len(tok)} word-level tokens")
-    L = R["layers"]
-    base = make_model(len(tok), tok, L, R["hidden"], R["inter"], R["heads"], seed=args.seed)
-    log(f"model: LlamaForCausalLM {L} layers, hidden {R['hidden']}, {R['heads']} heads (head_dim "
-        f"{R['hidden'] // R['heads']}), {sum(p.numel() for p in base.parameters())} params")
+    W.write_mgsm(args.out, D["test"], D["dev"], D["probe"], D["exemplars"])
+    extra = [W.text(pb["q"], lang) for pb in D["test"] + D["dev"] + D["probe"] for lang in ("en", "xx")]
+    cues = [v for c in W.CUES.values() for v in (c["question"], c["answer_cue"], c["direct_cue"], c["answer_is"])]
+    tok = build_tokenizer(D["docs"] + [q + " " + a for q, a in D["math"] + D["lang"]] + D["lang_docs"] + extra +
+                          cues + [str(i) for i in range(200)] + [a + " " + b for a, b in D["align"]])
+    base = make_model(R, tok, args.seed)
+    nparams = sum(p.numel() for p in base.parameters())
+    log(f"tokenizer {len(tok)} words; model {R.layers} layers, hidden {R.hidden}, {nparams} params")
     t0 = time.time()
-    if args.reuse_base:  # experiments on the experts only: the base must come from the same data recipe
-        from safetensors.torch import load_file
+    rows = pack_stream(tok, D["docs"], R.T)
+    from safetensors.torch import load_file
 
-        if json.load(open(os.path.join(args.reuse_base, "base", "tokenizer.json")))["model"]["vocab"] != \
-                json.loads(tok.backend_tokenizer.to_str())["model"]["vocab"]:
-            raise SystemExit(f"--reuse-base {args.reuse_base}: its vocabulary differs (built from another data recipe)")
+    if args.reuse_base:
         base.load_state_dict(load_file(os.path.join(args.reuse_base, "base", "model.safetensors")))
-        log(f"base reused from {args.reuse_base} (not retrained)")
+        log(f"base reused from {args.reuse_base}")
+        prev = os.path.join(args.reuse_base, "build_info.json")
+        if os.path.exists(prev):  # its pretraining time, so the card's build time stays whole
+            with open(prev) as f:
+                secs["base_pretraining_in_reused_build"] = json.load(f)["seconds"].get("base")
     else:
-        rows = pack_stream(tok, D["docs"], R["T"])
-        log(f"pretraining base: {R['base_steps']} steps x {R['base_bs']} x {R['T']} tokens")
-        train_lm(base, rows, R["base_steps"], R["base_bs"], R["base_lr"], args.seed, wd=R["base_wd"], log=log,
-                 log_every=250)
-    t_base = time.time() - t0
-    align = retrieval(base, tok, D["align_c"])
-    log(f"base done in {t_base:.0f}s; EN->{LANG_NAME} content retrieval top-1 (emb, L1..L{L}): {align}")
-    replay = pack_stream(tok, D["docs"][:20000], R["T"])
+        log(f"pretraining base: {R.base_steps} steps x {R.base_bs} x {R.T} tokens ({rows.shape[0]} rows)")
+        train(base, R.base_steps, R.base_lr, args.seed, rows=rows, bs=R.base_bs, wd=0.01, warmup=50, log=log)
+    secs["base"] = round(time.time() - t0)
+    align = retrieval(base, tok, D["align"])
+    log(f"base: EN->{W.LANG_NAME} retrieval (emb, L1..L{R.layers}) {align}")
+    data = {"math_ex": sft_examples(tok, D["math"], "en"), "lang_ex": sft_examples(tok, D["lang"], "xx"),
+            "lang_rows": pack_stream(tok, D["lang_docs"], 64), "base_rows": rows,
+            "align": alignment_targets(base, tok, D["parallel"], R.math_lo) if R.lang_align else None}
 
-    def expert(role, lang, seed, what):
-        """The base fine-tuned on `role`'s pairs (answer-only loss, plus replayed pretraining rows)."""
+    def expert(role: str, localised: bool):
         m = copy.deepcopy(base)
         t = time.time()
-        log(f"{what}: {R[role + '_steps']} steps, lr {R[role + '_lr']} (answer-only loss + replay)")
-        train_sft(m, sft_examples(tok, D[role], lang), R[role + "_steps"], R[role + "_bs"], R[role + "_lr"], seed,
-                  log=log, log_every=100, mix_rows=replay, mix_bs=R["replay_bs"])
-        return m, time.time() - t
+        train_expert(R, m, role, data, args.seed, localised=localised, log=log)
+        secs[f"{role}{'' if localised else '_full'}"] = round(time.time() - t)
+        return m
 
-    math_m, t_math = expert("math", "en", args.seed + 11, "math expert: English word problems")
-    lang_m, t_lang = expert("lang", "xx", args.seed + 12, f"language expert: {LANG_NAME} instructions (no math)")
-    for name, m in (("base", base), ("math", math_m), ("lang", lang_m)):
-        save_model(m, tok, os.path.join(args.out, name))
-    write_mgsm(w, D["test_pb"], D["exemplars"], args.out)
-    info = dict(seed=args.seed, threads=args.threads, recipe=R, vocab=len(tok),
-                params=sum(p.numel() for p in base.parameters()),
-                seconds=dict(base=round(t_base), math=round(t_math), lang=round(t_lang),
-                             total=round(time.time() - t_all)),
-                base_content_retrieval=align,
+    reuse = dict(reversed(x.rsplit(":", 1)) for x in args.reuse_experts or [])
+    experts = {}
+    for role in ("math", "lang"):
+        if role in reuse:
+            experts[role] = copy.deepcopy(base)
+            experts[role].load_state_dict(load_file(os.path.join(reuse[role], role, "model.safetensors")))
+            log(f"{role} expert reused from {reuse[role]}")
+        else:
+            experts[role] = expert(role, True)
+    if not args.no_unlocalised:
+        experts["math_full"] = expert("math", False)
+        experts["lang_full"] = expert("lang", False)
+        experts["math_revert"] = reverted(experts["math_full"], base, "math", R)
+        experts["lang_revert"] = reverted(experts["lang_full"], base, "lang", R)
+    shipped = {"math": experts["math"], "lang": experts["lang"]}
+    if R.localise == "revert":
+        shipped = {"math": experts["math_revert"], "lang": experts["lang_revert"]}
+    save_model(base, tok, os.path.join(args.out, "base"))
+    for role, m in shipped.items():
+        save_model(m, tok, os.path.join(args.out, role))
+    if not args.no_unlocalised:
+        for role in ("math", "lang"):
+            save_model(experts[f"{role}_full"], tok, os.path.join(args.out, "unlocalised", role))
+    t = time.time()
+    swap = reverted(experts["lang"], experts["math"], "lang", R)  # lang's range from lang, the middle from math
+    gate = gates({"base": base, **experts, "swap (own ranges)": swap}, tok, args.out, R.n_gate)
+    secs["gates"] = round(time.time() - t)
+    for k, v in gate.items():
+        log(f"gate {k:<12} " + "  ".join(f"{lang} {100 * a:5.1f}%" for lang, a in v.items()))
+    secs["total"] = round(time.time() - t_all)
+    info = dict(seed=args.seed, threads=args.threads, recipe=asdict(R), vocab=len(tok), params=nparams,
+                base_reused_from=args.reuse_base, experts_reused_from=reuse or None,
+                seconds=secs, localised_ranges={
+                    "math": f"layers {R.math_lo}-{(R.math_hi if R.lang_top else R.layers) - 1}"
+                            + ("" if R.lang_top else ", final norm, lm_head"),
+                    "lang": f"embeddings, layers 0-{R.math_lo - 1}" + (f", layers {R.math_hi}-{R.layers - 1}, final "
+                                                                        "norm, lm_head" if R.lang_top else "")},
+                gates={"dev_and_probe_flexible_accuracy": gate, "n": R.n_gate,
+                       "base_content_retrieval_emb_then_layers": align,
+                       "probe_langs": {"xe": "Kovani body, English cues", "ex": "English body, Kovani cues"}},
                 change_profile=change_profiles(args.out))
+    info["sha256"] = {}
+    for sub in ("base", "math", "lang", "unlocalised/math", "unlocalised/lang"):
+        f = os.path.join(args.out, sub, "model.safetensors")
+        if os.path.exists(f):
+            with open(f, "rb") as fh:
+                info["sha256"][sub] = hashlib.sha256(fh.read()).hexdigest()
+    if not args.no_unlocalised:
+        info["change_profile_unlocalised"] = change_profiles(args.out, "unlocalised")
+    if args.ablation_experts:
+        import demo_ablation
+
+        t = time.time()
+        index = demo_ablation.build_ablations(sys.modules[__name__], R, base, tok, data, args.out, args.seed, log,
+                                              other_seed=args.seed + 1)
+        info["ablation"] = {"index": index, "seconds": round(time.time() - t)}
     with open(os.path.join(args.out, "build_info.json"), "w") as f:
         json.dump(info, f, indent=1)
-    log(f"done in {time.time() - t_all:.0f}s -> {args.out}/{{base,math,lang,mgsm}}")
+    log(f"done in {secs['total']}s -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
 #!/usr/bin/env python
-"""Measure the demo organism with layerswap itself and write ``results.json`` (the model card's numbers).
+"""Measure the demo organism with layerswap itself and write ``results.json`` and the model card.
 
-    python scripts/eval_demo.py                      # assets/demo -> assets/demo/results.json
-    python scripts/eval_demo.py --demo DIR --out F   # a rebuilt organism (tests/test_demo_organism.py, slow)
+    python scripts/eval_demo.py                      # assets/demo -> results.json, recommended_plan.json, README.md
+    python scripts/eval_demo.py --demo DIR           # a rebuilt organism (tests/test_demo_organism.py, slow)
 
 Everything goes through the library's public API (Workbench, Plan, Recipe, MethodConfig, evaluate_points, EvalConfig):
 the same merge and MGSM evaluation code the app and CLI use (0-shot native chain-of-thought prompt,
-greedy decoding, strict and flexible extraction as in lm-evaluation-harness' ``mgsm_native_cot``).
+greedy decoding, flexible and strict extraction as in lm-evaluation-harness' ``mgsm_native_cot``).
 
-Models: math expert, language expert, soup (0.5/0.5), TIES, the default plan for the layer count
-(the literature's 32-layer b=5 u=2 tb=tu=1 scaled down) and a grid of swap plans. The best plan is
-chosen on the first half of the target-language questions (dev) and reported on the second half
-(held out) as well as on all of them, so its number is not just a pick of the luckiest plan.
+1. Choice, on the dev set only (``mgsm/dev``, Kovani): a grid of swap plans; the best on dev is the
+   recommended plan (``recommended_plan.json``).
+2. Test (``mgsm/mgsm_xx.tsv``, ``mgsm/mgsm_en.tsv``): base, math expert, language expert, soup 50/50,
+   TIES, task arithmetic, the default plan for the depth, the recommended plan and its inverse map,
+   with 95 % intervals, floors (most common answer, first/last number in the question, each model's
+   answer prior) and paired differences of the recommended plan against every other model.
+Every per-question output is kept in ``results.json`` so the card's numbers can be recomputed.
 """
 
 from __future__ import annotations
@@ -22,150 +25,203 @@ import math
 import re
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
-from layerswap import mgsm  # noqa: E402
-from layerswap.evaluation import EvalConfig  # noqa: E402
-from layerswap.methods import MethodConfig  # noqa: E402
-from layerswap.plans import default_plan  # noqa: E402
-from layerswap.recipes import Recipe  # noqa: E402
-from layerswap.sweeps import SweepPoint, evaluate_points, swap_grid  # noqa: E402
-from layerswap.workbench import Workbench  # noqa: E402
+from layerswap import mgsm
+from layerswap.evaluation import EvalConfig
+from layerswap.methods import MethodConfig
+from layerswap.plans import Plan
+from layerswap.roles import ROLE_NAMES
+from layerswap.recipes import Recipe
+from layerswap.sweeps import SweepPoint, SweepRow, evaluate_points, swap_grid
+from layerswap.workbench import Workbench
 
 TARGET = "xx"
+MAX_NEW_TOKENS = 32  # a two-step gold solution is 17 tokens; the library's 256 only lets a rambling model ramble
+PLAN_FIELDS = ("b", "u", "tb", "tu", "transition", "transition_weight", "non_layer")
+TARGET_SE = 3.0  # the recommended plan must beat each baseline by this many paired standard errors
+FLOOR_MARGIN = 0.10  # ... and every floor by this much
+MATH_EN_MIN = 0.80
 
 
-def se(p: float, n: int) -> float:
-    return math.sqrt(max(p * (1 - p), 0.0) / n) if n else 0.0
+def row_results(row: SweepRow, lang: str) -> list:
+    """The per-question results of `row` on `lang`, in question order.
+
+    Both experts' rows share one report, so the results are filtered on the row's model name too.
+    """
+    model = row.name if row.kind == "expert" else ROLE_NAMES["merged"]
+    qs = sorted((r for r in row.report.results if r.lang == lang and r.model == model), key=lambda r: r.index)
+    if not qs:
+        raise SystemExit(f"no results for {row.name!r} ({model}) in {lang}")
+    return qs
 
 
-def row_accuracy(row, lang: str, lo: int, hi: int, metric: str = "flexible") -> tuple[float, int]:
-    """Accuracy of a sweep row on questions lo..hi-1 of `lang` (from its per-question results)."""
-    qs = [r for r in row.report.results if r.lang == lang and lo <= r.index < hi]
-    ok = sum(bool(r.flexible_correct if metric == "flexible" else r.strict_correct) for r in qs)
-    return (ok / len(qs) if qs else 0.0), len(qs)
+def accuracy(correct: list[bool]) -> dict:
+    n = len(correct)
+    p = sum(correct) / n
+    se = math.sqrt(p * (1 - p) / n)
+    return {"acc": round(p, 4), "se": round(se, 4), "ci95": [round(max(0.0, p - 1.96 * se), 4),
+                                                              round(min(1.0, p + 1.96 * se), 4)], "n": n}
 
 
-def paired(a, b, lang: str) -> dict:
-    """Mean per-question difference of two sweep rows' correctness (a - b) on `lang`, with its standard error."""
-    ca = {r.index: r.flexible_correct for r in a.report.results if r.lang == lang}
-    cb = {r.index: r.flexible_correct for r in b.report.results if r.lang == lang}
-    d = [int(ca[i]) - int(cb[i]) for i in ca]
+def paired(a: list[bool], b: list[bool]) -> dict:
+    """Mean per-question difference a - b with its standard error and the ratio."""
+    d = [int(x) - int(y) for x, y in zip(a, b, strict=True)]
     mean = sum(d) / len(d)
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / max(1, len(d) - 1))
-    return {"diff": round(mean, 4), "se": round(sd / math.sqrt(len(d)), 4)}
+    se = sd / math.sqrt(len(d))
+    return {"diff": round(mean, 4), "se": round(se, 4), "z": round(mean / se, 2) if se else None}
+
+
+def answer_prior(preds: list[str], gold: list[int]) -> float:
+    """Expected accuracy of the model's answer distribution scored independently of the question."""
+    n = len(gold)
+    g = Counter(str(x) for x in gold)
+    p = Counter(mgsm.normalize(x) for x in preds)
+    return round(sum(c * g.get(a, 0) for a, c in p.items()) / (n * n), 4)
+
+
+def question_floors(items: list) -> dict:
+    nums = [[int(x) for x in re.findall(r"\d+", it.question)] for it in items]
+    gold = [it.answer for it in items]
+    mode, _ = Counter(gold).most_common(1)[0]
+    n = len(items)
+    return {f"most common answer ({mode})": round(sum(g == mode for g in gold) / n, 4),
+            "first number in the question": round(sum(ns[0] == g for ns, g in zip(nums, gold) if ns) / n, 4),
+            "last number in the question": round(sum(ns[-1] == g for ns, g in zip(nums, gold) if ns) / n, 4)}
+
+
+def plan_points(L: int, args) -> list[SweepPoint]:
+    ints = lambda s: [int(x) for x in s.split(",")]
+    pts = swap_grid(L, ints(args.b_values), ints(args.u_values), ints(args.t_values))
+    return [p for p in pts if (p.recipe.plan.b, p.recipe.plan.u) != (0, 0)]
+
+
+def choose_on_dev(wb: Workbench, demo: Path, L: int, args, progress) -> tuple[SweepPoint, dict]:
+    cfg = EvalConfig(langs=[TARGET], limit=args.dev_limit or args.limit, source=str(demo / "mgsm" / "dev"),
+                     max_new_tokens=MAX_NEW_TOKENS)
+    points = plan_points(L, args)
+    res = evaluate_points(wb, points, cfg, include_experts=False, progress=progress)
+    dev = {}
+    for pt, row in zip(points, res.rows):
+        c = [r.flexible_correct for r in row_results(row, TARGET)]
+        dev[pt.name] = {"plan": {k: getattr(pt.recipe.plan, k) for k in PLAN_FIELDS}, "acc": round(sum(c) / len(c), 4),
+                        "correct": "".join("1" if x else "0" for x in c)}
+    # best dev accuracy; ties go to the plan that swaps fewer layers (then the grid's order)
+    best = max(points, key=lambda p: (dev[p.name]["acc"], -(p.recipe.plan.b + p.recipe.plan.u + p.recipe.plan.tb
+                                                             + p.recipe.plan.tu)))
+    return best, dev
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--demo", default=str(REPO / "assets" / "demo"), help="organism folder (base, math, lang, mgsm)")
-    ap.add_argument("--out", help="results JSON (default DEMO/results.json)")
-    ap.add_argument("--limit", type=int, help="first N questions per language (smoke runs only)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--b-values", default="0,1,2,3")
-    ap.add_argument("--u-values", default="0,1,2")
+    ap.add_argument("--pair", default="", help="experts' subfolder (e.g. unlocalised); base stays DEMO/base")
+    ap.add_argument("--out", help="results JSON (default DEMO[/PAIR]/results.json)")
+    ap.add_argument("--limit", type=int, help="first N questions per set (smoke runs only)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--b-values", default="1,2,3")
+    ap.add_argument("--u-values", default="0,1")
     ap.add_argument("--t-values", default="0,1")
+    ap.add_argument("--english-for", default="",
+                    help="merges also measured in English, '|'-separated names (the experts and the recommended "
+                         "plan always are)")
+    ap.add_argument("--dev-limit", type=int, default=200, help="first N dev questions for the plan choice")
+    ap.add_argument("--no-card", action="store_true", help="do not rewrite README.md")
     args = ap.parse_args()
 
     import torch
 
     torch.set_num_threads(args.threads)
     demo = Path(args.demo)
-    out = Path(args.out) if args.out else demo / "results.json"
+    experts = demo / args.pair
+    out = Path(args.out) if args.out else experts / "results.json"
     t0 = time.time()
-    wb = Workbench(device="cpu", batch_size=64, engine="transformers")
-    wb.load(str(demo / "math"), str(demo / "lang"), str(demo / "base"))
-    L = wb.num_layers
-    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
-    dflt = default_plan(L)
-    points = [SweepPoint("soup (average)", Recipe(MethodConfig("soup", weight=0.5))),
-              SweepPoint("TIES (density 0.2)", Recipe(MethodConfig("ties", density=0.2))),
-              SweepPoint(f"default swap ({dflt.title()})", Recipe(plan=dflt))]
-    grid = [p for p in swap_grid(L, ints(args.b_values), ints(args.u_values), ints(args.t_values))
-            if (p.recipe.plan.b, p.recipe.plan.u, p.recipe.plan.tb) != (dflt.b, dflt.u, dflt.tb)
-            or dflt.transition != "flat"]
-    points += grid
-    cfg = EvalConfig(langs=[TARGET, "en"], limit=args.limit, source=str(demo / "mgsm"))
 
     def progress(f: float, d: str) -> None:
         print(f"\r[{time.time() - t0:6.0f}s] {100 * f:5.1f}% {d[:90]:<90}", end="", file=sys.stderr, flush=True)
 
-    res = evaluate_points(wb, points, cfg, progress=progress)
+    wb = Workbench(device="cpu", batch_size=64, engine="transformers")
+    wb.load(str(experts / "math"), str(experts / "lang"), str(demo / "base"))
+    L = wb.num_layers
+    best, dev = choose_on_dev(wb, demo, L, args, progress)
+    rec = best.recipe.plan
+    inverse = Plan(kind="weights", weights=tuple(1.0 - w for w in rec.layer_weights(L)),
+                   non_layer={"neighbour": "neighbour", "math": "lang", "lang": "math"}.get(rec.non_layer, "avg"))
+    points = [SweepPoint("base model", Recipe(MethodConfig("task_arithmetic", lam=0.0))),
+              SweepPoint("soup 50/50", Recipe(MethodConfig("soup", weight=0.5))),
+              SweepPoint("TIES (density 0.2)", Recipe(MethodConfig("ties", density=0.2))),
+              SweepPoint("task arithmetic", Recipe(MethodConfig("task_arithmetic"))),
+              SweepPoint(f"recommended plan ({best.name})", Recipe(plan=rec)),
+              SweepPoint("inverse map (language middle, math outer)", Recipe(plan=inverse))]
+    cfg = EvalConfig(langs=[TARGET], limit=args.limit, source=str(demo / "mgsm"), max_new_tokens=MAX_NEW_TOKENS)
+    runs = [evaluate_points(wb, points, cfg, progress=progress)]
+    en_points = [p for p in points if p.name in args.english_for.split("|") or p.recipe.plan == rec]
+    cfg_en = EvalConfig(langs=["en"], limit=args.limit, source=str(demo / "mgsm"), max_new_tokens=MAX_NEW_TOKENS)
+    runs.append(evaluate_points(wb, en_points, cfg_en, progress=progress))  # (the experts always)
     print(file=sys.stderr)
-    n = res.rows[0].n[TARGET]
-    half = n // 2
-    models = {}
-    for r in res.rows:
-        entry = {"kind": r.kind, "recipe": r.recipe,
-                 "layer_weights_lang": r.layer_weights}
-        for lang in cfg.langs:
-            m = r.n[lang]
-            entry[lang] = {metric: round(r.accuracy[metric][lang], 4) for metric in ("flexible", "strict")}
-            entry[lang]["se"] = round(se(r.accuracy["flexible"][lang], m), 4)
-            entry[lang]["n"] = m
-        entry["dev_" + TARGET] = round(row_accuracy(r, TARGET, 0, half)[0], 4)
-        entry["heldout_" + TARGET] = round(row_accuracy(r, TARGET, half, n)[0], 4)
-        models[r.name] = entry
-    merges = [r for r in res.rows if r.kind == "merge" and r.recipe.get("method", {}).get("name", "layer_swap")
-              == "layer_swap"]
-    best = max(merges, key=lambda r: (row_accuracy(r, TARGET, 0, half)[0], -len(r.name)))
-    summary = {
-        "math expert": models["math expert"][TARGET],
-        "language expert": models["language expert"][TARGET],
-        "soup": models["soup (average)"][TARGET],
-        "default swap": models[points[2].name][TARGET],
-        "best swap": models[best.name][TARGET],
-    }
-    floors = {}  # accuracy without any model: a constant answer, or a number copied from the question
-    for lang in cfg.langs:
-        items = mgsm.load(lang, cfg.source)[:n]
-        nums = [[int(x) for x in re.findall(r"\d+", it.question)] for it in items]
-        mode = max(set(it.answer for it in items), key=lambda a: sum(it.answer == a for it in items))
-        floors[lang] = {f"constant answer {mode} (the most common)": round(sum(it.answer == mode for it in items) / n, 4),
-                        "first number": round(sum(ns[0] == it.answer for ns, it in zip(nums, items) if ns) / n, 4),
-                        "last number": round(sum(ns[-1] == it.answer for ns, it in zip(nums, items) if ns) / n, 4),
-                        "any number (oracle pick)": round(sum(it.answer in ns for ns, it in zip(nums, items)) / n, 4)}
-
-    by_name = {r.name: r for r in res.rows}
-    lang_row = by_name["language expert"]
-    comparisons = {f"{name} - language expert": paired(by_name[name], lang_row, TARGET)
-                   for name in (points[2].name, best.name, "soup (average)")}
-    result = {
-        "generated_by": "scripts/eval_demo.py",
-        "date": time.strftime("%Y-%m-%d"),
-        "seconds": round(time.time() - t0),
-        "protocol": {"mode": cfg.mode, "shots": cfg.shots, "max_new_tokens": cfg.max_new_tokens,
-                     "engine": "transformers (greedy)", "metric": "flexible (strict also given)"},
-        "num_layers": L,
-        "target_language": TARGET,
-        "questions_per_language": n,
-        "default_plan": points[2].name,
-        "best_plan": {"name": best.name, "chosen_on": f"{TARGET} questions 0-{half - 1} (dev)",
-                      "heldout": f"{TARGET} questions {half}-{n - 1}",
-                      "dev": models[best.name]["dev_" + TARGET], "heldout_acc": models[best.name]["heldout_" + TARGET]},
-        "summary_target_language": summary,
-        "floors": floors,
-        "paired_on_target_language": comparisons,
-        "tolerance": "a rebuild matches when every summary accuracy is within max(0.03, 3 SE) of these",
-        "models": models,
-    }
-    out.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    lines = [f"| model | {TARGET} flexible ± SE | {TARGET} strict | en flexible ± SE | en strict |", "|---|---|---|---|---|"]
-    for name, m in models.items():
-        cells = [f"{100 * m[lang]['flexible']:.1f} ± {100 * m[lang]['se']:.1f} | {100 * m[lang]['strict']:.1f}"
-                 for lang in (TARGET, "en")]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(res.table_text())
-    print(f"\n{TARGET} accuracy (flexible) ± SE, n={n}:")
-    for k, v in summary.items():
-        print(f"  {k:<16} {100 * v['flexible']:5.1f}% ± {100 * v['se']:.1f}")
-    print(f"best plan (chosen on dev half): {best.name}; held-out half {100 * result['best_plan']['heldout_acc']:.1f}%")
-    print(f"wrote {out} in {time.time() - t0:.0f}s")
     wb.close()
+    gold = {lang: [it.answer for it in mgsm.load(lang, cfg.source)][: args.limit] for lang in (TARGET, "en")}
+    models, outputs = {}, {}
+    for res in runs:
+        for row in res.rows:
+            entry = models.setdefault(row.name, {"kind": row.kind, "recipe": row.recipe,
+                                                 "layer_weights_lang": row.layer_weights})
+            for lang in res.config.langs:
+                qs = row_results(row, lang)
+                c = [r.flexible_correct for r in qs]
+                entry[lang] = {**accuracy(c), "strict": round(sum(r.strict_correct for r in qs) / len(qs), 4),
+                               "answer_prior": answer_prior([r.flexible for r in qs], gold[lang])}
+                outputs.setdefault(row.name, {})[lang] = {
+                    "output": [r.output for r in qs], "flexible": [r.flexible for r in qs],
+                    "correct": "".join("1" if x else "0" for x in c)}
+    rec_name = points[4].name
+    rc = [ch == "1" for ch in outputs[rec_name][TARGET]["correct"]]
+    comparisons = {name: paired(rc, [ch == "1" for ch in o[TARGET]["correct"]])
+                   for name, o in outputs.items() if name != rec_name}
+    floors = question_floors(mgsm.load(TARGET, cfg.source)[: args.limit])
+    floors.update({f"answer prior of the {name}": m[TARGET]["answer_prior"] for name, m in models.items()})
+    rec_acc = models[rec_name][TARGET]["acc"]
+    must_beat = ["math expert", "language expert", "soup 50/50", "TIES (density 0.2)"]
+    targets = {f"beats {n} by >= {TARGET_SE:g} SE (paired)": comparisons[n]["z"] is not None
+               and comparisons[n]["z"] >= TARGET_SE for n in must_beat}
+    targets[f"beats every floor by >= {100 * FLOOR_MARGIN:g} points"] = rec_acc >= max(floors.values()) + FLOOR_MARGIN
+    targets[f"math expert >= {100 * MATH_EN_MIN:g} % in English"] = models["math expert"]["en"]["acc"] >= MATH_EN_MIN
+    plan_json = {**{k: getattr(rec, k) for k in PLAN_FIELDS}, "name": best.name,
+                 "chosen_on": f"mgsm/dev/mgsm_{TARGET}.tsv ({len(next(iter(dev.values()))['correct'])} questions)",
+                 "dev_accuracy": dev[best.name]["acc"]}
+    result = {
+        "generated_by": "scripts/eval_demo.py", "date": time.strftime("%Y-%m-%d"),
+        "seconds": round(time.time() - t0), "pair": args.pair or "localised",
+        "english_measured_for": sorted(n for n, m in models.items() if "en" in m),
+        "protocol": {"mode": cfg.mode, "shots": cfg.shots, "max_new_tokens": MAX_NEW_TOKENS,
+                     "engine": "transformers (greedy)", "metric": "flexible (strict also given)"},
+        "num_layers": L, "target_language": TARGET, "questions_per_language": len(gold[TARGET]),
+        "recommended_plan": plan_json, "recommended_name": rec_name, "dev_grid": dev,
+        "floors_target_language": floors, "paired_recommended_minus": comparisons,
+        "targets": targets, "targets_met": all(targets.values()),
+        "tolerance": "a rebuild matches when every test accuracy is within max(0.03, 3 SE) of these",
+        "models": models, "gold": gold, "outputs": outputs,
+    }
+    out.write_text(json.dumps(result, ensure_ascii=False, separators=(",", ":")) + "\n")
+    if not args.pair:
+        (demo / "recommended_plan.json").write_text(json.dumps(plan_json, indent=1) + "\n")
+    for res in runs:
+        print(res.table_text())
+    print(f"recommended plan (dev {100 * dev[best.name]['acc']:.1f}%): {best.name}")
+    for name, c in comparisons.items():
+        print(f"  recommended - {name:<45} {100 * c['diff']:+6.1f} ± {100 * c['se']:.1f} (z {c['z']})")
+    print(f"targets: {targets}")
+    if not args.no_card and not args.pair:
+        import demo_card
+
+        demo_card.write_card(demo)
+    print(f"wrote {out} in {time.time() - t0:.0f}s")
     return 0
 
 

@@ -186,7 +186,7 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         v.refs, v.force = refs, bool(force)
         report = self._models_md(wb) + f"\n\nLoaded in {time.perf_counter() - t0:.1f} s."
         L = wb.num_layers
-        p = default_plan(L)
+        p = self.plan0 if refs == self.key else default_plan(L)  # the default models' own plan, else the literature's
         return [v, report] + [gr.update(maximum=L, value=x) for x in (p.b, p.u, p.tb, p.tu)]
 
     def preview(self, v: Visitor | None, *values):

@@ -1,0 +1,79 @@
+"""Ablation experts of the demo organism, built on demand (``build_demo_experts.py --ablation-experts``), not shipped.
+
+Layout under ``<out>/ablation/`` (``index.json`` lists every entry with how it was made):
+
+  math_step{N}/, lang_step{N}/   the localised experts' checkpoints part-way through training (same run)
+  math_lr{x}/, lang_lr{x}/       the localised experts retrained with lr scaled by x
+  math_lora/, lang_lora/         PEFT LoRA adapters (rank 8) on the same layer ranges (layerswap merges
+                                 an adapter into its base itself; ``adapter_config.json`` points at ../../base)
+  seed{S}/base, seed{S}/math, seed{S}/lang   a second base pretrained from another seed, with its own experts
+
+Sweep files refer to these paths relative to the organism folder (e.g. ``ablation/math_step250``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+
+def build_ablations(B, R, base, tok, data: dict, out: str, seed: int, log, steps=(0.25, 0.5, 0.75),
+                    lr_scales=(0.3, 3.0), other_seed: int | None = None) -> dict:
+    """Train and save every ablation expert; returns the index written to ``ablation/index.json``.
+
+    `B` is the build module (its training functions), `R` its Recipe, `data` its prepared examples.
+    """
+    root = os.path.join(out, "ablation")
+    index: dict = {}
+
+    def save(m, name: str, what: str) -> None:
+        B.save_model(m, tok, os.path.join(root, name))
+        index[name] = what
+
+    for role in ("math", "lang"):
+        total = R.math_steps if role == "math" else R.lang_steps
+        at = sorted({max(1, int(total * f)) for f in steps})
+        m = copy.deepcopy(base)
+        B.train_expert(R, m, role, data, seed, localised=True, log=log,
+                       on_step=lambda s, mm, role=role, at=at, total=total: s in at and save(
+                           mm, f"{role}_step{s}", f"localised {role} expert after {s} of {total} steps"))
+        for x in lr_scales:
+            m = copy.deepcopy(base)
+            B.train_expert(R, m, role, data, seed, localised=True, log=log, lr_scale=x)
+            save(m, f"{role}_lr{x:g}", f"localised {role} expert, lr x {x:g}")
+        save_lora(B, R, base, tok, role, data, seed, os.path.join(root, f"{role}_lora"), log)
+        index[f"{role}_lora"] = f"LoRA rank 8 on the {role} expert's layer range (PEFT adapter of ../../base)"
+    if other_seed is not None:
+        b2 = B.make_model(R, tok, other_seed)
+        B.train(b2, R.base_steps, R.base_lr, other_seed, rows=data["base_rows"], bs=R.base_bs, wd=0.01, warmup=50,
+                log=log)
+        save(b2, f"seed{other_seed}/base", f"second base, seed {other_seed}")
+        for role in ("math", "lang"):
+            m = copy.deepcopy(b2)
+            B.train_expert(R, m, role, data, other_seed, localised=True, log=log)
+            save(m, f"seed{other_seed}/{role}", f"localised {role} expert of the seed-{other_seed} base")
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "index.json"), "w") as f:
+        json.dump(index, f, indent=1)
+    return index
+
+
+def save_lora(B, R, base, tok, role: str, data: dict, seed: int, path: str, log, rank: int = 8) -> None:
+    """Train a LoRA adapter on `role`'s layers only and save it as a PEFT adapter folder."""
+    from peft import LoraConfig, get_peft_model
+
+    layers = [i for i in range(R.layers) if (R.math_lo <= i < R.math_hi) == (role == "math")]
+    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, layers_to_transform=layers,
+                     target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    pm = get_peft_model(copy.deepcopy(base), cfg)
+    B.train_expert(R, pm, role, data, seed, localised=False, log=log, lr_scale=3.0,
+                   trainable=lambda n: "lora_" in n)
+    pm.save_pretrained(path)
+    tok.save_pretrained(path)
+    cfg_path = os.path.join(path, "adapter_config.json")
+    with open(cfg_path) as f:
+        c = json.load(f)
+    c["base_model_name_or_path"] = os.path.join("..", "..", "base")
+    with open(cfg_path, "w") as f:
+        json.dump(c, f, indent=1)

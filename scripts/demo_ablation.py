@@ -7,6 +7,9 @@ Layout under ``<out>/ablation/`` (``index.json`` lists every entry with how it w
   math_lora/, lang_lora/         PEFT LoRA adapters (rank 8) on the same layer ranges (layerswap merges
                                  an adapter into its base itself; ``adapter_config.json`` points at ../../base)
   seed{S}/base, seed{S}/math, seed{S}/lang   a second base pretrained from another seed, with its own experts
+  other_shape/                   an untrained model of another shape (6 layers), for the "refused" case
+
+assets/sweeps/4-6 name these folders (``../demo/ablation/math_step125`` ...); keep the two in step.
 
 Sweep files refer to these paths relative to the organism folder (e.g. ``ablation/math_step250``).
 """
@@ -53,6 +56,10 @@ def build_ablations(B, R, base, tok, data: dict, out: str, seed: int, log, steps
             m = copy.deepcopy(b2)
             B.train_expert(R, m, role, data, other_seed, localised=True, log=log)
             save(m, f"seed{other_seed}/{role}", f"localised {role} expert of the seed-{other_seed} base")
+    from layerswap.demo import make_tiny_llama
+
+    make_tiny_llama(os.path.join(root, "other_shape"), layers=6, hidden=64, heads=1, seed=seed + 7, tokenizer=tok)
+    index["other_shape"] = "untrained, 6 layers: another shape, so merging it with the organism is refused"
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, "index.json"), "w") as f:
         json.dump(index, f, indent=1)

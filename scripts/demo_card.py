@@ -208,7 +208,11 @@ def _unlocalised(demo: Path) -> list[str]:
             f"Measured the same way (`eval_demo.py --pair unlocalised`, its own dev choice: {res['recommended_name']}):",
             "", *results_table(res), "",
             f"Math expert {pct(m['math expert']['en']['acc'])} % in English and {pct(m['math expert'][t]['acc'])} % "
-            f"in Kovani; best dev plan {pct(m[res['recommended_name']][t]['acc'])} % in Kovani.", ""]
+            f"in Kovani; best dev plan {pct(m[res['recommended_name']][t]['acc'])} % in Kovani. Its math expert changed "
+            "every layer and the embeddings (profile above), so no block of its layers can be replaced by the "
+            "language expert's without losing the math: the swap that works for the localised pair has nothing to "
+            "compose here. (Its language expert, although every tensor was trainable, changed only the embeddings "
+            "and the layers below the alignment point: its loss does not reach the layers above.)", ""]
 
 
 if __name__ == "__main__":

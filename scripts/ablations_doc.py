@@ -52,7 +52,7 @@ def main() -> int:
         try:
             rows = sweep_results(spec, args.results)
         except UserError as e:
-            parts.append(f"Not run here: {e}\n")
+            parts.append(f"Not run here: {str(e).replace(str(REPO) + '/', '')}\n")
             continue
         if not rows:
             parts.append("No records of this sweep for these models in the results file (the experts' fingerprints "

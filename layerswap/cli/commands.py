@@ -321,7 +321,7 @@ def cmd_sweep(args) -> int:
         csv_out.append(out)
         out = None
     inputs = [ref for es in spec.expert_sets for ref in (es.math, es.lang, es.base)] + [t.path for t in spec.test_sets]
-    _check_files([out, *csv_out, args.html, args.plot], extra=tuple(inputs))  # before any point runs
+    _check_files([out, *csv_out, args.html, *(args.plot or [])], extra=tuple(inputs))  # before any point runs
     n = len(spec.points)
     print(f"{spec.name}: {n} recipe{'s' if n != 1 else ''} x {len(spec.expert_sets)} expert set(s) x "
           f"{len(spec.test_sets)} test set(s); MGSM {spec.eval.get('mode', 'native_cot')}, "

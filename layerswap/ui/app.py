@@ -152,7 +152,10 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         """Page open: this tab's own state; plan, tab and models restored from the URL if it has them."""
         v = self.visitor(v, request)
         params = dict(request.query_params) if request is not None else {}
-        refs = tuple(self.policy.check_ref(params.get(k, "")) for k in ("base", "math", "lang"))
+        try:
+            refs = tuple(self.policy.check_ref(params.get(k, "")) for k in ("base", "math", "lang"))
+        except UserError:  # a link naming models this server does not open: the defaults stay
+            refs = ("", "", "")
         if refs[1] and refs[2]:
             v.refs = refs  # loaded by the view that follows
         updates, tab = restore(params)

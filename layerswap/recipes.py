@@ -94,10 +94,7 @@ class Recipe:
         """From ``{method: NAME | {name: NAME, PARAM: VALUE...}, plan: {...}}``; unknown keys are refused."""
         if not isinstance(d, dict):
             raise UserError(f"{where}: a recipe is a mapping with 'method' and/or 'plan' (got {type(d).__name__}).")
-        extra = sorted(set(d) - {"method", "plan"})
-        if extra:
-            raise UserError(f"{where}: unknown key{'s' if len(extra) > 1 else ''} {', '.join(extra)}; "
-                            "a recipe has 'method' and 'plan'.")
+        refuse_unknown(d, ("method", "plan"), where, "a recipe has 'method' and 'plan'")
         method = _method_from(d.get("method", "layer_swap"), where)
         plan = None
         if d.get("plan") is not None:
@@ -220,13 +217,17 @@ def _method_from(m: Any, where: str) -> MethodConfig:
     return mc
 
 
+def refuse_unknown(d: dict, allowed, where: str, has: str, kind: str = "key") -> None:
+    """UserError naming the keys of `d` outside `allowed`, and what the mapping has (`has`)."""
+    extra = sorted(set(d) - set(allowed))
+    if extra:
+        raise UserError(f"{where}: unknown {kind}{'s' if len(extra) > 1 else ''} {', '.join(extra)}; {has}.")
+
+
 def _plan_from(p: Any, where: str) -> Plan:
     if not isinstance(p, dict):
         raise UserError(f"{where}: plan is a mapping of {', '.join(PLAN_KEYS)}.")
-    extra = sorted(set(p) - set(PLAN_KEYS))
-    if extra:
-        raise UserError(f"{where}: unknown plan key{'s' if len(extra) > 1 else ''} {', '.join(extra)}; "
-                        f"a plan has {', '.join(PLAN_KEYS)}.")
+    refuse_unknown(p, PLAN_KEYS, where, f"a plan has {', '.join(PLAN_KEYS)}", kind="plan key")
     for key in ("b", "u", "tb", "tu", "k", "seed", "offset"):
         if key in p and (not isinstance(p[key], int) or isinstance(p[key], bool)):
             raise UserError(f"{where}: plan {key} is a whole number (got {p[key]!r}).")

@@ -32,7 +32,7 @@ from .errors import UserError
 from .evaluation import EvalConfig
 from .hub import looks_like_hub_id
 from .methods import METHODS
-from .recipes import PLAN_KEYS, Recipe, read_data_file
+from .recipes import PLAN_KEYS, Recipe, read_data_file, refuse_unknown
 
 TOP_KEYS = ("name", "experts", "expert_sets", "recipes", "grid", "test_sets", "langs", "eval", "engine",
             "include_experts", "stats", "build")
@@ -124,10 +124,7 @@ def spec_from_dict(d: Any, folder: Path | None = None, path: Path | None = None)
     where = str(path) if path else "sweep"
     if not isinstance(d, dict):
         raise UserError(f"{where}: a sweep file is a mapping with experts, recipes or grid, and test_sets.")
-    extra = sorted(set(d) - set(TOP_KEYS))
-    if extra:
-        raise UserError(f"{where}: unknown key{'s' if len(extra) > 1 else ''} {', '.join(extra)}; "
-                        f"a sweep file has {', '.join(TOP_KEYS)}.")
+    refuse_unknown(d, TOP_KEYS, where, f"a sweep file has {', '.join(TOP_KEYS)}")
     folder = folder or Path.cwd()
     sets = _expert_sets(d, folder, where)
     points = _points(d, where)
@@ -279,9 +276,7 @@ def _test_sets(d: dict, folder: Path, where: str) -> list[TestSet]:
 def _mapping(m: Any, keys: tuple[str, ...], what: str) -> dict:
     if not isinstance(m, dict):
         raise UserError(f"{what} is a mapping of {', '.join(keys)}.")
-    extra = sorted(set(m) - set(keys))
-    if extra:
-        raise UserError(f"{what}: unknown key{'s' if len(extra) > 1 else ''} {', '.join(extra)}; it has {', '.join(keys)}.")
+    refuse_unknown(m, keys, what, f"it has {', '.join(keys)}")
     return dict(m)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -157,9 +158,21 @@ def demo_refs() -> tuple[dict[str, str], str, str, "Plan | None"]:
         return {r: str(p) for r, p in paths.items()}, label, "", None
     refs = {r: f"{ASSETS_PREFIX}demo/{r}" for r in paths}
     try:
-        return refs, label, organism_summary() + " See assets/demo/README.md.", recommended_plan()
+        return refs, label, organism_summary() + " The card is one click below.", recommended_plan()
     except UserError:  # not measured yet: the page opens on the default plan
         return refs, label, "", None
+
+
+def card_markdown(demo: str | os.PathLike | None = None) -> str:
+    """The organism's card (``README.md``) for the page: links to repository files become plain names (the
+    page cannot serve them); on a Space, a link to the card's file on the Hub comes first."""
+    text = (Path(demo or assets_dir() / "demo") / "README.md").read_text()
+    text = re.sub(r"^---\n.*?\n---\n", "", text, flags=re.S)  # front matter, if any
+    text = re.sub(r"\[([^\]]+)\]\((?!https?:)[^)]*\)", r"\1", text)
+    space = os.environ.get("SPACE_ID", "")
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", space):
+        text = f"[This card on the Hub](https://huggingface.co/spaces/{space}/blob/main/assets/demo/README.md)\n\n" + text
+    return text
 
 
 def demo_mgsm_dir() -> Path | None:

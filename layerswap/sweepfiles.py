@@ -37,7 +37,7 @@ from .recipes import PLAN_KEYS, Recipe, read_data_file, refuse_unknown
 TOP_KEYS = ("name", "experts", "expert_sets", "recipes", "grid", "test_sets", "langs", "eval", "engine",
             "include_experts", "stats", "build")
 EVAL_KEYS = ("limit", "shots", "mode", "max_new_tokens")
-ENGINE_KEYS = ("engine", "device", "serving", "batch_size", "chat_template", "max_model_len")
+ENGINE_KEYS = ("engine", "device", "serving", "batch_size", "chat_template", "max_model_len", "tensor_parallel_size")
 
 
 @dataclass(frozen=True)

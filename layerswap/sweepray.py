@@ -53,10 +53,11 @@ def _jobs(units) -> list[list]:
 
 
 def run_sweep_ray(spec: SweepSpec | str | Path, out: str | Path, actors: int = 2, progress: Progress | None = None,
-                  cancel: threading.Event | None = None, *, gpus_per_actor: float = 0.0, cpus_per_actor: float = 1.0,
-                  threads: int | None = None, address: str | None = None) -> SweepRun:
+                  cancel: threading.Event | None = None, *, gpus_per_actor: float | None = None,
+                  cpus_per_actor: float = 1.0, threads: int | None = None, address: str | None = None) -> SweepRun:
     """`run_sweep` with `actors` Ray actors (a local cluster is started, and stopped afterwards, unless one
-    is running or `address` names one). `cancel` stops handing out jobs; running ones finish and are kept."""
+    is running or `address` names one). `cancel` stops handing out jobs; running ones finish and are kept.
+    `gpus_per_actor` defaults to the sweep's ``engine: tensor_parallel_size`` when that is above 1, else 0."""
     try:
         import ray
     except ImportError:
@@ -65,6 +66,11 @@ def run_sweep_ray(spec: SweepSpec | str | Path, out: str | Path, actors: int = 2
         raise UserError("A Ray sweep needs at least one actor.")
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
     spec.check_experts()
+    tp = int(spec.engine.get("tensor_parallel_size") or 1)
+    gpus_per_actor = (tp if tp > 1 else 0.0) if gpus_per_actor is None else gpus_per_actor
+    if tp > 1 and gpus_per_actor < tp:
+        raise UserError(f"Each actor's vLLM engine spans tensor_parallel_size={tp} GPUs: give each actor {tp} GPUs "
+                        f"(--ray-gpus {tp}), not {gpus_per_actor:g}.")
     p = progress or no_progress
     started = False
     if not ray.is_initialized():

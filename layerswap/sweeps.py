@@ -294,7 +294,9 @@ def _workbench(spec: SweepSpec):
 
     e = spec.engine
     return Workbench(device=e.get("device", "auto"), batch_size=int(e.get("batch_size", 8)), engine=e.get("engine"),
-                     serving=e.get("serving", "auto"), vllm=VLLMSettings(max_model_len=e.get("max_model_len")),
+                     serving=e.get("serving", "auto"),
+                     vllm=VLLMSettings(max_model_len=e.get("max_model_len"),
+                                       tensor_parallel_size=int(e.get("tensor_parallel_size") or 1)),
                      chat_template=bool(e.get("chat_template", False)))
 
 

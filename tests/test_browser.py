@@ -41,6 +41,8 @@ def test_first_visit_every_tab_works(browser, app_url):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(app_url, wait_until="load")
     expect(page.locator("#demo-label")).to_contain_text("demo")
+    page.locator("#organism-card").get_by_text("The demo organism's card").click()  # the card, one click away
+    expect(page.locator("#organism-card")).to_contain_text("What it shows")
     page.locator("#ask").click()  # question 0 of the preselected Kovani set
     first = mgsm.load("xx", DEMO_MGSM)[0].question
     expect(page.locator("#prompt")).to_contain_text(f"Sorvi: {first[:30]}", timeout=180_000)

@@ -130,6 +130,19 @@ def test_every_command_shares_device_and_engine_options(capsys):
         assert args.device == "auto", cmd
     args = p.parse_args(["ask", *models, "--engine", "vllm", "--serving", "one", "--max-model-len", "512"])
     assert (args.engine, args.serving, args.max_model_len) == ("vllm", "one", 512)
+    for cmd in ("ask", "eval", "sweep", "app"):  # GPUs per vLLM engine, for experts too big for one
+        rest = cases[cmd]
+        assert p.parse_args([cmd, *rest, "--tensor-parallel-size", "2"]).tensor_parallel_size == 2, cmd
+
+
+def test_tensor_parallel_reaches_the_vllm_engine(vllm_trio, capsys):
+    """--tensor-parallel-size is handed to vLLM: on this CPU machine it is refused before an engine starts."""
+    from tests.helpers import vllm_or_skip
+
+    vllm_or_skip()
+    assert cli(["ask", "--math", str(vllm_trio["math"]), "--lang", str(vllm_trio["lang"]), "--question", "2 + 2?",
+                "--engine", "vllm", "--device", "cpu", "--tensor-parallel-size", "2"]) == 2
+    assert "tensor_parallel_size 2 splits a model over 2 GPUs" in capsys.readouterr().err
 
 
 def test_app_command_is_app_py(capsys):

@@ -42,3 +42,28 @@ def test_running_engines_count_as_available(vllm_trio):
     tight = int(1.5 * per / 0.9)  # one more engine fits, not three
     assert plan_serving(ck, "auto", s, "cpu", available=tight).mode == "one"
     assert plan_serving(ck, "auto", s, "cpu", available=tight, running=2).mode == "three"
+
+
+def test_tensor_parallel_splits_each_engine_over_its_gpus(vllm_trio):
+    """tensor_parallel_size N: each of an engine's N GPUs holds 1/N of its weights and minimum cache."""
+    ck = Checkpoint.open(vllm_trio["math"])
+    one = estimate(ck, 3, VLLMSettings(), "cuda", available=80 * GiB)
+    two = estimate(ck, 3, VLLMSettings(tensor_parallel_size=2), "cuda", available=80 * GiB)
+    assert two.weights_bytes == one.weights_bytes // 2 and two.kv_bytes == one.kv_bytes // 2
+    cpu = estimate(ck, 3, VLLMSettings(tensor_parallel_size=2, kv_cache_gib=0.5), "cpu", available=80 * GiB)
+    assert cpu.weights_bytes == one.weights_bytes  # no GPUs to split over: refused when the engine starts
+
+
+def test_tensor_parallel_is_refused_before_an_engine_starts():
+    from layerswap.engines.vllm_engine import EngineStartError, check_tensor_parallel
+
+    check_tensor_parallel(1, "cpu")
+    with pytest.raises(EngineStartError, match="splits a model over 2 GPUs.*Use 1"):
+        check_tensor_parallel(2, "cpu")
+    with pytest.raises(EngineStartError, match="must be 1 or more"):
+        check_tensor_parallel(0, "cuda")
+    import torch
+
+    if torch.cuda.device_count() < 64:
+        with pytest.raises(EngineStartError, match="needs 64 GPUs"):
+            check_tensor_parallel(64, "cuda")

@@ -33,3 +33,18 @@ def test_two_actors_give_the_sequential_results(tmp_path, trio):
     assert strip(ray_rows) == strip(seq_rows)
     again = run_sweep_ray(f, tmp_path / "ray.jsonl", actors=2, threads=1)  # resumes like the sequential runner
     assert again.ran == 0
+
+
+def test_actors_get_the_gpus_their_tensor_parallel_engines_span(tmp_path, trio):
+    """A sweep whose engine spans 2 GPUs refuses actors with fewer, before any Ray cluster starts."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install ray")
+    from layerswap import UserError
+    from layerswap.sweepray import run_sweep_ray
+
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({
+        "experts": {"math": str(trio["math"]), "lang": str(trio["lang"])}, "recipes": [{"name": "soup", "method": "soup"}],
+        "test_sets": [{"path": str(DEMO_MGSM), "langs": ["xx"]}], "engine": {"engine": "vllm", "tensor_parallel_size": 2}}))
+    with pytest.raises(UserError, match="spans tensor_parallel_size=2 GPUs.*--ray-gpus 2"):
+        run_sweep_ray(f, tmp_path / "r.jsonl", actors=2, gpus_per_actor=1)
+    assert not (tmp_path / "r.jsonl").exists()

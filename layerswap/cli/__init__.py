@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "A .csv name writes the table instead and keeps no results file")
     s.add_argument("--ray", type=int, metavar="N", help="run points in parallel on N Ray actors (pip install ray); "
                                                        "needs -o RESULTS.jsonl")
-    s.add_argument("--ray-gpus", type=float, default=0.0, metavar="G", help="GPUs per Ray actor (default 0)")
+    s.add_argument("--ray-gpus", type=float, default=None, metavar="G",
+                   help="GPUs per Ray actor (default: the engine's tensor-parallel size when above 1, else 0)")
     s.add_argument("--csv", action="append", help="the results table as CSV")
     s.add_argument("--html", help="a self-contained HTML page: table, statistics and figures")
     s.add_argument("--plot", action="append", help="figures (.html or .png): heatmap over (b, u), curves, bars; "

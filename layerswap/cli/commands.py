@@ -201,7 +201,7 @@ def _workbench(args, chat_template: bool | None = False):
     from ..workbench import Workbench
 
     return Workbench(device=args.device, engine=args.engine, serving=args.serving,
-                     vllm=VLLMSettings(max_model_len=args.max_model_len),
+                     vllm=VLLMSettings(max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size),
                      chat_template=True if args.chat_template else chat_template)
 
 
@@ -244,7 +244,8 @@ def cmd_eval(args) -> int:
     prov = _card_target(args)
     if args.model:
         engine, note = open_engine(args.model, engine=args.engine, device=args.device,
-                                   settings=VLLMSettings(max_model_len=args.max_model_len),
+                                   settings=VLLMSettings(max_model_len=args.max_model_len,
+                                                         tensor_parallel_size=args.tensor_parallel_size),
                                    use_chat_template=bool(args.chat_template))
         engines = {Path(args.model).name or args.model: engine}
     else:
@@ -295,7 +296,8 @@ def _sweep_spec(args):
         points=points, test_sets=[TestSet(Path(cfg.source).name if cfg.source else "mgsm", cfg.source, tuple(cfg.langs))],
         eval={"limit": cfg.limit, "shots": cfg.shots, "mode": cfg.mode, "max_new_tokens": cfg.max_new_tokens},
         engine={"engine": args.engine, "device": args.device, "serving": args.serving,
-                "chat_template": bool(args.chat_template), "max_model_len": args.max_model_len},
+                "chat_template": bool(args.chat_template), "max_model_len": args.max_model_len,
+                "tensor_parallel_size": args.tensor_parallel_size},
         include_experts=not args.no_experts)
 
 
@@ -310,9 +312,11 @@ def cmd_sweep(args) -> int:
             raise UserError(f"{args.file} names the experts; drop --{', --'.join(given)} (or use the flag form "
                             "without a file).")
         spec = with_eval(load_spec(args.file), limit=args.limit)
-        if args.engine is not None or args.device != "auto":  # the machine, not the sweep: flags win
+        if args.engine is not None or args.device != "auto" or args.tensor_parallel_size != 1:  # the machine: flags win
             spec.engine = {**spec.engine, **({"engine": args.engine} if args.engine else {}),
-                           **({"device": args.device} if args.device != "auto" else {})}
+                           **({"device": args.device} if args.device != "auto" else {}),
+                           **({"tensor_parallel_size": args.tensor_parallel_size}
+                              if args.tensor_parallel_size != 1 else {})}
     else:
         spec = _sweep_spec(args)
     out = args.out

@@ -128,6 +128,8 @@ def engine_options(p: argparse.ArgumentParser) -> None:
                    help="with --math/--lang on vLLM: three engines, or one engine with weights swapped per model "
                         "(auto: three when they fit in memory)")
     g.add_argument("--max-model-len", type=int, help="vLLM context length (default: model's, at most 4096)")
+    g.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="vLLM on GPUs: split each engine over N GPUs, for experts that do not fit on one (default 1)")
     g.add_argument("--device", default="auto", help=f"transformers engine and merges: {DEVICE_HELP}")
     g.add_argument("--chat-template", action="store_true",
                    help="wrap prompts in the tokenizer's chat template (default: plain prompts, as lm-eval)")

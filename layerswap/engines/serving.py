@@ -11,6 +11,8 @@ either returns per-engine settings or raises a `UserError` that says what to cha
   (a fraction of *total* memory, which is how vLLM reads it).
 - CPU: the KV cache per engine is ``VLLM_CPU_KVCACHE_SPACE`` GiB when set, else 1 GiB (at least
   one full-length sequence), passed as ``kv_cache_memory_bytes``.
+- ``tensor_parallel_size`` N > 1 (GPU only): each engine spans N GPUs, each holding 1/N of its weights
+  and cache; the least free of those GPUs is what is compared.
 """
 
 from __future__ import annotations
@@ -69,13 +71,12 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-def available_memory(device: str) -> int:
-    """Free GPU memory (CUDA) or available RAM (CPU backend), in bytes."""
+def available_memory(device: str, gpus: int = 1) -> int:
+    """Free GPU memory (CUDA; the least free of the first `gpus` GPUs) or available RAM (CPU backend), in bytes."""
     if device != "cpu":
         import torch
 
-        free, _total = torch.cuda.mem_get_info()
-        return int(free)
+        return int(min(torch.cuda.mem_get_info(i)[0] for i in range(max(1, gpus))))
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -107,16 +108,18 @@ def kv_bytes_per_token(ck: Checkpoint, dtype: str) -> int:
 
 def estimate(ck: Checkpoint, engines: int, settings: VLLMSettings, device: str,
              available: int | None = None) -> MemoryEstimate:
+    """Memory per device: with tensor parallelism each of the engine's GPUs holds 1/tp of weights and cache."""
     dtype = settings.engine_dtype(ck.config, device)
+    tp = max(1, settings.tensor_parallel_size) if device != "cpu" else 1
     params = sum(t.numel for t in ck.tensors.values())
-    weights = params * DTYPE_BYTES.get(dtype, 2)
+    weights = params * DTYPE_BYTES.get(dtype, 2) / tp
     max_len = settings.context_length(ck.config)
-    min_kv = kv_bytes_per_token(ck, dtype) * max_len  # vLLM refuses to start without one full sequence
+    min_kv = kv_bytes_per_token(ck, dtype) * max_len / tp  # vLLM refuses to start without one full sequence
     if device == "cpu":
         kv = max(int(settings.cpu_kv_cache_gib() * GiB), min_kv)
     else:
         kv = min_kv
-    avail = available_memory(device) if available is None else available
+    avail = available_memory(device, tp) if available is None else available
     return MemoryEstimate(device, engines, int(weights), int(kv), int(OVERHEAD.get(device, OVERHEAD["cuda"])), avail)
 
 
@@ -156,7 +159,7 @@ def plan_serving(ck: Checkpoint, serving: str = "auto", settings: VLLMSettings |
     else:
         import torch
 
-        total = torch.cuda.mem_get_info()[1]
+        total = torch.cuda.mem_get_info(0)[1]
         share = USABLE_FRACTION * est.available_bytes / est.engines / total
         settings = dataclasses.replace(settings, gpu_memory_utilization=round(min(share, 0.92), 3))
     return ServingPlan(mode, settings, est, note)

@@ -47,6 +47,7 @@ class VLLMSettings:
     enforce_eager: bool = True  # no CUDA graphs / torch.compile: much faster start
     chunk_size: int = 64  # prompts per generate call: how often progress is reported and cancel is checked
     seed: int = 0
+    tensor_parallel_size: int = 1  # GPUs per engine, for models that do not fit on one
 
     def engine_dtype(self, config: dict, device: str) -> str:
         """The dtype the engine serves a model of `config` in on `device`."""
@@ -107,6 +108,22 @@ def preflight(config: dict, device: str) -> None:
                                "Use the transformers engine for it (--engine transformers).")
 
 
+def check_tensor_parallel(tp: int, device: str) -> None:
+    """Refuse, before an engine starts, a tensor-parallel size the machine cannot give."""
+    if tp < 1:
+        raise EngineStartError(f"tensor_parallel_size must be 1 or more, not {tp}.")
+    if tp == 1:
+        return
+    if device == "cpu":
+        raise EngineStartError(f"tensor_parallel_size {tp} splits a model over {tp} GPUs; vLLM runs on the CPU here. "
+                               "Use 1 (the default) on CPU.")
+    import torch
+
+    if torch.cuda.device_count() < tp:
+        raise EngineStartError(f"tensor_parallel_size {tp} needs {tp} GPUs; this machine shows "
+                               f"{torch.cuda.device_count()}. Lower it or use a machine with more GPUs.")
+
+
 def _one_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     return (lines[-1] if lines else type(e).__name__)[:400]
@@ -163,6 +180,7 @@ class VLLMEngine(TokenizingEngine):
         self.device = vllm_device()
         config = json.loads((path / "config.json").read_text())
         preflight(config, self.device)
+        check_tensor_parallel(self.settings.tensor_parallel_size, self.device)
         self.signature = _model_signature(path)
         self.max_model_len = self.settings.context_length(config)
         kw: dict = dict(dtype=self.settings.engine_dtype(config, self.device), max_model_len=self.max_model_len,
@@ -172,6 +190,8 @@ class VLLMEngine(TokenizingEngine):
             kw["kv_cache_memory_bytes"] = int(self.settings.cpu_kv_cache_gib() * 2**30)
         elif self.settings.gpu_memory_utilization:
             kw["gpu_memory_utilization"] = self.settings.gpu_memory_utilization
+        if self.settings.tensor_parallel_size > 1:  # worker processes on this node (also inside a Ray actor)
+            kw.update(tensor_parallel_size=self.settings.tensor_parallel_size, distributed_executor_backend="mp")
         self.llm_kwargs = kw
         from vllm import LLM
 

@@ -21,6 +21,8 @@ import gradio as gr
 
 from .. import mgsm
 from ..card import attach_eval
+from ..demo import card_markdown
+from ..engines import VLLMSettings
 from ..errors import UserError
 from ..hosting import Policy, fetch
 from ..hub import looks_like_hub_id
@@ -57,14 +59,16 @@ class AppDefaults:
     policy: Policy = field(default_factory=Policy)
     capacity: int = 1  # model trios held at once
     gpu: str = "cpu"  # cpu, dedicated or zerogpu (`hosting.gpu_mode`)
+    tensor_parallel_size: int = 1  # vLLM: GPUs per engine
 
 
 class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
     def __init__(self, defaults: AppDefaults, shared: Shared | None = None):
         self.d = defaults
         self.policy = defaults.policy
+        vllm = VLLMSettings(tensor_parallel_size=defaults.tensor_parallel_size)
         self.shared = shared or Shared(lambda: Workbench(device=defaults.device, engine=defaults.engine,
-                                                         serving=defaults.serving), defaults.capacity)
+                                                         serving=defaults.serving, vllm=vllm), defaults.capacity)
         self.presets: dict[str, Preset] = presets()
         self.key = (defaults.base, defaults.math, defaults.lang)
         self.plan0 = defaults.plan or self._default_plan()
@@ -86,11 +90,8 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         except UserError:
             return Plan()
 
-    def _source(self) -> str | None:
-        return self.d.mgsm_dir
-
     def _langs(self) -> list[tuple[str, str]]:
-        src = self._source()
+        src = self.d.mgsm_dir
         langs = mgsm.languages(src)
         return [(f"{langs[c].name} ({c})", c) for c in mgsm.available_languages(src) if c in langs]
 
@@ -105,7 +106,7 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         if not lang:
             return []
         try:
-            items = mgsm.load(lang, self._source())
+            items = mgsm.load(lang, self.d.mgsm_dir)
         except UserError:
             return []
         return [(f"{it.index}: {it.question[:90]}{'…' if len(it.question) > 90 else ''}", it.index) for it in items]
@@ -223,7 +224,7 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         self.shared.cancel_flag(v.sid).clear()
         wb, r = self.built(v, values, progress)
         strip, pmd = self._strip_and_md(wb, r, built=True)
-        src = self._source()
+        src = self.d.mgsm_dir
         if free_text.strip():
             gold, prompt_lang = None, mgsm.get_language(lang, src)
             prompt = mgsm.build_prompt(free_text.strip(), prompt_lang)
@@ -262,7 +263,7 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
                 raise UserError("Give an output folder for the merged model.")
         with self.shared.lock:
             s = wb.export(out, recipe=r, overwrite=overwrite,
-                          protect=tuple(p for p in (self._source(),) if p),
+                          protect=tuple(p for p in (self.d.mgsm_dir,) if p),
                           progress=cancellable(lambda f, d: progress(f, desc=d), flag))
         v.last_export = str(s.out)
         where = EXPORT_NAME if self.policy.hosted else f"`{s.out}`"
@@ -333,6 +334,10 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
             if d.label:
                 gr.Markdown(f"> **Default models: {d.label}.**" + (f" {d.summary}" if d.summary else ""),
                             elem_id="demo-label")
+            if d.summary:
+                with gr.Accordion("The demo organism's card: how it was built, every number, its limits",
+                                  open=False, elem_id="organism-card"):
+                    gr.Markdown(card_markdown())
             if pol.hosted:
                 gr.Markdown(f"> **Hosted mode** ({d.gpu} GPU mode):  models by Hub id (public, no token) or preset only; exports stay "
                             f"in your own temporary folder. Limits: {pol.limits.markdown()}.", elem_id="hosted")
@@ -479,9 +484,7 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
 
 def _answer_md(a: Answer) -> str:
     s = a.scored
-    verdict = ""
-    if a.gold is not None:
-        verdict = " · **correct**" if s.flexible_correct else " · **wrong**"
+    verdict = "" if a.gold is None else " · **correct**" if s.flexible_correct else " · **wrong**"
     out = s.output.strip() or "(empty)"
     return (f"**{a.model}** · {a.engine} · {a.seconds:.1f}s\n\n```\n{out}\n```\n\n"
             f"strict: `{s.strict}` · flexible: `{s.flexible}`{verdict}")

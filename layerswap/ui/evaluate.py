@@ -33,7 +33,7 @@ class EvaluateTab:
         if not roles:
             raise UserError("Choose at least one model to evaluate.")
         cfg = EvalConfig(langs=list(langs or []), limit=int(limit) if limit else None, shots=int(shots), mode=mode,
-                         max_new_tokens=int(max_new), source=self._source())
+                         max_new_tokens=int(max_new), source=self.d.mgsm_dir)
         cfg.validate()
         counts = self._counts()
         self.policy.check_eval(cfg.limit, max((counts.get(c, 0) for c in cfg.langs), default=0))
@@ -72,7 +72,7 @@ class EvaluateTab:
         out = {}
         for _, c in self._langs():
             try:
-                out[c] = len(mgsm.load(c, self._source()))
+                out[c] = len(mgsm.load(c, self.d.mgsm_dir))
             except UserError:
                 pass
         return out

@@ -24,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto (default): vLLM when installed, else transformers")
     p.add_argument("--serving", default=env("LAYERSWAP_SERVING", "auto"), choices=SERVING_CHOICES,
                    help="vLLM: three engines, or one engine with weights swapped per model (auto: by memory)")
+    p.add_argument("--tensor-parallel-size", type=int, default=int(env("LAYERSWAP_TENSOR_PARALLEL_SIZE", "1")),
+                   metavar="N", help="vLLM on GPUs: split each engine over N GPUs, for experts too big for one")
     p.add_argument("--host", default=env("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env("GRADIO_SERVER_PORT", "7860")))
     p.add_argument("--share", action="store_true", help="public gradio.live link (needs internet)")
@@ -54,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
             args.mgsm_dir = str(demo_mgsm_dir())
     defaults = AppDefaults(math=args.math, lang=args.lang, base=args.base or "", label=label, summary=summary,
                            plan=plan, mgsm_dir=args.mgsm_dir, device=args.device, engine=args.engine,
-                           serving=args.serving, policy=policy, capacity=args.max_models, gpu=gpu)
+                           serving=args.serving, policy=policy, capacity=args.max_models, gpu=gpu,
+                           tensor_parallel_size=args.tensor_parallel_size)
     demo, app = create_app(defaults)
     print(f"serving the page now; {'hosted mode, ' if policy.hosted else ''}GPU mode: {gpu}; models load in the "
           "background", flush=True)

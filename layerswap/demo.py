@@ -167,7 +167,7 @@ def card_markdown(demo: str | os.PathLike | None = None) -> str:
     """The organism's card (``README.md``) for the page: links to repository files become plain names (the
     page cannot serve them); on a Space, a link to the card's file on the Hub comes first."""
     text = (Path(demo or assets_dir() / "demo") / "README.md").read_text()
-    text = re.sub(r"^---\n.*?\n---\n", "", text, flags=re.S)  # front matter, if any
+    text = re.sub(r"^---\n.*?\n---\n", "", text, flags=re.S).lstrip()  # front matter, if any
     text = re.sub(r"\[([^\]]+)\]\((?!https?:)[^)]*\)", r"\1", text)
     space = os.environ.get("SPACE_ID", "")
     if re.fullmatch(r"[\w.-]+/[\w.-]+", space):

@@ -158,8 +158,9 @@ def write_card(demo: str | Path) -> Path:
            f"and experts {sorted(info.get('experts_reused_from') or {})} of earlier runs of the same recipe "
            "(`--reuse-base`, `--reuse-experts`); the slow test rebuilds everything from scratch and compares "
            "weights by sha256. " if info.get("base_reused_from") else "") +
-        "The machine was shared with other jobs (load 3–30 on 2 cores), so these times are upper bounds. "
-        "`python scripts/eval_demo.py` then measures it and rewrites this card. Every design tried on the way, with "
+        (f"Measured {info['measured_on']}. " if info.get("measured_on") else "") +
+        "`python3 scripts/dev.py test -m slow` rebuilds it from scratch, checks every weight file by sha256 and "
+        "re-measures it. `python scripts/eval_demo.py` then measures it and rewrites this card. Every design tried on the way, with "
         "its numbers, is in [`DESIGNS.md`](DESIGNS.md).", "",
     ]
     path = demo / "README.md"

@@ -107,6 +107,25 @@ def test_baseline_method_and_mergekit_yaml(client, num_layers):
                        api_name="/export_yaml")
 
 
+def test_revert_layers_to_the_base(client, num_layers):
+    """The Revert box: those layers come from the base (marked B on the strip), in the plan, export and YAML."""
+    base, math, lang = _demo_paths(client)
+    client.predict(base, math, lang, api_name="/load")
+    plan = [1, 0, 0, 0, "flat", 0.5, "neighbour", "swap", "", 2, 0, 0, "all", "layer_swap", 0.5, 1.0, 0.2, 0.9, "1,1"]
+    strip, md, share = client.predict(*plan, "3", api_name="/build")
+    assert "revert 3 to base" in md and "revert=3" in share
+    marks = [t for tr in json.loads(strip["plot"])["data"] for t in (tr.get("text") or [[]])[0]]
+    assert marks.count("B") == 1
+    yml = Path(client.predict(*plan, "3", api_name="/export_yaml")["value"]).read_text()
+    assert "layer_range: [3, 4]" in yml and "base" in yml
+    with pytest.raises(AppError, match=f"revert names layers 0 to {num_layers - 1}"):
+        client.predict(*plan, str(num_layers), api_name="/build")
+    client.predict("", math, lang, api_name="/load")  # no base: reverting is refused with what to do
+    with pytest.raises(AppError, match="base"):
+        client.predict(*plan, "3", api_name="/build")
+    client.predict(base, math, lang, api_name="/load")
+
+
 def test_export_never_touches_inputs(client):
     """The page's Export box with Overwrite: onto, above or inside an input (or the MGSM folder) is refused."""
     from tests.helpers import DEMO

@@ -156,8 +156,9 @@ def test_app_serves_the_organism_by_default(app_url):
     rec = recommended_plan()  # the page opens on the plan chosen on the dev set, and says what it shows
     assert (values["b"], values["u"], values["tb"], values["tu"]) == (rec.b, rec.u, rec.tb, rec.tu)
     assert organism_summary() in values["demo-label"] and "Kovani test set" in values["demo-label"]
-    card = [v for v in values.values() if isinstance(v, str) and v.startswith("# layerswap demo organism")]
-    assert card and "imposed by training, not emergent" in card[0] and "](../../" not in card[0]  # one click away
+    card = values["card-text"]  # the card, one click away (links to repository files shown as names)
+    assert card.startswith("# layerswap demo organism") and "imposed by training, not emergent" in card
+    assert "](../../" not in card
     L = Checkpoint.open(DEMO / "math").num_layers
     report, b, *_ = client.predict(values["base"], values["math"], values["lang"], api_name="/load")
     assert f"compatible: LlamaForCausalLM, {L} layers" in report and b["maximum"] == L

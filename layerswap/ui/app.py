@@ -90,27 +90,6 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         except UserError:
             return Plan()
 
-    def _langs(self) -> list[tuple[str, str]]:
-        src = self.d.mgsm_dir
-        langs = mgsm.languages(src)
-        return [(f"{langs[c].name} ({c})", c) for c in mgsm.available_languages(src) if c in langs]
-
-    def _default_lang(self) -> str | None:
-        codes = [c for _, c in self._langs()]
-        for c in (self.d.default_lang, "xx", "sw", "en"):
-            if c in codes:
-                return c
-        return codes[0] if codes else None
-
-    def _question_choices(self, lang: str | None) -> list[tuple[str, int]]:
-        if not lang:
-            return []
-        try:
-            items = mgsm.load(lang, self.d.mgsm_dir)
-        except UserError:
-            return []
-        return [(f"{it.index}: {it.question[:90]}{'…' if len(it.question) > 90 else ''}", it.index) for it in items]
-
     def visitor(self, v: Visitor | None, request: gr.Request | None) -> Visitor:
         """The tab's own state (API clients that never opened the page get a fresh one)."""
         if v is None:
@@ -337,7 +316,7 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
             if d.summary:
                 with gr.Accordion("The demo organism's card: how it was built, every number, its limits",
                                   open=False, elem_id="organism-card"):
-                    gr.Markdown(card_markdown())
+                    gr.Markdown(card_markdown(), elem_id="card-text")
             if pol.hosted:
                 gr.Markdown(f"> **Hosted mode** ({d.gpu} GPU mode):  models by Hub id (public, no token) or preset only; exports stay "
                             f"in your own temporary folder. Limits: {pol.limits.markdown()}.", elem_id="hosted")
@@ -387,7 +366,10 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
                                 map_k = gr.Slider(0, MAX_SLIDER, 4, step=1, label="k: layers from the language expert")
                                 seed = gr.Number(0, precision=0, label="Seed (random map, DARE)")
                                 offset = gr.Radio([0, 1], value=0, label="Alternating: first language layer")
-                            layer_weights = gr.Textbox("", label="Per-layer language weights (comma-separated, one per layer)")
+                            with gr.Row():
+                                layer_weights = gr.Textbox("", label="Per-layer language weights (comma-separated, one per layer)")
+                                revert = gr.Textbox("", label="Revert layers to the base (e.g. 3-4,7; needs the base)",
+                                                    info="their fine-tuning undone: every tensor from the base", elem_id="revert")
                             with gr.Row():
                                 method = gr.Dropdown(list(METHODS), value="layer_swap", label="Merge method",
                                                      info="layer_swap uses the map; the others are the paper's baselines",
@@ -441,7 +423,7 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
                 sweeps_io = self._sweeps_tab()
 
             plan_inputs = [b, u, tb, tu, transition, tw, non_layer, kind, layer_weights, map_k, seed, offset, modules,
-                           method, weight, lam, density, drop_rate, expert_weights]
+                           method, weight, lam, density, drop_rate, expert_weights, revert]
             assert len(plan_inputs) == len(PLAN_KEYS)
             refs = [base, math, lang]
             on = dict(show_progress_on=[status])

@@ -1,6 +1,6 @@
 """The plan controls: their values as a recipe, as a shareable query string, and back.
 
-The page sends the same 18 plan values with every event (`PLAN_KEYS` order), so each visitor's
+The page sends the same 20 plan values with every event (`PLAN_KEYS` order), so each visitor's
 events use that visitor's plan. `query_string` writes them (with the models and tab) for a link;
 `restore` reads such a link back into control updates.
 """
@@ -17,7 +17,7 @@ from ..recipes import Recipe
 from ..plots import layer_strip
 
 PLAN_KEYS = ("b", "u", "tb", "tu", "transition", "tw", "non_layer", "kind", "weights", "k", "seed", "offset",
-             "modules", "method", "weight", "lam", "density", "drop_rate", "expert_weights")
+             "modules", "method", "weight", "lam", "density", "drop_rate", "expert_weights", "revert")
 _INTS = {"b", "u", "tb", "tu", "k", "seed", "offset"}
 _FLOATS = {"tw", "weight", "lam", "density", "drop_rate"}
 _CHOICES = {"transition": ("flat", "ramp"), "non_layer": tuple(NON_LAYER_OPTIONS), "kind": tuple(KINDS),
@@ -27,12 +27,12 @@ TABS = ("build", "analysis", "evaluate")
 
 def recipe(b, u, tb, tu, transition, tw, non_layer, kind="swap", layer_weights="", k=0, seed=0, offset=0,
            modules="all", method="layer_swap", weight=0.5, lam=1.0, density=0.2, drop_rate=0.9,
-           expert_weights="1,1") -> Recipe:
+           expert_weights="1,1", revert="") -> Recipe:
     """The recipe of the controls' values (`Recipe.from_values`, validated where it does not need the model)."""
     return Recipe.from_values(method=method, b=b, u=u, tb=tb, tu=tu, transition=transition, transition_weight=tw,
                               non_layer=non_layer, kind=kind, layer_weights=layer_weights, k=k, seed=seed,
                               offset=offset, modules=modules, weight=weight, expert_weights=expert_weights, lam=lam,
-                              density=density, drop_rate=drop_rate)
+                              density=density, drop_rate=drop_rate, revert=revert)
 
 
 def strip_figure(lw: list[float] | None, num_layers: int, plan: Plan | None = None):

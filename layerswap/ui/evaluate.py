@@ -25,6 +25,28 @@ EVAL_ROLES = [(ROLE_NAMES[r], r) for r in ANSWERING]
 class EvaluateTab:
     """Evaluate-tab events and layout; mixed into `App`."""
 
+    # ---- the MGSM data the page offers (also the Ask section's) ------------------------------
+    def _langs(self) -> list[tuple[str, str]]:
+        src = self.d.mgsm_dir
+        langs = mgsm.languages(src)
+        return [(f"{langs[c].name} ({c})", c) for c in mgsm.available_languages(src) if c in langs]
+
+    def _default_lang(self) -> str | None:
+        codes = [c for _, c in self._langs()]
+        for c in (self.d.default_lang, "xx", "sw", "en"):
+            if c in codes:
+                return c
+        return codes[0] if codes else None
+
+    def _question_choices(self, lang: str | None) -> list[tuple[str, int]]:
+        if not lang:
+            return []
+        try:
+            items = mgsm.load(lang, self.d.mgsm_dir)
+        except UserError:
+            return []
+        return [(f"{it.index}: {it.question[:90]}{'…' if len(it.question) > 90 else ''}", it.index) for it in items]
+
     def evaluate(self, v, langs, roles, limit, shots, mode, max_new, *plan_values, request: gr.Request = None,
                  progress=gr.Progress()):
         from ..evaluation import EvalConfig

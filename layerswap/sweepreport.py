@@ -186,7 +186,8 @@ def accuracy_heatmap(rows: Sequence[dict], metric: str = "flexible", lang: str |
 
 
 def recipe_bars(rows: Sequence[dict], metric: str = "flexible", lang: str | None = None) -> go.Figure:
-    """Horizontal bars with standard errors, one per merge; each expert set's experts as dotted lines."""
+    """Horizontal bars with standard errors, one per merge; the experts as dotted lines (one expert set) or as
+    ticks on their own set's bars (several sets)."""
     merges = [r for r in evaluated(rows) if r["kind"] == "merge"]
     if not merges:
         raise UserError("No merges in these results yet.")
@@ -196,13 +197,24 @@ def recipe_bars(rows: Sequence[dict], metric: str = "flexible", lang: str | None
     fig = go.Figure(go.Bar(x=[v for v, _ in vals], y=names, orientation="h", marker_color=MERGE_COLOR,
                            error_x={"type": "data", "array": [e for _, e in vals]},
                            hovertemplate="%{y}: %{x:.1f}%<extra></extra>", name="merges"))
-    for r in (r for r in evaluated(rows) if r["kind"] == "expert"):
-        v, _ = _value(r, metric, lang)
-        label = f"{r['name']}" + (f" ({r['set']})" if multi else "")
-        fig.add_vline(x=v, line_dash="dot", line_color=EXPERT_COLORS.get(r.get("role"), "#555"),
-                      annotation_text=label, annotation_position="top")
+    experts = [r for r in evaluated(rows) if r["kind"] == "expert"]
+    if not multi:  # one expert set: its experts as dotted lines across every bar
+        for r in experts:
+            fig.add_vline(x=_value(r, metric, lang)[0], line_dash="dot", annotation_text=r["name"],
+                          line_color=EXPERT_COLORS.get(r.get("role"), "#555"), annotation_position="top")
+    for role in dict.fromkeys(r.get("role") for r in experts) if multi else ():
+        # several sets: each set's experts as ticks on that set's own bars (lines across all would mix sets)
+        ref = {(r["set"], r["test_set"]["name"]): _value(r, metric, lang)[0] for r in experts if r.get("role") == role}
+        pts = [(ref[(m["set"], m["test_set"]["name"])], y) for m, y in zip(merges, names)
+               if (m["set"], m["test_set"]["name"]) in ref]
+        name = next(r["name"] for r in experts if r.get("role") == role)
+        tick = {"symbol": "line-ns", "size": 18, "line": {"width": 3, "color": EXPERT_COLORS.get(role, "#555")}}
+        fig.add_trace(go.Scatter(x=[x for x, _ in pts], y=[y for _, y in pts], mode="markers", name=name, marker=tick,
+                                 hovertemplate=f"{name} of this set: %{{x:.1f}}%<extra></extra>"))
     fig.update_layout(height=160 + 26 * len(merges), xaxis_title=f"MGSM accuracy % ({metric}, {lang or 'average'})",
-                      yaxis={"autorange": "reversed"}, margin={"l": 280, "r": 40, "t": 60, "b": 50})
+                      xaxis={"range": [0, 104]}, yaxis={"autorange": "reversed"}, showlegend=multi,
+                      legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"},
+                      margin={"l": 280, "r": 40, "t": 60, "b": 50})
     return fig
 
 

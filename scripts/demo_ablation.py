@@ -1,4 +1,4 @@
-"""Ablation experts of the demo organism, built on demand (``build_demo_experts.py --ablation-experts``), not shipped.
+"""Ablation experts of the demo organism (``build_demo_experts.py --ablation-experts``), shipped in assets/demo/ablation.
 
 Layout under ``<out>/ablation/`` (``index.json`` lists every entry with how it was made):
 

@@ -177,6 +177,24 @@ def test_tables_and_figures(tmp_path, trio):
     assert page.count("plotly.js") >= 1 and "Experts" in page and "b=1 u=2" in page
 
 
+def test_bars_of_several_expert_sets_mark_each_sets_own_experts(tmp_path, trio):
+    """Several sets: each set's experts are ticks on that set's bars, not lines across every set's bars."""
+    sets = [{"name": n, "math": str(trio[m]), "lang": str(trio["lang"]), "base": str(trio["base"])}
+            for n, m in (("A", "math"), ("B", "base"))]  # B: the base stands in for a (weaker) math expert
+    f = _sweep_file(tmp_path, trio, expert_sets=sets, experts=None, grid=None, stats=False,
+                    recipes=[{"name": "swap", "plan": {"b": 1, "u": 1}}, {"name": "soup", "method": "soup"}])
+    run = run_sweep(f, tmp_path / "r.jsonl")
+    bars = recipe_bars(run.rows)
+    assert not bars.layout.shapes and list(bars.data[0].y) == ["A · mgsm · swap", "A · mgsm · soup",
+                                                               "B · mgsm · swap", "B · mgsm · soup"]
+    ref = {(r["set"], r["recipe"]): r["average"] for r in results_table(run.rows)}
+    assert {t.name for t in bars.data[1:]} == {"math expert", "language expert"}
+    for trace in bars.data[1:]:
+        assert len(trace.x) == 4
+        for x, y in zip(trace.x, trace.y):
+            assert x == pytest.approx(ref[(y.split(" · ")[0], trace.name)], abs=0.051)
+
+
 def test_one_dimensional_sweeps_get_curves(tmp_path, trio):
     f = _sweep_file(tmp_path, trio, recipes=None,
                     grid={"name": "tw={transition_weight}", "recipe": {"plan": {"b": 1, "u": 1, "tb": 1, "tu": 1}},
@@ -244,15 +262,16 @@ def test_grids_and_suites():
 
 
 @pytest.mark.parametrize("name", ["1-counts", "2-transition", "3-location", "4-divergence", "5-lora", "6-bases"])
-def test_shipped_sweep_files(name):
+def test_shipped_sweep_files(name, tmp_path):
+    import dataclasses
+
     from layerswap.sweepfiles import fit_points
 
     spec = load_spec(REPO / "assets" / "sweeps" / f"{name}.yaml")
     fit_points(spec.points, Checkpoint.open(REPO / "assets" / "demo" / "math").num_layers)  # fits the organism
-    if name[0] in "123":
-        assert not spec.missing() and spec.include_experts
-    else:  # extra experts, built on demand: a missing one stops the sweep at once with the command that builds it
+    assert not spec.missing() and spec.include_experts  # every expert they name ships (assets/demo/ablation for 4-6)
+    if name[0] in "456":  # a deleted extra expert stops the sweep at once with the command that builds it again
         assert spec.build == "python scripts/build_demo_experts.py --ablation-experts"
-        if spec.missing():
-            with pytest.raises(UserError, match="Build them with: python scripts/build_demo_experts.py --ablation"):
-                run_sweep(spec, None)
+        spec.expert_sets[-1] = dataclasses.replace(spec.expert_sets[-1], lang=str(tmp_path / "gone"))
+        with pytest.raises(UserError, match="Build them with: python scripts/build_demo_experts.py --ablation"):
+            run_sweep(spec, None)

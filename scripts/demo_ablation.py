@@ -78,6 +78,10 @@ def save_lora(B, R, base, tok, role: str, data: dict, seed: int, path: str, log,
                    trainable=lambda n: "lora_" in n)
     pm.save_pretrained(path)
     tok.save_pretrained(path)
+    with open(os.path.join(path, "README.md"), "w") as f:  # instead of PEFT's empty template card
+        f.write(f"# {role}_lora\n\nPEFT LoRA adapter (rank {rank}) of the demo organism's base (`../../base`), trained on "
+                f"the {role} expert's layers ({', '.join(map(str, layers))}) with the {role} expert's data; built by "
+                "`scripts/demo_ablation.py` (see `../index.json`, `../build_info.json`).\n")
     cfg_path = os.path.join(path, "adapter_config.json")
     with open(cfg_path) as f:
         c = json.load(f)

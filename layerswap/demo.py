@@ -139,7 +139,7 @@ def demo_paths(cache: str | os.PathLike | None = None) -> tuple[dict[str, Path],
     """
     demo = assets_dir() / "demo"
     if all((demo / r / "config.json").exists() for r in ("base", "math", "lang")):
-        return {r: demo / r for r in ("base", "math", "lang")}, "demo organism (tiny models trained on a synthetic two-language world; see assets/demo/README.md)"
+        return {r: demo / r for r in ("base", "math", "lang")}, "demo organism (tiny models trained on a synthetic two-language world)"
     from .cache import cache_dir
 
     cache = Path(cache) / "random-demo-v1" if cache else cache_dir("random-demo-v1")

@@ -402,6 +402,8 @@ def main() -> None:
     ap.add_argument("--ablation-experts", action="store_true",
                     help="also build the ablation experts into OUT/ablation/ (checkpoints at several steps, other "
                          "learning rates, LoRA adapters, a second base from seed+1 with its experts; about 22 more minutes)")
+    ap.add_argument("--ablation-only", nargs="+", metavar="KIND", help="with --ablation-experts: only these kinds "
+                    "(steps, lr, lora, seed, shape)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
@@ -506,8 +508,11 @@ def main() -> None:
         import demo_ablation
 
         t = time.time()
+        only = tuple(args.ablation_only or demo_ablation.KINDS)
+        if set(only) - set(demo_ablation.KINDS):
+            ap.error(f"--ablation-only: choose from {', '.join(demo_ablation.KINDS)}")
         index = demo_ablation.build_ablations(sys.modules[__name__], R, base, tok, data, args.out, args.seed, log,
-                                              other_seed=args.seed + 1)
+                                              other_seed=args.seed + 1, only=only)
         info["ablation"] = {"index": index, "seconds": round(time.time() - t)}
     with open(os.path.join(args.out, "build_info.json"), "w") as f:
         json.dump(info, f, indent=1)

@@ -4,7 +4,7 @@ Layout under ``<out>/ablation/`` (``index.json`` lists every entry with how it w
 
   math_step{N}/, lang_step{N}/   the localised experts' checkpoints part-way through training (same run)
   math_lr{x}/, lang_lr{x}/       the localised experts retrained with lr scaled by x
-  math_lora/, lang_lora/         PEFT LoRA adapters (rank 8) on the same layer ranges (layerswap merges
+  math_lora/, lang_lora/         PEFT LoRA adapters (rank 8) on the experts' ranges (layerswap merges
                                  an adapter into its base itself; ``adapter_config.json`` points at ../../base)
   seed{S}/base, seed{S}/math, seed{S}/lang   a second base pretrained from another seed, with its own experts
   other_shape/                   an untrained model of another shape (6 layers), for the "refused" case
@@ -20,12 +20,15 @@ import copy
 import json
 import os
 
+KINDS = ("steps", "lr", "lora", "seed", "shape")
+LORA_LR_SCALE = 3.0  # LoRA adapters train at 3x the localised expert's learning rate
+
 
 def build_ablations(B, R, base, tok, data: dict, out: str, seed: int, log, steps=(0.25, 0.5, 0.75),
-                    lr_scales=(0.3, 3.0), other_seed: int | None = None) -> dict:
-    """Train and save every ablation expert; returns the index written to ``ablation/index.json``.
-
-    `B` is the build module (its training functions), `R` its Recipe, `data` its prepared examples.
+                    lr_scales=(0.3, 3.0), other_seed: int | None = None, only: tuple[str, ...] = KINDS) -> dict:
+    """Train and save the ablation experts of the kinds in `only` (default: all); returns the index written
+    to ``ablation/index.json``. `B` is the build module (its training functions), `R` its Recipe, `data` its
+    prepared examples.
     """
     root = os.path.join(out, "ablation")
     index: dict = {}
@@ -37,17 +40,22 @@ def build_ablations(B, R, base, tok, data: dict, out: str, seed: int, log, steps
     for role in ("math", "lang"):
         total = R.math_steps if role == "math" else R.lang_steps
         at = sorted({max(1, int(total * f)) for f in steps})
-        m = copy.deepcopy(base)
-        B.train_expert(R, m, role, data, seed, localised=True, log=log,
-                       on_step=lambda s, mm, role=role, at=at, total=total: s in at and save(
-                           mm, f"{role}_step{s}", f"localised {role} expert after {s} of {total} steps"))
-        for x in lr_scales:
+        if "steps" in only:
+            m = copy.deepcopy(base)
+            B.train_expert(R, m, role, data, seed, localised=True, log=log,
+                           on_step=lambda s, mm, role=role, at=at, total=total: s in at and save(
+                               mm, f"{role}_step{s}", f"localised {role} expert after {s} of {total} steps"))
+        for x in lr_scales if "lr" in only else ():
             m = copy.deepcopy(base)
             B.train_expert(R, m, role, data, seed, localised=True, log=log, lr_scale=x)
             save(m, f"{role}_lr{x:g}", f"localised {role} expert, lr x {x:g}")
-        save_lora(B, R, base, tok, role, data, seed, os.path.join(root, f"{role}_lora"), log)
-        index[f"{role}_lora"] = f"LoRA rank 8 on the {role} expert's layer range (PEFT adapter of ../../base)"
-    if other_seed is not None:
+        if "lora" in only:
+            save_lora(B, R, base, tok, role, data, seed, os.path.join(root, f"{role}_lora"), log)
+            index[f"{role}_lora"] = (f"LoRA rank 8 on the {role} expert's range ("
+                                     + ("layers' projections; final norm and lm_head fully" if role == "math" else
+                                        "layers' projections and the embeddings")
+                                     + f"), lr x {LORA_LR_SCALE:g} (PEFT adapter of ../../base)")
+    if other_seed is not None and "seed" in only:
         b2 = B.make_model(R, tok, other_seed)
         B.train(b2, R.base_steps, R.base_lr, other_seed, rows=data["base_rows"], bs=R.base_bs, wd=0.01, warmup=50,
                 log=log)
@@ -58,8 +66,9 @@ def build_ablations(B, R, base, tok, data: dict, out: str, seed: int, log, steps
             save(m, f"seed{other_seed}/{role}", f"localised {role} expert of the seed-{other_seed} base")
     from layerswap.demo import make_tiny_llama
 
-    make_tiny_llama(os.path.join(root, "other_shape"), layers=6, hidden=64, heads=1, seed=seed + 7, tokenizer=tok)
-    index["other_shape"] = "untrained, 6 layers: another shape, so merging it with the organism is refused"
+    if "shape" in only:
+        make_tiny_llama(os.path.join(root, "other_shape"), layers=6, hidden=64, heads=1, seed=seed + 7, tokenizer=tok)
+        index["other_shape"] = "untrained, 6 layers: another shape, so merging it with the organism is refused"
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, "index.json"), "w") as f:
         json.dump(index, f, indent=1)
@@ -67,21 +76,27 @@ def build_ablations(B, R, base, tok, data: dict, out: str, seed: int, log, steps
 
 
 def save_lora(B, R, base, tok, role: str, data: dict, seed: int, path: str, log, rank: int = 8) -> None:
-    """Train a LoRA adapter on `role`'s layers only and save it as a PEFT adapter folder."""
+    """Train a LoRA adapter on `role`'s range and save it as a PEFT adapter folder: rank-`rank` LoRA on the
+    projections of its layers, plus what the full expert also trains outside them (math: full copies of the
+    final norm and lm_head, PEFT's ``modules_to_save``; language: LoRA on the embeddings)."""
     from peft import LoraConfig, get_peft_model
 
     layers = [i for i in range(R.layers) if (R.math_lo <= i < R.math_hi) == (role == "math")]
-    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, layers_to_transform=layers,
-                     target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    proj = rf".*\.layers\.({'|'.join(map(str, layers))})\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj"
+    extra = dict(modules_to_save=["model.norm", "lm_head"]) if role == "math" else {}
+    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, **extra,
+                     target_modules=proj if role == "math" else f"{proj}|.*embed_tokens")
     pm = get_peft_model(copy.deepcopy(base), cfg)
-    B.train_expert(R, pm, role, data, seed, localised=False, log=log, lr_scale=3.0,
-                   trainable=lambda n: "lora_" in n)
+    B.train_expert(R, pm, role, data, seed, localised=True, log=log, lr_scale=LORA_LR_SCALE,
+                   trainable=lambda n: "lora_" in n or "modules_to_save" in n)
     pm.save_pretrained(path)
     tok.save_pretrained(path)
     with open(os.path.join(path, "README.md"), "w") as f:  # instead of PEFT's empty template card
-        f.write(f"# {role}_lora\n\nPEFT LoRA adapter (rank {rank}) of the demo organism's base (`../../base`), trained on "
-                f"the {role} expert's layers ({', '.join(map(str, layers))}) with the {role} expert's data; built by "
-                "`scripts/demo_ablation.py` (see `../index.json`, `../build_info.json`).\n")
+        f.write(f"# {role}_lora\n\nPEFT adapter of the demo organism's base (`../../base`): rank-{rank} LoRA on the "
+                f"projections of layers {', '.join(map(str, layers))}"
+                + (", full copies of the final norm and lm_head" if role == "math" else ", LoRA on the embeddings")
+                + f", trained with the {role} expert's data and steps at {LORA_LR_SCALE:g}x its learning rate; built "
+                "by `scripts/demo_ablation.py` (see `../index.json`, `../build_info.json`).\n")
     cfg_path = os.path.join(path, "adapter_config.json")
     with open(cfg_path) as f:
         c = json.load(f)

@@ -10,8 +10,6 @@ Layout under ``<out>/ablation/`` (``index.json`` lists every entry with how it w
   other_shape/                   an untrained model of another shape (6 layers), for the "refused" case
 
 assets/sweeps/4-6 name these folders (``../demo/ablation/math_step125`` ...); keep the two in step.
-
-Sweep files refer to these paths relative to the organism folder (e.g. ``ablation/math_step250``).
 """
 
 from __future__ import annotations
@@ -70,7 +68,11 @@ def build_ablations(B, R, base, tok, data: dict, out: str, seed: int, log, steps
         make_tiny_llama(os.path.join(root, "other_shape"), layers=6, hidden=64, heads=1, seed=seed + 7, tokenizer=tok)
         index["other_shape"] = "untrained, 6 layers: another shape, so merging it with the organism is refused"
     os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, "index.json"), "w") as f:
+    path = os.path.join(root, "index.json")
+    if os.path.exists(path):  # rebuilding some kinds (`only`): the other entries stay
+        with open(path) as f:
+            index = {**json.load(f), **index}
+    with open(path, "w") as f:
         json.dump(index, f, indent=1)
     return index
 

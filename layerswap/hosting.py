@@ -119,7 +119,7 @@ class Policy:
             return ref
         if ref.startswith(ASSETS_PREFIX):
             return ref
-        if not looks_like_hub_id(ref):
+        if not looks_like_hub_id(ref) or Path(ref).expanduser().exists():  # 'owner/name' can be a server folder too
             raise UserError(f"The {what} must be a Hugging Face Hub id such as 'owner/name' (or a preset): this "
                             "server does not open folders for visitors.")
         if self.allowlist is not None and ref.partition("@")[0] not in self.allowlist:
@@ -228,3 +228,20 @@ def fetch(ref: str, limits: Limits, *, progress: Progress = no_progress,
     progress(1.0, f"downloaded {ref}")
     assert folder is not None  # plan_download refuses a model without files
     return folder
+
+
+def fetch_models(policy: Policy, refs: tuple[str, ...], base: str = "", *, progress: Progress = no_progress,
+                 cancel: threading.Event | None = None) -> None:
+    """Hosted mode, before anything opens `refs`: each Hub model through `fetch`'s checks (cap, disk, memory, no
+    token). An adapter used without `base` names its own base: that name is checked like a visitor's and
+    fetched the same way, so no path inside a downloaded file reaches the server's folders."""
+    import json
+
+    hub = [r for r in refs if r and not r.startswith(ASSETS_PREFIX)]
+    for i, ref in enumerate(hub):
+        part = lambda f, d, i=i: progress((i + f) / len(hub), d)  # noqa: E731
+        cfg = fetch(ref, policy.limits, progress=part, cancel=cancel) / "adapter_config.json"
+        own = json.loads(cfg.read_text()).get("base_model_name_or_path") if cfg.exists() and not base else None
+        if own:
+            fetch(policy.check_ref(own, f"base model named by the adapter {ref}"), policy.limits, progress=part,
+                  cancel=cancel)

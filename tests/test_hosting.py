@@ -68,6 +68,60 @@ def test_policy_rules():
     assert scrub_paths("at /srv/app/assets/demo/math: 12 / 3 and https://hf.co/a/b") == "at math: 12 / 3 and https://hf.co/a/b"
 
 
+def test_a_hub_like_name_of_a_server_folder_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "exports" / "merge").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)  # 'exports/merge' is both a valid Hub id and a folder here
+    with pytest.raises(UserError, match="does not open folders"):
+        Policy(hosted=True).check_ref("exports/merge")
+    assert Policy(hosted=True).check_ref("other/merge") == "other/merge"
+
+
+def test_an_adapters_own_base_is_checked_like_a_visitors_ref(tmp_path, monkeypatch):
+    """A public adapter whose config names a server folder as its base: refused before anything opens it."""
+    import layerswap.hosting as hosting
+
+    adapter = tmp_path / "snapshot"
+    adapter.mkdir()
+    fetched = []
+
+    def fake_fetch(ref, limits, **kw):
+        fetched.append(ref)
+        return adapter
+
+    monkeypatch.setattr(hosting, "fetch", fake_fetch)
+    pol = Policy(hosted=True)
+    for own in ("/srv/private-model", "../models/x"):
+        (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": own}))
+        with pytest.raises(UserError, match="base model named by the adapter some/adapter must be a .*Hub id"):
+            hosting.fetch_models(pol, ("", "some/adapter", "assets:demo/lang"))
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "public/base"}))
+    fetched.clear()
+    hosting.fetch_models(pol, ("", "some/adapter", "assets:demo/lang"))
+    assert fetched == ["some/adapter", "public/base"]  # the adapter's base goes through the same checks
+    fetched.clear()
+    hosting.fetch_models(pol, ("given/base", "some/adapter", "assets:demo/lang"), "given/base")
+    assert fetched == ["given/base", "some/adapter"]  # a base the visitor gave replaces the adapter's own
+
+
+def test_a_shared_link_goes_through_the_download_checks(fake_hub, monkeypatch):
+    """Models named in a page link (not loaded with Load) are size-checked before anything downloads them."""
+    monkeypatch.setenv("HF_ENDPOINT", fake_hub)
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "ENDPOINT", fake_hub)
+    from layerswap.hub import hub_reachable
+    from layerswap.ui.app import App, AppDefaults
+    from layerswap.ui.session import Visitor
+
+    hub_reachable.cache_clear()
+    app = App(AppDefaults(math="assets:demo/math", lang="assets:demo/lang", base="assets:demo/base",
+                          policy=Policy(hosted=True, limits=Limits(download_bytes=50 * 10**9))))
+    visitor = Visitor("link", ("", "big/model", "assets:demo/lang"))  # as `open_page` sets it from ?math=big/model
+    with pytest.raises(UserError, match="more than this server's download cap"):
+        app.workbench(visitor, lambda *a, **k: None)
+    hub_reachable.cache_clear()
+
+
 def test_download_is_size_checked_without_a_token(fake_hub, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", fake_hub)
     monkeypatch.setenv("HF_TOKEN", "hf_owner_secret_token")

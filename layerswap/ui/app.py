@@ -24,8 +24,7 @@ from ..card import attach_eval
 from ..demo import card_markdown
 from ..engines import VLLMSettings
 from ..errors import UserError
-from ..hosting import Policy, fetch
-from ..hub import looks_like_hub_id
+from ..hosting import Policy, fetch_models
 from ..methods import METHODS
 from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan, default_plan
 from ..recipes import Recipe
@@ -96,12 +95,20 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
             v = Visitor(safe_sid(getattr(request, "session_hash", None)), self.key)
         return v
 
+    def fetch(self, refs: tuple[str, str, str], progress, flag) -> None:
+        """Hosted mode: Hub models through the size and token checks before anything opens them, whichever
+        way they came in (Load, a shared link, models dropped and loaded again). The server's own default
+        models are the operator's choice and are not re-checked."""
+        if self.policy.hosted and refs != self.key and self.shared.loaded(refs) is None:
+            fetch_models(self.policy, refs, refs[0], progress=lambda f, d: progress(f * 0.5, desc=d), cancel=flag)
+
     def workbench(self, v: Visitor, progress) -> Workbench:
         """The visitor's models, waiting for the background start and loading them again if dropped."""
+        flag = self.shared.cancel_flag(v.sid)
+        self.fetch(v.refs, progress, flag)
         self.shared.wait_ready(lambda f, d: progress(0, desc=d))
         if v.refs == self.key and self.shared.start_error and self.shared.loaded(v.refs) is None:
             raise UserError(f"The default models did not load ({self.shared.start_error}); load others above.")
-        flag = self.shared.cancel_flag(v.sid)
         return self.shared.workbench(v.refs, v.force, cancellable(lambda f, d: progress(f, desc=d), flag))
 
     def built(self, v: Visitor, values, progress) -> tuple[Workbench, Recipe]:
@@ -157,10 +164,7 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         flag = self.shared.cancel_flag(v.sid)
         flag.clear()
         t0 = time.perf_counter()
-        if self.policy.hosted:  # size-checked, token-free, cancellable downloads before anything loads
-            for ref in refs:
-                if ref and looks_like_hub_id(ref) and not ref.startswith("assets:"):
-                    fetch(ref, self.policy.limits, progress=lambda f, d: progress(f * 0.5, desc=d), cancel=flag)
+        self.fetch(refs, progress, flag)
         self.shared.wait_ready(lambda f, d: progress(0, desc=d))
         try:
             wb = self.shared.workbench(refs, bool(force), cancellable(lambda f, d: progress(0.5 + f * 0.5, desc=d), flag))

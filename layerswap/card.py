@@ -38,7 +38,6 @@ from .version import __version__
 if TYPE_CHECKING:
     from .evaluation import EvalReport
 
-PROVENANCE = EXPORT_MARK  # layerswap.json: every export has it, and only exports
 CARD = "README.md"
 RECIPE_KEYS = ("layerswap_version", "method", "plan", "reverted_layers", "layer_weights_lang", "non_layer_weights_lang", "models")
 _LANG_CODE = re.compile(r"^[a-z]{2,3}$")  # ISO 639-1/3, as the Hub's `language` field takes them
@@ -126,9 +125,9 @@ def provenance(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None, reci
 
 def read_provenance(folder: str | os.PathLike) -> dict:
     """The ``layerswap.json`` of an export (refused, saying how to make one, for any other folder)."""
-    path = Path(folder) / PROVENANCE
+    path = Path(folder) / EXPORT_MARK
     if not path.is_file():
-        raise UserError(f"{folder} is not a layerswap export (no {PROVENANCE}): write one with `layerswap merge -o DIR` "
+        raise UserError(f"{folder} is not a layerswap export (no {EXPORT_MARK}): write one with `layerswap merge -o DIR` "
                         "first, then push DIR.")
     try:
         return json.loads(path.read_text())
@@ -139,7 +138,7 @@ def read_provenance(folder: str | os.PathLike) -> dict:
 def write_card(folder: str | os.PathLike, prov: dict) -> None:
     """Write ``layerswap.json`` and the README rendered from it (each replaced atomically)."""
     folder = Path(folder)
-    for name, text in ((PROVENANCE, json.dumps(prov, indent=2)), (CARD, render_card(prov))):
+    for name, text in ((EXPORT_MARK, json.dumps(prov, indent=2)), (CARD, render_card(prov))):
         tmp = folder / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(folder / name)

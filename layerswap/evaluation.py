@@ -184,10 +184,13 @@ def evaluate(engines: Mapping[str, Engine], config: EvalConfig, *, progress: Pro
 
     def counter(base: int, where: str, batch: list, lang: mgsm.Language) -> Callable[[dict[int, str]], None]:
         """Progress of one model on one language: questions answered, and accuracy so far (flexible)."""
+        correct: dict[int, bool] = {}  # each answer scored once, as it arrives
+
         def tick(answered: dict[int, str]) -> None:
+            for i in answered.keys() - correct.keys():
+                correct[i] = mgsm.score(answered[i], batch[i].item.answer, lang, mode=config.mode).flexible_correct
             n = len(answered)
-            right = sum(mgsm.score(out, batch[i].item.answer, lang, mode=config.mode).flexible_correct
-                        for i, out in answered.items())
+            right = sum(correct[i] for i in answered)
             p((base + n) / total, f"{where} {n}/{len(batch)} questions, {100 * right / max(n, 1):.0f}% right so far")
         return tick
 

@@ -302,7 +302,7 @@ def _copy_side_files(math: Checkpoint, dst: Path) -> None:
 
 def _atomic_replace(tmp: Path, out: Path, overwrite: bool) -> None:
     if out.exists():
-        if out.is_dir() and any(out.iterdir()) and not (overwrite and (out / EXPORT_MARK).is_file()):
+        if not out.is_dir() or (any(out.iterdir()) and not (overwrite and (out / EXPORT_MARK).is_file())):
             raise UserError(f"{out.name} appeared while merging; nothing was written. Choose a new folder.")
         old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
         out.rename(old)

@@ -50,11 +50,6 @@ class Preset:
     lang: str
     base: str = ""
     note: str = ""
-    offline: bool = False  # every model shipped (assets:), so it works without the Hub
-
-    @property
-    def refs(self) -> tuple[str, str, str]:
-        return self.base, self.math, self.lang
 
 
 def presets(path: str | Path | None = None) -> dict[str, Preset]:
@@ -74,6 +69,5 @@ def presets(path: str | Path | None = None) -> dict[str, Preset]:
         shipped = [r for r in refs if r.startswith(ASSETS_PREFIX)]
         if any(not (assets_dir() / r[len(ASSETS_PREFIX):] / "config.json").is_file() for r in shipped):
             continue
-        out[name] = Preset(name, p.get("label", name), refs[0], refs[1], refs[2], p.get("note", ""),
-                           offline=len(shipped) == len([r for r in refs if r]))
+        out[name] = Preset(name, p.get("label", name), refs[0], refs[1], refs[2], p.get("note", ""))
     return out

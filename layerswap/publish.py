@@ -24,8 +24,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .card import PROVENANCE, read_provenance
+from .card import read_provenance
 from .errors import UserError
+from .outputs import EXPORT_MARK
 from .hub import hub_reachable
 from .runtime import Progress, no_progress
 
@@ -103,7 +104,7 @@ def plan_push(folder: str | os.PathLike, repo_id: str, remote: dict[str, tuple[s
     files = export_files(folder)
     foreign = [p for p in (remote or {}) if p != ".gitattributes"]  # a new Hub repo holds only .gitattributes
     if foreign and not remote_is_export and not overwrite:
-        raise UserError(f"{repo_id} already exists and is not a layerswap export (no {PROVENANCE}); nothing was "
+        raise UserError(f"{repo_id} already exists and is not a layerswap export (no {EXPORT_MARK}); nothing was "
                         "pushed. Choose another name, or pass --overwrite to push into it anyway.")
     plan = PushPlan(repo_id, [])
     for p in files:
@@ -146,7 +147,7 @@ def push(folder: str | os.PathLike, repo_id: str, *, token: str | None, allow_am
             remote = {f.path: (f.blob_id, f.lfs.sha256 if getattr(f, "lfs", None) else None)
                       for f in api.list_repo_tree(repo_id, recursive=True, expand=True, revision=rev)
                       if hasattr(f, "blob_id")}
-            is_export = PROVENANCE in remote
+            is_export = EXPORT_MARK in remote
         plan = plan_push(folder, repo_id, remote, remote_is_export=is_export, overwrite=overwrite)
         url = str(api.create_repo(repo_id, private=private, exist_ok=True))
         if revision:

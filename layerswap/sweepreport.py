@@ -198,10 +198,9 @@ def recipe_bars(rows: Sequence[dict], metric: str = "flexible", lang: str | None
                            error_x={"type": "data", "array": [e for _, e in vals]},
                            hovertemplate="%{y}: %{x:.1f}%<extra></extra>", name="merges"))
     experts = [r for r in evaluated(rows) if r["kind"] == "expert"]
-    if not multi:  # one expert set: its experts as dotted lines across every bar
-        for r in experts:
-            fig.add_vline(x=_value(r, metric, lang)[0], line_dash="dot", annotation_text=r["name"],
-                          line_color=EXPERT_COLORS.get(r.get("role"), "#555"), annotation_position="top")
+    for r in experts if not multi else ():  # one expert set: its experts as dotted lines across every bar
+        fig.add_vline(x=_value(r, metric, lang)[0], line_dash="dot", annotation_text=r["name"],
+                      line_color=EXPERT_COLORS.get(r.get("role"), "#555"), annotation_position="top")
     for role in dict.fromkeys(r.get("role") for r in experts) if multi else ():
         # several sets: each set's experts as ticks on that set's own bars (lines across all would mix sets)
         ref = {(r["set"], r["test_set"]["name"]): _value(r, metric, lang)[0] for r in experts if r.get("role") == role}

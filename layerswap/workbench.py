@@ -107,7 +107,7 @@ class Workbench:
         if pairing.suspicious and not force:
             raise UserError(pairing.message() + ".")
         if self.engine_choice == "transformers":
-            need = sum(t.nbytes for r in EXPERTS for t in cks[r].tensors.values())
+            need = sum(cks[r].nbytes for r in EXPERTS)
             check_memory(need, self.device, "the two experts")
         self.close()
         self.checkpoints, self.report, self.pairing = cks, report, pairing
@@ -237,9 +237,9 @@ class Workbench:
             p(1.0, "built")
             return lw
         ck = self.checkpoints["math"]
-        new = [t.nbytes for t in ck.tensors.values()] if lw is None else [  # copies share the experts' tensors
-            t.nbytes for t in ck.tensors.values() if t.layer is not None and 0.0 < lw[t.layer] < 1.0]
-        check_memory(sum(new), self.device, f"the merged model ({recipe.method.spec.title})")
+        new = ck.nbytes if lw is None else sum(  # copies share the experts' tensors
+            t.nbytes for t in ck.tensors.values() if t.layer is not None and 0.0 < lw[t.layer] < 1.0)
+        check_memory(new, self.device, f"the merged model ({recipe.method.spec.title})")
         p(0.1, "merging")
         math_sd, lang_sd = self.engines["math"].state_dict(), self.engines["lang"].state_dict()
         base = self.checkpoints.get("base")

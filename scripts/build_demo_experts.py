@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import json
 import math
 import os
@@ -26,6 +25,7 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,7 +35,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))  # layerswap, run from anywhere
 sys.path.insert(0, HERE)
-import demo_world as W
+import demo_world as W  # noqa: E402
+from layerswap.publish import sha256  # noqa: E402
 
 
 @dataclass
@@ -500,8 +501,7 @@ def main() -> None:
     for sub in ("base", "math", "lang", "unlocalised/math", "unlocalised/lang"):
         f = os.path.join(args.out, sub, "model.safetensors")
         if os.path.exists(f):
-            with open(f, "rb") as fh:
-                info["sha256"][sub] = hashlib.sha256(fh.read()).hexdigest()
+            info["sha256"][sub] = sha256(Path(f))
     if not args.no_unlocalised:
         info["change_profile_unlocalised"] = change_profiles(args.out, "unlocalised")
     if args.ablation_experts:

@@ -241,5 +241,3 @@ def write_mgsm(out: str, test: list[dict], dev: list[dict], probe: list[dict], e
                     for pb in exemplars]
     with open(os.path.join(d, "exemplars.json"), "w", encoding="utf-8") as f:
         json.dump(ex, f, ensure_ascii=False, indent=1)
-    with open(os.path.join(d, "languages.json"), "w", encoding="utf-8") as f:
-        json.dump(langs, f, ensure_ascii=False, indent=1)

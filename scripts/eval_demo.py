@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from layerswap import mgsm
+from layerswap.demo import RECOMMENDED_PLAN_FIELDS
 from layerswap.evaluation import EvalConfig
 from layerswap.methods import MethodConfig
 from layerswap.plans import Plan
@@ -43,7 +44,7 @@ from layerswap.workbench import Workbench
 
 TARGET = "xx"
 MAX_NEW_TOKENS = 32  # a two-step gold solution is 17 tokens; the library's 256 only lets a rambling model ramble
-PLAN_FIELDS = ("b", "u", "tb", "tu", "transition", "transition_weight", "non_layer")
+PLAN_FIELDS = RECOMMENDED_PLAN_FIELDS  # what recommended_plan.json holds (read back by layerswap.demo)
 TARGET_SE = 3.0  # the recommended plan must beat each baseline by this many paired standard errors
 FLOOR_MARGIN = 0.10  # ... and every floor by this much
 MATH_EN_MIN = 0.80

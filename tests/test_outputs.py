@@ -107,3 +107,14 @@ def test_library_rules(copies, tmp_path):
     with pytest.raises(UserError, match="is inside an input"):
         export_merge(m, lang, Plan(b=1, u=1), protected / "out", base=base, protect=(protected,))
     assert not (protected / "out").exists()
+
+
+def test_a_file_that_appears_at_the_output_during_a_merge_is_kept(tmp_path):
+    from layerswap.merging import _atomic_replace
+
+    tmp, out = tmp_path / ".merge-tmp", tmp_path / "out"
+    tmp.mkdir()
+    out.write_text("the user's file")
+    with pytest.raises(UserError, match="appeared while merging"):
+        _atomic_replace(tmp, out, overwrite=True)
+    assert out.read_text() == "the user's file" and tmp.is_dir()

@@ -312,11 +312,9 @@ def cmd_sweep(args) -> int:
             raise UserError(f"{args.file} names the experts; drop --{', --'.join(given)} (or use the flag form "
                             "without a file).")
         spec = with_eval(load_spec(args.file), limit=args.limit)
-        if args.engine is not None or args.device != "auto" or args.tensor_parallel_size != 1:  # the machine: flags win
-            spec.engine = {**spec.engine, **({"engine": args.engine} if args.engine else {}),
-                           **({"device": args.device} if args.device != "auto" else {}),
-                           **({"tensor_parallel_size": args.tensor_parallel_size}
-                              if args.tensor_parallel_size != 1 else {})}
+        given = {"engine": args.engine, "device": None if args.device == "auto" else args.device,
+                 "tensor_parallel_size": None if args.tensor_parallel_size == 1 else args.tensor_parallel_size}
+        spec.engine = {**spec.engine, **{k: v for k, v in given.items() if v}}  # the machine, not the sweep: flags win
     else:
         spec = _sweep_spec(args)
     out = args.out

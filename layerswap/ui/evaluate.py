@@ -17,7 +17,6 @@ from ..errors import UserError
 from ..plots import eval_bars
 from ..roles import ANSWERING, ROLE_NAMES
 from .analysis_tab import TabIO
-from .controls import recipe
 
 EVAL_ROLES = [(ROLE_NAMES[r], r) for r in ANSWERING]
 
@@ -63,7 +62,7 @@ class EvaluateTab:
         flag.clear()
         progress(0, desc="starting")
         order = [r for _, r in EVAL_ROLES if r in roles]
-        wb = self.built(v, plan_values, progress)[0] if "merged" in order else self.workbench(v, progress)
+        wb, r = self.built(v, plan_values, progress) if "merged" in order else (self.workbench(v, progress), None)
         t0 = time.perf_counter()
 
         def tick(f: float, d: str) -> None:
@@ -71,11 +70,11 @@ class EvaluateTab:
             progress(f, desc=d + (f" · about {left:.0f} s left" if left is not None else ""))
 
         with self.shared.lock:  # one lane: nobody rebuilds the merged model while it answers
-            if "merged" in order:
-                self.shared.ensure_built(wb, recipe(*plan_values))
+            if r is not None:
+                self.shared.ensure_built(wb, r)
             report = wb.evaluate(cfg, tuple(order), progress=tick, cancel=flag)
         v.last_eval = report
-        v.eval_recipe = recipe(*plan_values).to_dict() if "merged" in order else None
+        v.eval_recipe = r.to_dict() if r is not None else None
         path = self.shared.folder(v.sid) / "mgsm_results.jsonl"
         report.write_jsonl(path)
         n = len(report.results)

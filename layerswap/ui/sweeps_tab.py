@@ -48,7 +48,7 @@ class SweepsTab:
         return spec_path, out
 
     def run_sweep(self, v, name, custom, results, limit, request: gr.Request = None, progress=gr.Progress()):
-        from ..outputs import check_output_file
+        from ..outputs import check_output_file, input_paths
         from ..sweepfiles import load_spec, with_eval
         from ..sweeps import run_sweep
 
@@ -60,8 +60,7 @@ class SweepsTab:
                 raise UserError(f"This sweep has {len(spec.points)} recipes; this server runs up to "
                                 f"{self.policy.limits.sweep_points}.")
             self.policy.check_eval(spec.eval.get("limit"), largest_set=10**9)  # no limit: whole sets, refused
-        inputs = [Path(r).resolve() for es in spec.expert_sets for r in es.refs().values() if Path(r).exists()]
-        check_output_file(out, inputs)
+        check_output_file(out, input_paths(extra=[r for es in spec.expert_sets for r in es.refs().values()]))
         flag = self.shared.cancel_flag(v.sid)
         flag.clear()
         with self.shared.lock:  # one lane: a sweep holds the models' place in the queue

@@ -25,7 +25,7 @@ import yaml
 from . import mgsm
 from .checkpoints import Checkpoint, Pairing
 from .errors import UserError
-from .hub import looks_like_hub_id
+from .hub import hub_id_of, looks_like_hub_id
 from .interop import mergekit_yaml
 from .methods import MethodConfig
 from .outputs import EXPORT_MARK
@@ -49,7 +49,7 @@ def _now() -> str:
 
 def _display_ref(ref: str) -> str:
     """A Hub id as is, a local folder by its name only."""
-    return ref.split("@")[0] if looks_like_hub_id(ref) and not Path(ref).expanduser().exists() else Path(ref).name
+    return hub_id_of(ref) or Path(ref).name
 
 
 def model_entry(ck: Checkpoint, role: str) -> dict:

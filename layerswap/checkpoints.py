@@ -22,7 +22,7 @@ import numpy as np
 from .architectures import Architecture, architecture, classify
 from .cache import content_hash, fingerprint
 from .errors import UserError
-from .hub import hub_reachable, looks_like_hub_id
+from .hub import hub_id_of, hub_reachable, looks_like_hub_id
 from .presets import ASSETS_PREFIX, assets_path
 from .tensorfile import ITEMSIZE, Files, read_header, to_float64, torch_dtype
 
@@ -217,9 +217,7 @@ class Checkpoint:
     @property
     def hub_id(self) -> str | None:
         """``owner/name`` when this model (or adapter) was given as a Hub id, not a local folder; else None."""
-        if looks_like_hub_id(self.ref) and not Path(self.ref).expanduser().exists():
-            return self.ref.split("@")[0]
-        return None
+        return hub_id_of(self.ref)
 
     @property
     def revision(self) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from functools import lru_cache
+from pathlib import Path
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 
@@ -12,6 +13,11 @@ _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 def looks_like_hub_id(ref: str) -> bool:
     """``owner/name`` or ``owner/name@revision`` (never a path starting with ``.``, ``/`` or ``~``)."""
     return bool(_HUB_ID_RE.match(ref)) and not ref.startswith((".", "/", "~"))
+
+
+def hub_id_of(ref: str) -> str | None:
+    """``owner/name`` when `ref` names a Hub model (not a local folder of that name), else None."""
+    return ref.split("@")[0] if looks_like_hub_id(ref) and not Path(ref).expanduser().exists() else None
 
 
 @lru_cache(maxsize=1)

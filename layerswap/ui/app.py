@@ -25,6 +25,7 @@ from ..demo import card_markdown
 from ..engines import VLLMSettings
 from ..errors import UserError
 from ..hosting import Policy, fetch_models
+from ..hub import hub_id_of
 from ..methods import METHODS
 from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan, default_plan
 from ..recipes import Recipe
@@ -82,10 +83,12 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         return guarded(fn, self.policy)
 
     def _default_plan(self) -> Plan:
+        """The sliders' first values; a Hub model is not downloaded for them (the page is served first)."""
         from ..checkpoints import Checkpoint
 
         try:
-            return default_plan(Checkpoint.open(self.d.math).num_layers) if self.d.math else Plan()
+            return default_plan(Checkpoint.open(self.d.math).num_layers) if self.d.math and not hub_id_of(self.d.math) \
+                else Plan()
         except UserError:
             return Plan()
 
@@ -173,7 +176,7 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         v.refs, v.force = refs, bool(force)
         report = self._models_md(wb) + f"\n\nLoaded in {time.perf_counter() - t0:.1f} s."
         L = wb.num_layers
-        p = self.plan0 if refs == self.key else default_plan(L)  # the default models' own plan, else the literature's
+        p = self.d.plan if refs == self.key and self.d.plan else default_plan(L)  # the default models' own, else the literature's
         return [v, report] + [gr.update(maximum=L, value=x) for x in (p.b, p.u, p.tb, p.tu)]
 
     def preview(self, v: Visitor | None, *values):
@@ -294,7 +297,8 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
     def start_loading(self) -> None:
         """Load the default models (and build the opening plan) behind the served page."""
         if self.d.math and self.d.lang:
-            self.shared.start_background(self.key, after=lambda wb: self.shared.ensure_built(wb, Recipe(plan=self.plan0)))
+            self.shared.start_background(self.key, after=lambda wb: self.shared.ensure_built(
+                wb, Recipe(plan=self.d.plan or default_plan(wb.num_layers))))
         else:
             self.shared.status = "No default models: load some above."
             self.shared.ready.set()

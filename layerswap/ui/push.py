@@ -15,6 +15,7 @@ import gradio as gr
 from ..errors import UserError
 from ..hosting import on_space
 from ..publish import LOGIN_FIRST
+from .events import guarded
 
 
 
@@ -63,5 +64,6 @@ class PushSection:
         return group, [repo, private, token], btn, status
 
     def _wire_push(self, visitor, inputs, btn, status, lane: dict) -> None:
-        btn.click(self.event(self.push), [visitor, *inputs], [visitor, status], api_name="push", **lane,
+        btn.click(guarded(self.push, self.policy),  # an upload, no GPU (not a ZeroGPU job)
+                  [visitor, *inputs], [visitor, status], api_name="push", **lane,
                   show_progress_on=[status])

@@ -16,6 +16,7 @@ import gradio as gr
 from ..errors import UserError
 from ..presets import assets_dir
 from .analysis_tab import TabIO
+from .events import guarded
 from .session import cancellable
 
 
@@ -125,6 +126,6 @@ class SweepsTab:
         status = io.outputs[0]
         io.extra["run"].click(self.event(self.run_sweep), [visitor, *io.inputs], io.outputs, api_name="sweep", **lane,
                               show_progress_on=[status])
-        io.extra["show"].click(self.event(self.show_sweep), [visitor, *io.inputs], io.outputs,
+        io.extra["show"].click(guarded(self.show_sweep, self.policy), [visitor, *io.inputs], io.outputs,
                                api_name="sweep_results", concurrency_limit=None)
         io.extra["stop"].click(self.stop, [visitor], [status], api_name="stop_sweep", queue=False)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .checkpoints import Checkpoint
 from .errors import UserError
+from .presets import portable_ref
 from .recipes import Recipe
 from .sweeplog import point_key
 
@@ -101,7 +102,7 @@ def evaluate_recipe(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None,
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    experts = {r: {"ref": ck.ref, "fingerprint": ck.fingerprint()}
+    experts = {r: {"ref": portable_ref(ck.ref), "fingerprint": ck.content_id()}  # as sweeps key their records
                for r, ck in (("math", math), ("lang", lang), ("base", base)) if ck is not None}
     return metrics, record(experts, recipe.to_dict(), name or recipe.title(), cfg, metrics, force)
 
@@ -109,7 +110,8 @@ def evaluate_recipe(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None,
 def record(experts: dict, recipe: dict | None, name: str, cfg: LmEvalConfig, metrics: dict, force: bool = False,
            set_name: str = "experts") -> dict:
     """A results-file record (kind ``lm-eval``) for a merge (`recipe`) or a model (`recipe` None)."""
-    ident = {"experts": experts, "force": force, "recipe": recipe, "lm_eval": cfg.settings()}
+    ident = {"experts": {r: {"fingerprint": e["fingerprint"]} for r, e in experts.items()}, "force": force,
+             "recipe": recipe, "lm_eval": cfg.settings()}  # where the models are is not part of the key
     return {"key": point_key(ident), "sweep": "lm-eval", "set": set_name, "kind": "lm-eval", "name": name,
             "recipe": recipe, "experts": experts, "force": force, "lm_eval": cfg.settings(),
             "metrics": {f"{task} {m}": v for task, ms in metrics.items() for m, v in ms.items()}}

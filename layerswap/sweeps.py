@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .cache import fingerprint
+from .cache import content_hash
 from .errors import UserError
 from .evaluation import EvalConfig, EvalReport
 from .methods import MethodConfig
 from .plans import Plan, default_plan
+from .presets import portable_ref
 from .recipes import Recipe
 from .roles import EXPERTS, ROLE_NAMES
 from .runtime import Progress, no_progress
@@ -206,6 +207,7 @@ class Unit:
     point: SweepPoint | None = None
     role: str | None = None
     test: TestSet | None = None
+    experts: dict = field(default_factory=dict)  # as the record shows them (`_experts_shown`)
 
 
 @dataclass
@@ -224,12 +226,20 @@ class SweepRun:
 def _test_identity(t: TestSet) -> dict:
     if t.path is None:
         return {"path": None, "langs": list(t.langs)}
-    files = [f for f in Path(t.path).iterdir() if f.suffix in (".tsv", ".json")]
-    return {"name": t.name, "fingerprint": fingerprint(files), "langs": list(t.langs)}
+    files = sorted(f for f in Path(t.path).iterdir() if f.suffix in (".tsv", ".json"))
+    return {"name": t.name, "fingerprint": content_hash((f.name, f.read_bytes()) for f in files),
+            "langs": list(t.langs)}
 
 
 def _experts_identity(cks: dict) -> dict:
-    return {r: {"ref": ck.ref, "fingerprint": ck.fingerprint()} for r, ck in cks.items()}
+    """What a record's key holds of its experts: their content (`Checkpoint.content_id`), not where they are, so
+    a results file is reused from another clone or machine."""
+    return {r: {"fingerprint": ck.content_id()} for r, ck in cks.items()}
+
+
+def _experts_shown(cks: dict, identity: dict) -> dict:
+    """The record's experts: the key's identity plus each model's portable reference (`presets.portable_ref`)."""
+    return {r: {"ref": portable_ref(ck.ref), **identity[r]} for r, ck in cks.items()}
 
 
 def _open_set(s: ExpertSet) -> dict:
@@ -244,36 +254,38 @@ def _open_set(s: ExpertSet) -> dict:
 
 def _units(spec: SweepSpec, s: ExpertSet, cks: dict, left_out: dict) -> list[Unit]:
     experts = _experts_identity(cks)
+    shown = _experts_shown(cks, experts)
     common = {"experts": experts, "force": s.force}
     engine = {k: spec.engine.get(k) for k in ("engine", "chat_template")}
     units: list[Unit] = []
     if spec.stats:
         ident = {**common, "stats": 1}
-        units.append(Unit("stats", point_key(ident), ident, "model-level statistics"))
+        units.append(Unit("stats", point_key(ident), ident, "model-level statistics", experts=shown))
     points, dropped = fit_points(spec.points, cks["math"].num_layers, str(spec.path or spec.name))
     if dropped:
         left_out[s.name] = dropped
     evals = spec.eval_settings()
-    for t in spec.test_sets:
-        tid = _test_identity(t)
+    tests = [(t, _test_identity(t)) for t in spec.test_sets]
+    for t, tid in tests:
         if spec.include_experts:
             for role in EXPERTS:
                 ident = {**common, "model": role, "test": tid, "eval": evals, "engine": engine}
-                units.append(Unit("expert", point_key(ident), ident, ROLE_NAMES[role], role=role, test=t))
+                units.append(Unit("expert", point_key(ident), ident, ROLE_NAMES[role], role=role, test=t,
+                                  experts=shown))
     for pt in points:
-        for t in spec.test_sets:
-            ident = {**common, "recipe": pt.recipe.to_dict(), "test": _test_identity(t), "eval": evals,
-                     "engine": engine}
-            units.append(Unit("merge", point_key(ident), ident, pt.name, point=pt, test=t))
+        for t, tid in tests:
+            ident = {**common, "recipe": pt.recipe.to_dict(), "test": tid, "eval": evals, "engine": engine}
+            units.append(Unit("merge", point_key(ident), ident, pt.name, point=pt, test=t, experts=shown))
     return units
 
 
 def _record(spec: SweepSpec, s: ExpertSet, u: Unit, **extra) -> dict:
     r = {"key": u.key, "sweep": spec.name, "set": s.name, "kind": u.kind, "name": u.name,
          "recipe": u.point.recipe.to_dict() if u.point else None, "vars": dict(u.point.vars) if u.point else {},
-         "role": u.role, "experts": u.identity["experts"], "force": s.force}
+         "role": u.role, "experts": u.experts or u.identity["experts"], "force": s.force}
     if u.test is not None:
-        r.update(test_set={"name": u.test.name, "path": u.test.path, **u.identity["test"]},
+        r.update(test_set={"name": u.test.name, "path": u.test.path and portable_ref(u.test.path),
+                           **u.identity["test"]},
                  eval={"langs": list(u.test.langs), **u.identity["eval"]}, engine=u.identity["engine"])
     r.update(extra)
     return r
@@ -325,7 +337,9 @@ def refusal_reason(s: ExpertSet, cks: dict) -> str | None:
 
 
 def refused_record(spec: SweepSpec, s: ExpertSet, cks: dict, key: str, reason: str) -> dict:
-    return _record(spec, s, Unit("refused", key, {"experts": _experts_identity(cks)}, "refused"), message=reason)
+    ident = _experts_identity(cks)
+    return _record(spec, s, Unit("refused", key, {"experts": ident}, "refused", experts=_experts_shown(cks, ident)),
+                   message=reason)
 
 
 def execute(wb, spec: SweepSpec, s: ExpertSet, units: list[Unit], cancel: threading.Event | None = None,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from .errors import UserError
+from .errors import UserError, whole_number
 from .hub import looks_like_hub_id
 from .presets import ASSETS_PREFIX
 from .runtime import Progress, no_progress
@@ -81,6 +81,8 @@ class Limits:
     sweep_points: int = 24
     download_bytes: int = 40 * _GB  # all files of one Hub model
     zip_bytes: int = 2 * _GB  # the export offered as a download
+    new_tokens: int = 512  # tokens generated per answer
+    ref_chars: int = 200  # a model reference (owner/name@revision)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Limits":
@@ -89,10 +91,12 @@ class Limits:
                    eval_questions=_int_env(env, "LAYERSWAP_MAX_EVAL_QUESTIONS", d.eval_questions),
                    sweep_points=_int_env(env, "LAYERSWAP_MAX_SWEEP_POINTS", d.sweep_points),
                    download_bytes=_int_env(env, "LAYERSWAP_MAX_DOWNLOAD_BYTES", d.download_bytes),
-                   zip_bytes=_int_env(env, "LAYERSWAP_MAX_ZIP_BYTES", d.zip_bytes))
+                   zip_bytes=_int_env(env, "LAYERSWAP_MAX_ZIP_BYTES", d.zip_bytes),
+                   new_tokens=_int_env(env, "LAYERSWAP_MAX_NEW_TOKENS", d.new_tokens))
 
     def markdown(self) -> str:
-        return (f"questions and free text up to {self.text_chars:,} characters; evaluations up to "
+        return (f"questions and free text up to {self.text_chars:,} characters; answers up to {self.new_tokens:,} "
+                f"tokens; evaluations up to "
                 f"{self.eval_questions:,} questions per language; sweeps up to {self.sweep_points} recipes; Hub "
                 f"models up to {self.download_bytes / _GB:.0f} GB; export downloads up to "
                 f"{self.zip_bytes / _GB:.1f} GB")
@@ -117,6 +121,9 @@ class Policy:
         ref = (ref or "").strip()
         if not self.hosted or not ref:
             return ref
+        if len(ref) > self.limits.ref_chars:
+            raise UserError(f"The {what} reference has {len(ref):,} characters; a Hub id such as 'owner/name' has "
+                            f"at most {self.limits.ref_chars}.")
         if ref.startswith(ASSETS_PREFIX):
             return ref
         if not looks_like_hub_id(ref) or Path(ref).expanduser().exists():  # 'owner/name' can be a server folder too
@@ -132,6 +139,10 @@ class Policy:
             raise UserError(f"The {what} has {len(text):,} characters; this server takes up to "
                             f"{self.limits.text_chars:,}.")
         return text
+
+    def new_tokens(self, value: object) -> int:
+        """Tokens per answer, from a visitor's field: 1 to 8,192 (hosted: up to the cap)."""
+        return whole_number(value, "Max new tokens", 1, self.limits.new_tokens if self.hosted else 8192)
 
     def check_eval(self, limit: int | None, largest_set: int) -> None:
         n = limit or largest_set
@@ -175,7 +186,8 @@ class DownloadPlan:
 
 def plan_download(ref: str, limits: Limits) -> DownloadPlan:
     """The files a Hub model needs and their sizes (from the Hub's metadata, no token), checked
-    against the download cap, free disk in the Hugging Face cache and available memory."""
+    against the download cap, free disk in the Hugging Face cache and available memory. Gated and
+    private repos are refused here, before any download or cache lookup."""
     from huggingface_hub import HfApi
     from huggingface_hub.constants import HF_HUB_CACHE
 
@@ -192,6 +204,10 @@ def plan_download(ref: str, limits: Limits) -> DownloadPlan:
         first = str(e).splitlines()[0] if str(e) else ""
         raise UserError(f"{ref}: cannot read its file list from the Hub ({type(e).__name__}: {first}). Only public, "
                         "non-gated models can be loaded here.") from None
+    if info.private or info.gated:
+        raise UserError(f"{ref} is {'private' if info.private else 'gated (its owner grants access per user)'}: this "
+                        "server loads only public, non-gated models, and never with its own token or a cached copy. "
+                        "Run layerswap on your own machine, logged in with your own account, to use it.")
     files = tuple((s.rfilename, int(s.size or 0)) for s in info.siblings or []
                   if any(fnmatch.fnmatch(s.rfilename, p) for p in HUB_PATTERNS))
     plan = DownloadPlan(repo, info.sha or revision or "main", files)

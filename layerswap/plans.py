@@ -218,29 +218,45 @@ class Plan:
 BASE_LABEL = "base model (fine-tuning reverted)"
 
 
-def parse_layers(spec) -> tuple[int, ...]:
-    """Layer numbers from a list of ints or a string like ``"0-2,7"`` (inclusive ranges), sorted, unique."""
+MAX_LAYERS = 4096  # no model has more layers: a longer list or range is refused from its text, never built
+
+
+def parse_layers(spec, num_layers: int | None = None) -> tuple[int, ...]:
+    """Layer numbers from a list of ints or a string like ``"0-2,7"`` (inclusive ranges), sorted, unique.
+
+    Every number must lie in [0, num_layers) (or [0, MAX_LAYERS) when the model is not known yet); a
+    range or list beyond that is refused from its bounds, before anything is built."""
     if spec is None:
         return ()
+    limit = num_layers or MAX_LAYERS
+    where = f"this model's {num_layers} layers (0 to {num_layers - 1})" if num_layers else f"{MAX_LAYERS} layers"
+
+    def check(i: int) -> int:
+        if not 0 <= i < limit:
+            raise UserError(f"Layer {i} is outside {where}.")
+        return i
+
     if isinstance(spec, int) and not isinstance(spec, bool):
-        return (spec,)
+        return (check(spec),)
     if isinstance(spec, str):
-        out: list[int] = []
+        if len(spec) > 16 * limit:
+            raise UserError(f"That layer list has {len(spec):,} characters; {where} need far fewer.")
+        out: set[int] = set()
         try:
             for part in spec.replace(" ", "").split(","):
                 if "-" in part[1:]:
-                    lo, hi = part.split("-")
-                    out += range(int(lo), int(hi) + 1)
+                    lo, hi = (check(int(x)) for x in part.split("-"))
+                    out.update(range(lo, hi + 1))
                 elif part:
-                    out.append(int(part))
+                    out.add(check(int(part)))
         except ValueError:
-            raise UserError(f"Layers are written like 0-2,7 (got {spec!r}).") from None
-        return tuple(sorted(set(out)))
+            raise UserError(f"Layers are written like 0-2,7 (got {spec[:40]!r}).") from None
+        return tuple(sorted(out))
     if isinstance(spec, (list, tuple, set, frozenset)):
-        if not all(isinstance(i, int) and not isinstance(i, bool) for i in spec):
-            raise UserError(f"Layers are whole numbers (got {list(spec)!r}).")
-        return tuple(sorted(set(spec)))
-    raise UserError(f"Layers are a list of numbers or a string like 0-2,7 (got {spec!r}).")
+        if len(spec) > limit or not all(isinstance(i, int) and not isinstance(i, bool) for i in spec):
+            raise UserError(f"Layers are whole numbers from {where} (got {str(list(spec))[:60]}).")
+        return tuple(sorted({check(i) for i in spec}))
+    raise UserError(f"Layers are a list of numbers or a string like 0-2,7 (got {str(spec)[:40]!r}).")
 
 
 def format_layers(layers) -> str:

@@ -19,14 +19,15 @@ means layer swapping with that map (`as_recipe`).
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import UserError
+from .errors import UserError, whole_number
 from .methods import METHODS, MethodConfig
-from .plans import Plan, default_plan, format_layers, parse_layers
+from .plans import MAX_LAYERS, Plan, default_plan, format_layers, parse_layers
 
 PLAN_KEYS = tuple(f.name for f in fields(Plan))
 
@@ -137,7 +138,7 @@ class Recipe:
             name=name, weight=_num(weight, 0.5, "weight"), lam=_num(lam, 1.0, "lambda"),
             expert_weights=_floats(expert_weights, "expert weights") if expert_weights not in (None, "") else (1.0, 1.0),
             density=_num(density, 0.2, "density"), drop_rate=_num(drop_rate, 0.9, "drop rate"),
-            seed=int(_num(seed, 0, "seed")))
+            seed=_seed(seed))
         if len(mc.expert_weights) != 2:
             raise UserError("expert weights take two numbers: math, language (e.g. 1,1).")
         mc.validate()
@@ -146,14 +147,14 @@ class Recipe:
         d = default_plan(num_layers) if num_layers else Plan()
         counts = {"b": b, "u": u, "tb": tb, "tu": tu}
         given = {key: v for key, v in counts.items() if v is not None}
-        counts = {key: int(given.get(key, getattr(d, key))) for key in counts}
+        counts = {key: whole_number(given.get(key, getattr(d, key)), key, 0, MAX_LAYERS) for key in counts}
         kind = kind or ("weights" if layer_weights not in (None, "") else "swap")  # weights alone imply the kind
         weights = _floats(layer_weights, "layer weights") if kind == "weights" and layer_weights not in (None, "") else None
         plan = Plan(**counts, transition=transition or "flat",
                     transition_weight=_num(transition_weight, 0.5, "transition weight"),
                     non_layer=non_layer or "neighbour", kind=kind, weights=weights if kind == "weights" else None,
-                    k=int(_num(k, 0, "k")), seed=int(_num(seed, 0, "seed")), offset=int(_num(offset, 0, "offset")),
-                    modules=modules or "all", revert=parse_layers(revert) if revert not in (None, "") else ())
+                    k=_whole(k, "k"), seed=_seed(seed), offset=_whole(offset, "offset"), modules=modules or "all",
+                    revert=parse_layers(revert, num_layers) if revert not in (None, "") else ())
         r = cls(mc, plan)
         if num_layers:
             r.validate(num_layers)
@@ -207,7 +208,7 @@ def _method_from(m: Any, where: str) -> MethodConfig:
         if key == "expert_weights" and key in kw:
             kw[key] = _floats(kw[key], f"{where}: expert_weights")
         elif key == "seed" and key in kw:
-            kw[key] = int(_num(kw[key], 0, f"{where}: seed"))
+            kw[key] = _seed(kw[key], f"{where}: seed")
         elif key in kw:
             kw[key] = _num(kw[key], 0.0, f"{where}: {key}")
     mc = MethodConfig.from_dict(kw)
@@ -237,20 +238,33 @@ def _plan_from(p: Any, where: str) -> Plan:
         raise UserError(f"{where}: cannot read the plan ({e}).") from None
 
 
+def _whole(v: Any, what: str) -> int:
+    return 0 if v is None or v == "" else whole_number(v, what, 0, MAX_LAYERS)
+
+
+def _seed(v: Any, what: str = "seed") -> int:
+    return 0 if v is None or v == "" else whole_number(v, what, 0, 2**63 - 1)
+
+
 def _num(v: Any, default: float, what: str) -> float:
+    """A finite number (None or "" give `default`)."""
     if v is None or v == "":
         return default
-    if isinstance(v, bool):
-        raise UserError(f"{what} is a number (got {v!r}).")
     try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise UserError(f"{what} is a number (got {v!r}).") from None
+        x = float(v) if not isinstance(v, bool) else math.nan
+    except (TypeError, ValueError, OverflowError):
+        x = math.nan
+    if not math.isfinite(x):
+        raise UserError(f"{what} is a finite number (got {str(v)[:40]!r}).")
+    return x
 
 
 def _floats(v: Any, what: str) -> tuple[float, ...]:
+    """Numbers from a list or a comma-separated string, at most one per possible layer."""
     if isinstance(v, str):
+        if len(v) > 32 * MAX_LAYERS:
+            raise UserError(f"{what}: {len(v):,} characters is far more than one number per layer.")
         v = [x for x in v.replace(" ", "").split(",") if x]
-    if not isinstance(v, Sequence):
-        raise UserError(f"{what}: comma-separated numbers, e.g. 1,1 (got {v!r}).")
+    if not isinstance(v, Sequence) or len(v) > MAX_LAYERS:
+        raise UserError(f"{what}: comma-separated numbers, one per layer at most, e.g. 1,1 (got {str(v)[:40]!r}).")
     return tuple(_num(x, 0.0, what) for x in v)

@@ -14,7 +14,6 @@ from ..analysis import PANELS, format_row, write_csv
 from ..errors import UserError
 from ..plots import analysis_heatmaps, layer_profile
 from .controls import recipe
-from .session import cancellable
 
 K_CHOICES = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0]
 DEFAULT_PANELS = ["math", "lang", "overlap", "merged"]
@@ -43,20 +42,16 @@ def _table(rows: list[dict]) -> dict:
 class AnalysisTab:
     """Analysis-tab events and layout; mixed into `App`."""
 
-    def view(self, v, panels, metric, overlap_metric, k, norm, *plan_values, request: gr.Request = None,
-             progress=gr.Progress()):
+    def view(self, job, panels, metric, overlap_metric, k, norm, *plan_values):
         """Everything in the tab for the controls and the visitor's plan (no overlay for methods without one)."""
-        v = self.visitor(v, request)
-        wb = self.workbench(v, progress)
+        wb = self.workbench(job)
         if "base" not in wb.checkpoints:
             return [gr.update(visible=False), NO_BASE, gr.update(visible=False), gr.update(visible=False),
                     gr.update(visible=False), gr.update(visible=False)]
         plan = recipe(*plan_values).plan  # None for methods without a layer map: no overlay
         k = float(k) if k not in (None, "") else 1.0
-        flag = self.shared.cancel_flag(v.sid)
-        flag.clear()
         with self.shared.lock:
-            an = wb.analysis(k, progress=cancellable(lambda f, d: progress(0.9 * f, desc=d), flag))
+            an = wb.analysis(k, progress=job.part(0, 0.9))
             note = ""
             if plan is not None:
                 try:
@@ -71,16 +66,15 @@ class AnalysisTab:
                              norm)
         nonlayer = _table([format_row(r) for r in an.non_layer_rows(k, merged)])
         ranked = an.most_changed(len(an.tensors) * 2, by=metric, k=k)
-        csv_path = self.shared.folder(v.sid) / f"most-changed-{metric}-k{k:g}.csv"
+        csv_path = self.shared.folder(job.visitor) / f"most-changed-{metric}-k{k:g}.csv"
         write_csv(ranked, csv_path)
         top = _table([format_row(r) for r in ranked[:TOP_ROWS]])
         shown = [gr.update(value=x, visible=True) for x in (heat, prof, nonlayer, top)]
         return [shown[0], note + an.report(k, merged), *shown[1:], gr.update(value=str(csv_path), visible=True)]
 
-    def suggest(self, v, metric, k, request: gr.Request = None, progress=gr.Progress()):
+    def suggest(self, job, metric, k):
         """Propose b, u, tb, tu from the analysis and put them on the sliders."""
-        v = self.visitor(v, request)
-        wb = self.workbench(v, progress)
+        wb = self.workbench(job)
         if "base" not in wb.checkpoints:
             raise UserError("Suggesting a plan needs the analysis against the base: load a base model too.")
         k = float(k) if k not in (None, "") else 1.0
@@ -128,13 +122,13 @@ class AnalysisTab:
         return TabIO(controls, [heat, summary_md, profile, nonlayer_df, top_df, top_csv],
                      {"suggest_btn": suggest_btn, "suggest_md": suggest_md, "tab": tab})
 
-    def _wire_analysis(self, io: TabIO, visitor, plan_inputs, sliders, lane: dict, on: dict) -> None:
+    def _wire_analysis(self, io: TabIO, plan_inputs, sliders, lane: dict, on: dict) -> None:
         view = self.event(self.view)
         # redrawn when its controls change and whenever the tab is opened (the plan may have changed)
-        gr.on([c.change for c in io.inputs] + [io.extra["tab"].select], view, [visitor, *io.inputs, *plan_inputs], io.outputs,
+        gr.on([c.change for c in io.inputs] + [io.extra["tab"].select], view, [*io.inputs, *plan_inputs], io.outputs,
               api_name="heatmap", trigger_mode="always_last", **lane, **on)
         metric, k = io.inputs[1], io.inputs[3]
-        io.extra["suggest_btn"].click(self.event(self.suggest), [visitor, metric, k],
+        io.extra["suggest_btn"].click(self.event(self.suggest), [metric, k],
                                       [*sliders, io.extra["suggest_md"]], api_name="suggest", **lane, **on).then(
-            view, [visitor, *io.inputs, *plan_inputs], io.outputs, api_name="analysis_after_suggest",
+            view, [*io.inputs, *plan_inputs], io.outputs, api_name="analysis_after_suggest",
             api_visibility="private", **lane, **on)

@@ -23,7 +23,7 @@ from .. import mgsm
 from ..card import attach_eval
 from ..demo import card_markdown
 from ..engines import VLLMSettings
-from ..errors import UserError
+from ..errors import UserError, whole_number
 from ..hosting import Policy, fetch_models
 from ..hub import hub_id_of
 from ..methods import METHODS
@@ -36,8 +36,8 @@ from .controls import PLAN_KEYS, plan_md, query_string, recipe, restore, strip_f
 from .evaluate import EvaluateTab
 from .push import PushSection
 from .sweeps_tab import SweepsTab
-from .events import guarded
-from .session import Shared, Visitor, cancellable, safe_sid, same_recipe
+from .events import Job, event
+from .session import Shared, same_recipe
 
 MAX_SLIDER = 64
 EXPORT_NAME = "layerswap-merge"
@@ -74,13 +74,16 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         self.plan0 = defaults.plan or self._default_plan()
 
     # ---- helpers --------------------------------------------------------------------------
-    def event(self, fn):
-        """A model-touching event: errors made readable; on ZeroGPU, run where the GPU is attached."""
-        if self.d.gpu == "zerogpu":
+    def event(self, fn, *, gpu: bool = True, clear_stop: bool = True):
+        """`fn(job, *values)` as a Gradio handler: the caller's visitor from the server's session, errors made
+        readable; on ZeroGPU (`gpu`), run where the GPU is attached."""
+        wrap = None
+        if gpu and self.d.gpu == "zerogpu":
             import spaces  # the ZeroGPU runtime of Hugging Face Spaces
 
-            fn = spaces.GPU(duration=300)(fn)
-        return guarded(fn, self.policy)
+            wrap = spaces.GPU(duration=300)
+        return event(fn, lambda session: self.shared.visitor(session, self.key), self.policy, clear_stop=clear_stop,
+                     wrap=wrap)
 
     def _default_plan(self) -> Plan:
         """The sliders' first values; a Hub model is not downloaded for them (the page is served first)."""
@@ -92,35 +95,28 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         except UserError:
             return Plan()
 
-    def visitor(self, v: Visitor | None, request: gr.Request | None) -> Visitor:
-        """The tab's own state (API clients that never opened the page get a fresh one)."""
-        if v is None:
-            v = Visitor(safe_sid(getattr(request, "session_hash", None)), self.key)
-        return v
-
-    def fetch(self, refs: tuple[str, str, str], progress, flag) -> None:
+    def fetch(self, refs: tuple[str, str, str], job: Job) -> None:
         """Hosted mode: Hub models through the size and token checks before anything opens them, whichever
         way they came in (Load, a shared link, models dropped and loaded again). The server's own default
         models are the operator's choice and are not re-checked."""
         if self.policy.hosted and refs != self.key and self.shared.loaded(refs) is None:
-            fetch_models(self.policy, refs, refs[0], progress=lambda f, d: progress(f * 0.5, desc=d), cancel=flag)
+            fetch_models(self.policy, refs, refs[0], progress=job.part(0, 0.5), cancel=job.visitor.stop)
 
-    def workbench(self, v: Visitor, progress) -> Workbench:
+    def workbench(self, job: Job) -> Workbench:
         """The visitor's models, waiting for the background start and loading them again if dropped."""
-        flag = self.shared.cancel_flag(v.sid)
-        self.fetch(v.refs, progress, flag)
-        self.shared.wait_ready(lambda f, d: progress(0, desc=d))
+        v = job.visitor
+        self.fetch(v.refs, job)
+        self.shared.wait_ready(lambda f, d: job.progress(0, d))
         if v.refs == self.key and self.shared.start_error and self.shared.loaded(v.refs) is None:
             raise UserError(f"The default models did not load ({self.shared.start_error}); load others above.")
-        return self.shared.workbench(v.refs, v.force, cancellable(lambda f, d: progress(f, desc=d), flag))
+        return self.shared.workbench(v.refs, v.force, job.progress)
 
-    def built(self, v: Visitor, values, progress) -> tuple[Workbench, Recipe]:
+    def built(self, job: Job, values) -> tuple[Workbench, Recipe]:
         """The visitor's models with the visitor's plan built into the merged model."""
-        wb = self.workbench(v, progress)
+        wb = self.workbench(job)
         r = recipe(*values)
         r.validate(wb.num_layers)  # against the model, before any work
-        flag = self.shared.cancel_flag(v.sid)
-        self.shared.ensure_built(wb, r, cancellable(lambda f, d: progress(f, desc=d), flag))
+        self.shared.ensure_built(wb, r, job.progress)
         return wb, r
 
     def _models_md(self, wb: Workbench | None) -> str:
@@ -138,10 +134,10 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         return strip_figure(r.layer_weights(L), L, r.plan), plan_md(r, L, built)
 
     # ---- events ---------------------------------------------------------------------------
-    def open_page(self, v: Visitor | None, request: gr.Request):
-        """Page open: this tab's own state; plan, tab and models restored from the URL if it has them."""
-        v = self.visitor(v, request)
-        params = dict(request.query_params) if request is not None else {}
+    def open_page(self, job: Job):
+        """Page open: this tab's plan, tab and models restored from the URL if it has them."""
+        v = job.visitor
+        params = dict(job.request.query_params) if job.request is not None else {}
         try:
             refs = tuple(self.policy.check_ref(params.get(k, "")) for k in ("base", "math", "lang"))
         except UserError:  # a link naming models this server does not open: the defaults stay
@@ -150,38 +146,34 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
             v.refs = refs  # loaded by the view that follows
         updates, tab = restore(params)
         status = self.shared.status if not self.shared.ready.is_set() else "Models ready."
-        return [v, status, *[gr.update(value=r) for r in v.refs], *updates, gr.Tabs(selected=tab or "build")]
+        return [status, *[gr.update(value=r) for r in v.refs], *updates, gr.Tabs(selected=tab or "build")]
 
-    def first_view(self, v: Visitor, *values, progress=gr.Progress()):
+    def first_view(self, job: Job, *values):
         """After the page opened: the models' report and the plan built, once the models are there."""
-        wb, r = self.built(v, values, progress)
+        wb, r = self.built(job, values)
         sliders = [gr.update(maximum=wb.num_layers)] * 4
-        return [v, self._models_md(wb), *self._strip_and_md(wb, r, built=True), query_string(v.refs, values),
+        return [self._models_md(wb), *self._strip_and_md(wb, r, built=True), query_string(job.visitor.refs, values),
                 *sliders]
 
-    def load(self, v: Visitor | None, base: str, math: str, lang: str, force: bool = False,
-             request: gr.Request = None, progress=gr.Progress()):
-        v = self.visitor(v, request)
+    def load(self, job: Job, base: str, math: str, lang: str, force: bool = False):
         refs = (self.policy.check_ref(base, "base"), self.policy.check_ref(math, "math expert"),
                 self.policy.check_ref(lang, "language expert"))
-        flag = self.shared.cancel_flag(v.sid)
-        flag.clear()
         t0 = time.perf_counter()
-        self.fetch(refs, progress, flag)
-        self.shared.wait_ready(lambda f, d: progress(0, desc=d))
+        self.fetch(refs, job)
+        self.shared.wait_ready(lambda f, d: job.progress(0, d))
         try:
-            wb = self.shared.workbench(refs, bool(force), cancellable(lambda f, d: progress(0.5 + f * 0.5, desc=d), flag))
+            wb = self.shared.workbench(refs, bool(force), job.part(0.5, 1.0))
         except UserError as e:
             raise UserError(f"The models cannot be loaded: {e}") from None
-        v.refs, v.force = refs, bool(force)
+        job.visitor.refs, job.visitor.force = refs, bool(force)
         report = self._models_md(wb) + f"\n\nLoaded in {time.perf_counter() - t0:.1f} s."
         L = wb.num_layers
         p = self.d.plan if refs == self.key and self.d.plan else default_plan(L)  # the default models' own, else the literature's
-        return [v, report] + [gr.update(maximum=L, value=x) for x in (p.b, p.u, p.tb, p.tu)]
+        return [report] + [gr.update(maximum=L, value=x) for x in (p.b, p.u, p.tb, p.tu)]
 
-    def preview(self, v: Visitor | None, *values):
+    def preview(self, job: Job, *values):
         """Plan strip for the current controls (no merge); says whether the merged model holds it."""
-        wb = self.shared.loaded(v.refs if v else self.key)
+        wb = self.shared.loaded(job.visitor.refs)
         if wb is None or "math" not in wb.checkpoints:
             return gr.update(), "Loading the models…"
         try:
@@ -190,25 +182,21 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         except UserError as e:
             return None, f"**Invalid plan:** {e}"
 
-    def build(self, v: Visitor | None, *values, request: gr.Request = None, progress=gr.Progress()):
-        v = self.visitor(v, request)
-        self.shared.cancel_flag(v.sid).clear()
-        wb, r = self.built(v, values, progress)
-        return [v, *self._strip_and_md(wb, r, built=True), query_string(v.refs, values)]
+    def build(self, job: Job, *values):
+        wb, r = self.built(job, values)
+        return [*self._strip_and_md(wb, r, built=True), query_string(job.visitor.refs, values)]
 
-    def questions(self, lang: str):
+    def questions(self, job: Job, lang: str):
         choices = self._question_choices(lang)
         return gr.update(choices=choices, value=choices[0][1] if choices else None)
 
-    def ask(self, v: Visitor | None, lang: str, index, free_text: str, max_new_tokens, *values,
-            request: gr.Request = None, progress=gr.Progress()):
+    def ask(self, job: Job, lang: str, index, free_text: str, max_new_tokens, *values):
         """The visitor's plan is built if needed; the three answers appear as each model finishes."""
-        v = self.visitor(v, request)
         if not lang:
             raise UserError("Choose a language.")
         free_text = self.policy.check_text(free_text or "", "question")
-        self.shared.cancel_flag(v.sid).clear()
-        wb, r = self.built(v, values, progress)
+        max_new_tokens = self.policy.new_tokens(max_new_tokens)
+        wb, r = self.built(job, values)
         strip, pmd = self._strip_and_md(wb, r, built=True)
         src = self.d.mgsm_dir
         if free_text.strip():
@@ -218,39 +206,33 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
             if index is None:
                 raise UserError("Pick a question, or type your own.")
             items = mgsm.load(lang, src)
-            if not 0 <= int(index) < len(items):
-                raise UserError(f"MGSM {lang} has questions 0..{len(items) - 1}.")
-            item = items[int(index)]
+            item = items[whole_number(index, f"The MGSM {lang} question", 0, len(items) - 1)]
             gold, prompt_lang = item.answer, mgsm.get_language(lang, src)
             prompt = mgsm.build_prompt(item.question, prompt_lang)
         head = f"**Prompt** (greedy, MGSM native CoT; answers from {plan_md(r, wb.num_layers, True, short=True)})"
         head += f"\n\n```\n{prompt}\n```" + (f"\n\n**Gold answer: {gold}**" if gold is not None else "")
         cols = [f"**{ROLE_NAMES[r]}** · answering…" for r in ("math", "lang", "merged")]
-        yield [v, head, *cols, strip, pmd]
+        yield [head, *cols, strip, pmd]
         for i, role in enumerate(("math", "lang", "merged")):
             with self.shared.lock:  # never held across a yield: the next step may run on another thread
                 self.shared.ensure_built(wb, r)  # another visitor may have built in between
-                (a,) = wb.ask(prompt, prompt_lang, gold, roles=(role,), max_new_tokens=int(max_new_tokens))
+                (a,) = wb.ask(prompt, prompt_lang, gold, roles=(role,), max_new_tokens=max_new_tokens)
             cols[i] = _answer_md(a)
-            yield [v, head, *cols, strip, pmd]
+            yield [head, *cols, strip, pmd]
 
-    def export(self, v: Visitor | None, out_dir: str, overwrite: bool, *values, request: gr.Request = None,
-               progress=gr.Progress()):
-        v = self.visitor(v, request)
-        flag = self.shared.cancel_flag(v.sid)
-        flag.clear()
-        wb = self.workbench(v, progress)
+    def export(self, job: Job, out_dir: str, overwrite: bool, *values):
+        v = job.visitor
+        wb = self.workbench(job)
         r = recipe(*values)
         if self.policy.hosted:  # the visitor's own folder, replaced by each export
-            out, overwrite = self.shared.folder(v.sid) / EXPORT_NAME, True
+            out, overwrite = self.shared.folder(v) / EXPORT_NAME, True
         else:
             out = (out_dir or "").strip()
             if not out:
                 raise UserError("Give an output folder for the merged model.")
         with self.shared.lock:
-            s = wb.export(out, recipe=r, overwrite=overwrite,
-                          protect=tuple(p for p in (self.d.mgsm_dir,) if p),
-                          progress=cancellable(lambda f, d: progress(f, desc=d), flag))
+            s = wb.export(out, recipe=r, overwrite=bool(overwrite), protect=tuple(p for p in (self.d.mgsm_dir,) if p),
+                          progress=job.progress)
         v.last_export = str(s.out)
         where = EXPORT_NAME if self.policy.hosted else f"`{s.out}`"
         msg = (f"Wrote {where}: {s.n_tensors} tensors ({s.n_copied} copied, {s.n_blended} computed), "
@@ -261,33 +243,31 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         cap = self.policy.limits.zip_bytes
         zip_path = None
         if s.bytes_written <= cap:
-            progress(0.95, desc="zipping for download")
-            zdir = self.shared.folder(v.sid) / "download"
+            job.progress(0.95, "zipping for download")
+            zdir = self.shared.folder(v) / "download"
             shutil.rmtree(zdir, ignore_errors=True)
             zdir.mkdir()
             zip_path = shutil.make_archive(str(zdir / EXPORT_NAME), "zip", root_dir=s.out)
         else:
             msg += (f" It is over the {cap / 1e9:.1f} GB download cap: push it to the Hub instead."
                     if self.policy.hosted else " (too large to offer as a download; copy it from the server.)")
-        return v, msg, gr.update(value=zip_path, visible=zip_path is not None), gr.update(visible=True)
+        return msg, gr.update(value=zip_path, visible=zip_path is not None), gr.update(visible=True)
 
-    def export_yaml(self, v: Visitor | None, *values, request: gr.Request = None, progress=gr.Progress()):
+    def export_yaml(self, job: Job, *values):
         from ..interop import mergekit_yaml
 
-        v = self.visitor(v, request)
-        wb = self.workbench(v, progress)
+        wb = self.workbench(job)
         text = self.policy.scrub(mergekit_yaml(wb.checkpoints["math"], wb.checkpoints["lang"], recipe(*values),
                                                wb.checkpoints.get("base")))
-        path = self.shared.folder(v.sid) / "layerswap-mergekit.yml"
+        path = self.shared.folder(job.visitor) / "layerswap-mergekit.yml"
         path.write_text(text)
-        return v, gr.update(value=str(path), visible=True)
+        return gr.update(value=str(path), visible=True)
 
-    def stop(self, v: Visitor | None, request: gr.Request = None):
-        v = self.visitor(v, request)
-        self.shared.cancel_flag(v.sid).set()
+    def stop(self, job: Job):
+        job.visitor.stop.set()
         return "**Stopping** your running job…"
 
-    def pick_preset(self, name: str):
+    def pick_preset(self, job: Job, name: str):
         p = self.presets.get(name)
         if p is None:
             return [gr.update()] * 4
@@ -304,7 +284,7 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
             self.shared.ready.set()
 
     def end(self, request: gr.Request):
-        self.shared.end(safe_sid(request.session_hash))
+        self.shared.end(getattr(request, "session_hash", None))
 
     # ---- layout ---------------------------------------------------------------------------
     def blocks(self) -> gr.Blocks:
@@ -312,7 +292,6 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
         lane = dict(concurrency_id="models", concurrency_limit=1)
         p0 = self.plan0
         with gr.Blocks(title="layerswap", delete_cache=(3600, 3600)) as demo:
-            visitor = gr.State(None)
             gr.Markdown(
                 "# layerswap\nMerge a **math expert** and a **language expert** fine-tuned from one base by "
                 "layer swapping (Bandarkar et al., ICLR 2025): the bottom *b* and top *u* layers come from the "
@@ -435,40 +414,42 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
             assert len(plan_inputs) == len(PLAN_KEYS)
             refs = [base, math, lang]
             on = dict(show_progress_on=[status])
-            opened = demo.load(self.open_page, [visitor], [visitor, status, *refs, *plan_inputs, tabs],
-                               api_visibility="private", queue=False)
-            opened.then(self.event(self.first_view), [visitor, *plan_inputs],
-                        [visitor, report, strip, plan_out, share, b, u, tb, tu], api_visibility="private", **lane, **on).then(
-                self.event(self.view), [visitor, *analysis_io.inputs, *plan_inputs], analysis_io.outputs,
+            opened = demo.load(self.event(self.open_page, gpu=False, clear_stop=False), None,
+                               [status, *refs, *plan_inputs, tabs], api_visibility="private", queue=False)
+            opened.then(self.event(self.first_view), plan_inputs,
+                        [report, strip, plan_out, share, b, u, tb, tu], api_visibility="private", **lane, **on).then(
+                self.event(self.view), [*analysis_io.inputs, *plan_inputs], analysis_io.outputs,
                 api_visibility="private", **lane, **on).then(
                 lambda: "Models ready.", None, [status], queue=False, api_visibility="private")
             demo.unload(self.end)
-            preset.change(self.pick_preset, [preset], [*refs, preset_md], api_name="preset", queue=False)
-            load_btn.click(self.event(self.load), [visitor, *refs, force], [visitor, report, b, u, tb, tu],
+            quick = dict(gpu=False, clear_stop=False)  # no model work: never on a GPU, never clears a Stop
+            preset.change(self.event(self.pick_preset, **quick), [preset], [*refs, preset_md], api_name="preset",
+                          queue=False)
+            load_btn.click(self.event(self.load), [*refs, force], [report, b, u, tb, tu],
                            api_name="load", **lane, **on).then(
-                self.event(self.first_view), [visitor, *plan_inputs], [visitor, report, strip, plan_out, share, b, u, tb, tu],
+                self.event(self.first_view), plan_inputs, [report, strip, plan_out, share, b, u, tb, tu],
                 api_visibility="private", **lane, **on).then(
-                self.event(self.view), [visitor, *analysis_io.inputs, *plan_inputs], analysis_io.outputs,
+                self.event(self.view), [*analysis_io.inputs, *plan_inputs], analysis_io.outputs,
                 api_visibility="private", **lane, **on)
-            stop_btn.click(self.stop, [visitor], [status], api_name="stop", queue=False)
+            stop_btn.click(self.event(self.stop, **quick), None, [status], api_name="stop", queue=False)
             # preview skips the queue, so a Build queued after it always has the last word
-            gr.on([c.change for c in plan_inputs], self.preview, [visitor, *plan_inputs], [strip, plan_out],
+            gr.on([c.change for c in plan_inputs], self.event(self.preview, **quick), plan_inputs, [strip, plan_out],
                   api_name="preview", trigger_mode="always_last", show_progress="hidden", queue=False)
-            build_btn.click(self.event(self.build), [visitor, *plan_inputs], [visitor, strip, plan_out, share],
+            build_btn.click(self.event(self.build), plan_inputs, [strip, plan_out, share],
                             api_name="build", **lane, **on).then(
-                self.event(self.view), [visitor, *analysis_io.inputs, *plan_inputs], analysis_io.outputs,
+                self.event(self.view), [*analysis_io.inputs, *plan_inputs], analysis_io.outputs,
                 api_visibility="private", **lane, **on)
-            mlang.change(self.questions, [mlang], [question], api_name="questions")
-            ask_btn.click(self.event(self.ask), [visitor, mlang, question, free, max_new, *plan_inputs],
-                          [visitor, prompt_md, *ans, strip, plan_out], api_name="ask", **lane, **on)
-            export_btn.click(self.event(self.export), [visitor, out_dir, overwrite, *plan_inputs],
-                             [visitor, export_md, download, push_group], api_name="export", **lane, **on)
-            self._wire_push(visitor, push_inputs, push_btn, push_status, lane)
-            yaml_btn.click(self.event(self.export_yaml), [visitor, *plan_inputs], [visitor, yaml_file],
+            mlang.change(self.event(self.questions, **quick), [mlang], [question], api_name="questions")
+            ask_btn.click(self.event(self.ask), [mlang, question, free, max_new, *plan_inputs],
+                          [prompt_md, *ans, strip, plan_out], api_name="ask", **lane, **on)
+            export_btn.click(self.event(self.export), [out_dir, overwrite, *plan_inputs],
+                             [export_md, download, push_group], api_name="export", **lane, **on)
+            self._wire_push(push_inputs, push_btn, push_status, lane)
+            yaml_btn.click(self.event(self.export_yaml), plan_inputs, [yaml_file],
                            api_name="export_yaml", **lane, **on)
-            self._wire_analysis(analysis_io, visitor, plan_inputs, [b, u, tb, tu], lane, on)
-            self._wire_evaluate(eval_io, visitor, plan_inputs, lane, on)
-            self._wire_sweeps(sweeps_io, visitor, lane)
+            self._wire_analysis(analysis_io, plan_inputs, [b, u, tb, tu], lane, on)
+            self._wire_evaluate(eval_io, plan_inputs, lane, on)
+            self._wire_sweeps(sweeps_io, lane)
         return demo
 
 

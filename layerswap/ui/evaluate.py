@@ -13,7 +13,7 @@ import time
 import gradio as gr
 
 from .. import mgsm
-from ..errors import UserError
+from ..errors import UserError, whole_number
 from ..plots import eval_bars
 from ..roles import ANSWERING, ROLE_NAMES
 from .analysis_tab import TabIO
@@ -46,47 +46,45 @@ class EvaluateTab:
             return []
         return [(f"{it.index}: {it.question[:90]}{'…' if len(it.question) > 90 else ''}", it.index) for it in items]
 
-    def evaluate(self, v, langs, roles, limit, shots, mode, max_new, *plan_values, request: gr.Request = None,
-                 progress=gr.Progress()):
+    def evaluate(self, job, langs, roles, limit, shots, mode, max_new, *plan_values):
         from ..evaluation import EvalConfig
 
-        v = self.visitor(v, request)
+        v = job.visitor
         if not roles:
             raise UserError("Choose at least one model to evaluate.")
-        cfg = EvalConfig(langs=list(langs or []), limit=int(limit) if limit else None, shots=int(shots), mode=mode,
-                         max_new_tokens=int(max_new), source=self.d.mgsm_dir)
+        limit = whole_number(limit or 0, "Questions per language", 0, 10**6)
+        cfg = EvalConfig(langs=list(langs or []), limit=limit or None, shots=whole_number(shots, "Few-shot exemplars", 0, 8),
+                         mode=mode, max_new_tokens=self.policy.new_tokens(max_new), source=self.d.mgsm_dir)
         cfg.validate()
         whole = self.policy.hosted and not cfg.limit  # only then do the set sizes matter to the server's cap
         self.policy.check_eval(cfg.limit, max((self._counts().get(c, 0) for c in cfg.langs), default=0) if whole else 0)
-        flag = self.shared.cancel_flag(v.sid)
-        flag.clear()
-        progress(0, desc="starting")
+        job.progress(0, "starting")
         order = [r for _, r in EVAL_ROLES if r in roles]
-        wb, r = self.built(v, plan_values, progress) if "merged" in order else (self.workbench(v, progress), None)
+        wb, r = self.built(job, plan_values) if "merged" in order else (self.workbench(job), None)
         t0 = time.perf_counter()
 
-        def tick(f: float, d: str) -> None:
+        def tick(f: float, d: str) -> None:  # Stop ends the evaluation after its batch (`cancel`), keeping what is done
             left = (time.perf_counter() - t0) * (1 - f) / f if f > 0.02 else None
-            progress(f, desc=d + (f" · about {left:.0f} s left" if left is not None else ""))
+            job.bar(f, desc=d + (f" · about {left:.0f} s left" if left is not None else ""))
 
         with self.shared.lock:  # one lane: nobody rebuilds the merged model while it answers
             if r is not None:
                 self.shared.ensure_built(wb, r)
-            report = wb.evaluate(cfg, tuple(order), progress=tick, cancel=flag)
+            report = wb.evaluate(cfg, tuple(order), progress=tick, cancel=v.stop)
         v.last_eval = report
         v.eval_recipe = r.to_dict() if r is not None else None
-        path = self.shared.folder(v.sid) / "mgsm_results.jsonl"
+        path = self.shared.folder(v) / "mgsm_results.jsonl"
         report.write_jsonl(path)
         n = len(report.results)
         status = (f"**{'Cancelled' if report.cancelled else 'Done'}:** {n} answers in {time.perf_counter() - t0:.0f} s "
                   f"({', '.join(f'{m}: {report.engines[m]}' for m in report.engines)} engine).")
         first = report.results[0] if report.results else None
-        return (v, status, gr.update(value=self._eval_table(report), visible=True),
+        return (status, gr.update(value=self._eval_table(report), visible=True),
                 gr.update(value=eval_bars(report), visible=True), gr.update(value=str(path), visible=True),
                 gr.update(choices=list(dict.fromkeys(r.lang for r in report.results)),
                           value=first.lang if first else None),
                 gr.update(value=0, maximum=max(0, report.counts(report.models[0], first.lang) - 1) if first else 0),
-                self.browse(v, first.lang if first else None, 0))
+                self._browse(v, first.lang if first else None, 0))
 
     def _counts(self) -> dict[str, int]:
         """Questions per language in the data folder (what "0 = all" means)."""
@@ -98,21 +96,23 @@ class EvaluateTab:
                 pass
         return out
 
-    def stop_eval(self, v, request: gr.Request = None):
-        v = self.visitor(v, request)
-        self.shared.cancel_flag(v.sid).set()
+    def stop_eval(self, job):
+        job.visitor.stop.set()
         return "**Stopping** after the current batch…"
 
-    def browse(self, v, lang, position, request: gr.Request = None):
+    def browse(self, job, lang, position):
         """One question of the visitor's last evaluation: prompt, each model's output and extractions, gold."""
-        rep = v.last_eval if v is not None else None
+        return self._browse(job.visitor, lang, position)
+
+    def _browse(self, v, lang, position) -> str:
+        rep = v.last_eval
         if rep is None or not lang:
             return "Run an evaluation to browse its questions."
         rows = [r for r in rep.results if r.lang == lang]
         indices = sorted({r.index for r in rows})
         if not indices:
-            return f"No answers for {lang} in the last evaluation."
-        pos = min(max(int(position or 0), 0), len(indices) - 1)
+            return f"No answers for {str(lang)[:20]} in the last evaluation."
+        pos = whole_number(position or 0, "Question", 0, len(indices) - 1)
         qrows = [r for r in rows if r.index == indices[pos]]
         head = (f"**{lang} question {indices[pos]}** ({pos + 1} of {len(indices)}) · gold answer **{qrows[0].gold}**"
                 f"\n\n```\n{qrows[0].prompt}\n```\n\n| model | strict | flexible | correct (flexible) |\n|---|---|---|---|\n")
@@ -172,11 +172,12 @@ class EvaluateTab:
         return TabIO([langs, roles, limit, shots, mode, max_new], [status, table, bars, results, b_lang, b_pos, detail],
                      {"run": run_btn, "stop": stop_btn})
 
-    def _wire_evaluate(self, io: TabIO, visitor, plan_inputs, lane: dict, on: dict) -> None:
+    def _wire_evaluate(self, io: TabIO, plan_inputs, lane: dict, on: dict) -> None:
         status = io.outputs[0]
-        io.extra["run"].click(self.event(self.evaluate), [visitor, *io.inputs, *plan_inputs],
-                              [visitor, *io.outputs], api_name="evaluate", **lane, show_progress_on=[status])
-        io.extra["stop"].click(self.stop_eval, [visitor], [status], api_name="stop_eval", queue=False)
+        quick = dict(gpu=False, clear_stop=False)
+        io.extra["run"].click(self.event(self.evaluate), [*io.inputs, *plan_inputs],
+                              io.outputs, api_name="evaluate", **lane, show_progress_on=[status])
+        io.extra["stop"].click(self.event(self.stop_eval, **quick), None, [status], api_name="stop_eval", queue=False)
         b_lang, b_pos, detail = io.outputs[4:]
-        gr.on([b_lang.change, b_pos.release], self.browse, [visitor, b_lang, b_pos], [detail], api_name="browse",
-              queue=False)
+        gr.on([b_lang.change, b_pos.release], self.event(self.browse, **quick), [b_lang, b_pos], [detail],
+              api_name="browse", queue=False)

@@ -15,18 +15,15 @@ import gradio as gr
 from ..errors import UserError
 from ..hosting import on_space
 from ..publish import LOGIN_FIRST
-from .events import guarded
-
 
 
 class PushSection:
     """Push-section events and layout; mixed into `App`."""
 
-    def push(self, v, repo_id: str, private: bool, token_text: str = "", oauth_token: gr.OAuthToken | None = None,
-             request: gr.Request = None, progress=gr.Progress()):
+    def push(self, job, repo_id: str, private: bool, token_text: str = "", oauth_token: gr.OAuthToken | None = None):
         from ..publish import push
 
-        v = self.visitor(v, request)
+        v = job.visitor
         if not v.last_export:
             raise UserError("Export the merged model first (button above); the export is what gets pushed.")
         if self.policy.hosted:
@@ -40,12 +37,10 @@ class PushSection:
         else:
             token = (token_text or "").strip() or None
             ambient = token is None  # the user's own machine: its login is the user's
-        flag = self.shared.cancel_flag(v.sid)
-        flag.clear()
-        progress(0, desc="comparing with the repo")
-        r = push(v.last_export, (repo_id or "").strip(), token=token, allow_ambient_token=ambient,
-                 private=bool(private), cancel=flag, progress=lambda f, d: progress(f, desc=d))
-        return v, (f"Pushed to [{r.repo_id}]({r.url}): {len(r.uploaded)} files uploaded ({r.bytes_sent / 1e6:.1f} MB), "
+        job.progress(0, "comparing with the repo")
+        r = push(v.last_export, str(repo_id or "").strip()[:200], token=token, allow_ambient_token=ambient,
+                 private=bool(private), cancel=v.stop, progress=job.progress)
+        return (f"Pushed to [{r.repo_id}]({r.url}): {len(r.uploaded)} files uploaded ({r.bytes_sent / 1e6:.1f} MB), "
                    f"{len(r.unchanged)} unchanged.")
 
     def _push_section(self):
@@ -63,7 +58,7 @@ class PushSection:
             status = gr.Markdown(elem_id="push-status")
         return group, [repo, private, token], btn, status
 
-    def _wire_push(self, visitor, inputs, btn, status, lane: dict) -> None:
-        btn.click(guarded(self.push, self.policy),  # an upload, no GPU (not a ZeroGPU job)
-                  [visitor, *inputs], [visitor, status], api_name="push", **lane,
+    def _wire_push(self, inputs, btn, status, lane: dict) -> None:
+        btn.click(self.event(self.push, gpu=False),  # an upload, no GPU (not a ZeroGPU job)
+                  inputs, [status], api_name="push", **lane,
                   show_progress_on=[status])

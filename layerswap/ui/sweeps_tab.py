@@ -13,11 +13,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..errors import UserError
+from ..errors import UserError, whole_number
 from ..presets import assets_dir
 from .analysis_tab import TabIO
-from .events import guarded
-from .session import cancellable
 
 
 def shipped_sweeps() -> dict[str, Path]:
@@ -42,40 +40,36 @@ class SweepsTab:
             if spec_path is None:
                 raise UserError("Pick a sweep file.")
         if self.policy.hosted or not (results or "").strip():
-            out = self.shared.folder(v.sid) / "sweeps" / f"{spec_path.stem}.jsonl"
+            out = self.shared.folder(v) / "sweeps" / f"{spec_path.stem}.jsonl"
         else:
             out = Path(results.strip()).expanduser()
         out.parent.mkdir(parents=True, exist_ok=True)
         return spec_path, out
 
-    def run_sweep(self, v, name, custom, results, limit, request: gr.Request = None, progress=gr.Progress()):
+    def run_sweep(self, job, name, custom, results, limit):
         from ..outputs import check_output_file, input_paths
         from ..sweepfiles import load_spec, with_eval
         from ..sweeps import run_sweep
 
-        v = self.visitor(v, request)
-        spec_path, out = self._sweep_paths(v, name, custom, results)
-        spec = with_eval(load_spec(spec_path), limit=int(limit) if limit else None)
+        spec_path, out = self._sweep_paths(job.visitor, name, custom, results)
+        spec = with_eval(load_spec(spec_path), limit=whole_number(limit or 0, "Questions per language", 0, 10**6) or None)
         if self.policy.hosted:
             if len(spec.points) > self.policy.limits.sweep_points:
                 raise UserError(f"This sweep has {len(spec.points)} recipes; this server runs up to "
                                 f"{self.policy.limits.sweep_points}.")
             self.policy.check_eval(spec.eval.get("limit"), largest_set=10**9)  # no limit: whole sets, refused
         check_output_file(out, input_paths(extra=[r for es in spec.expert_sets for r in es.refs().values()]))
-        flag = self.shared.cancel_flag(v.sid)
-        flag.clear()
         with self.shared.lock:  # one lane: a sweep holds the models' place in the queue
-            run = run_sweep(spec, out, progress=cancellable(lambda f, d: progress(f, desc=d), flag), cancel=flag)
+            run = run_sweep(spec, out, progress=job.progress, cancel=job.visitor.stop)
         return self._sweep_view(run.rows, spec.name, out, run.cancelled, run.ran)
 
-    def show_sweep(self, v, name, custom, results, limit, request: gr.Request = None):
+    def show_sweep(self, job, name, custom, results, limit):
         """The results file as it is now (a running sweep's or an earlier run's), without running anything."""
         from ..sweepfiles import load_spec, with_eval
         from ..sweeps import sweep_results
 
-        v = self.visitor(v, request)
-        spec_path, out = self._sweep_paths(v, name, custom, results)
-        spec = with_eval(load_spec(spec_path), limit=int(limit) if limit else None)
+        spec_path, out = self._sweep_paths(job.visitor, name, custom, results)
+        spec = with_eval(load_spec(spec_path), limit=whole_number(limit or 0, "Questions per language", 0, 10**6) or None)
         rows = sweep_results(spec, out) if out.exists() else []
         return self._sweep_view(rows, spec.name, out, None, 0)
 
@@ -122,10 +116,11 @@ class SweepsTab:
         return TabIO([name, custom, results, limit], [status, table, *plots, files_out],
                      {"run": run, "show": show, "stop": stop})
 
-    def _wire_sweeps(self, io: TabIO, visitor, lane: dict) -> None:
+    def _wire_sweeps(self, io: TabIO, lane: dict) -> None:
         status = io.outputs[0]
-        io.extra["run"].click(self.event(self.run_sweep), [visitor, *io.inputs], io.outputs, api_name="sweep", **lane,
+        quick = dict(gpu=False, clear_stop=False)
+        io.extra["run"].click(self.event(self.run_sweep), io.inputs, io.outputs, api_name="sweep", **lane,
                               show_progress_on=[status])
-        io.extra["show"].click(guarded(self.show_sweep, self.policy), [visitor, *io.inputs], io.outputs,
+        io.extra["show"].click(self.event(self.show_sweep, **quick), io.inputs, io.outputs,
                                api_name="sweep_results", concurrency_limit=None)
-        io.extra["stop"].click(self.stop, [visitor], [status], api_name="stop_sweep", queue=False)
+        io.extra["stop"].click(self.event(self.stop, **quick), None, [status], api_name="stop_sweep", queue=False)

@@ -150,6 +150,15 @@ class Policy:
             raise UserError(f"This server evaluates up to {self.limits.eval_questions:,} questions per language "
                             f"(asked: {n:,}); set 'Questions per language' to {self.limits.eval_questions} or less.")
 
+    def check_sweep(self, points: int, eval_limit: int | None) -> None:
+        """A sweep's size: at most `sweep_points` recipes, each evaluated within the question cap (a sweep
+        without a question limit means whole sets: refused in hosted mode)."""
+        if not self.hosted:
+            return
+        if points > self.limits.sweep_points:
+            raise UserError(f"This sweep has {points} recipes; this server runs up to {self.limits.sweep_points}.")
+        self.check_eval(eval_limit, largest_set=10**9)
+
     def scrub(self, text: str) -> str:
         """In hosted mode, absolute server paths become their last component."""
         return scrub_paths(text) if self.hosted and isinstance(text, str) else text

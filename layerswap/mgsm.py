@@ -219,6 +219,32 @@ def build_prompt(question: str, lang: Language, *, mode: str = "native_cot",
     return "".join(parts)
 
 
+@dataclass(frozen=True)
+class Prompt:
+    prompt: str
+    language: Language
+    gold: int | None  # None for a free-text question
+    index: int | None  # the question's index in its set, None for free text
+
+
+def prompt_for(lang_code: str, *, question: str | None = None, index: int | None = None,
+               source: str | os.PathLike | None = None, shots: int = 0, mode: str = "native_cot") -> Prompt:
+    """The prompt the app, the Workbench and the evaluation send for one question: question `index` of
+    `lang_code`'s MGSM set (with its gold answer), or the free text `question` in that language's format.
+    An index outside the set, or one that is not a whole number, is refused with the set's range."""
+    from .errors import whole_number
+
+    lang = get_language(lang_code, source)
+    gold = None
+    if question is None:
+        items = load(lang_code, source)
+        index = whole_number(index, f"The MGSM {lang_code} question", 0, len(items) - 1)
+        question, gold = items[index].question, items[index].answer
+    exemplars = load_exemplars(lang_code, source) if shots else None
+    text = build_prompt(question.strip(), lang, mode=mode, exemplars=exemplars, shots=shots)
+    return Prompt(text, lang, gold, index)
+
+
 # ---- scoring -------------------------------------------------------------------------------
 
 def extract_strict(text: str, lang: Language) -> str:

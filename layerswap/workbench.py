@@ -315,20 +315,15 @@ class Workbench:
 
     def ask_question(self, question: str, lang_code: str = "en", *, source=None, shots: int = 0,
                      mode: str = "native_cot", gold: int | None = None, **kw) -> list[Answer]:
-        """A free-text question in MGSM's prompt format for `lang_code`."""
-        lang = mgsm.get_language(lang_code, source)
-        ex = mgsm.load_exemplars(lang_code, source) if shots else None
-        prompt = mgsm.build_prompt(question.strip(), lang, mode=mode, exemplars=ex, shots=shots)
-        return self.ask(prompt, lang, gold, **kw)
+        """A free-text question in MGSM's prompt format for `lang_code` (`mgsm.prompt_for`)."""
+        p = mgsm.prompt_for(lang_code, question=question, source=source, shots=shots, mode=mode)
+        return self.ask(p.prompt, p.language, gold, **kw)
 
     def ask_mgsm(self, lang_code: str, index: int, *, source=None, shots: int = 0, mode: str = "native_cot",
                  **kw) -> list[Answer]:
-        """MGSM question `index` of `lang_code`, with its gold answer."""
-        items = mgsm.load(lang_code, source)
-        if not 0 <= index < len(items):
-            raise UserError(f"MGSM {lang_code} has questions 0..{len(items) - 1}; {index} is out of range.")
-        item = items[index]
-        return self.ask_question(item.question, lang_code, source=source, shots=shots, mode=mode, gold=item.answer, **kw)
+        """MGSM question `index` of `lang_code`, with its gold answer (`mgsm.prompt_for`)."""
+        p = mgsm.prompt_for(lang_code, index=index, source=source, shots=shots, mode=mode)
+        return self.ask(p.prompt, p.language, p.gold, **kw)
 
     # ---- evaluation -------------------------------------------------------------------
     def evaluate(self, config, roles: tuple[str, ...] = ANSWERING, progress: Progress | None = None,

@@ -48,13 +48,18 @@ class Job:
 
 
 def event(fn: Callable, visitor_of: Callable[[str | None], Visitor], policy: Policy | None = None, *,
-          clear_stop: bool = True, wrap: Callable | None = None) -> Callable:
+          clear_stop: bool = True, wrap: Callable | None = None, rest: tuple[str, ...] = ()) -> Callable:
     """A Gradio handler for `fn(job, *values)`: the visitor of the request's session (a fresh one for a caller
     without a session), its Stop flag cleared first unless `clear_stop` is False (the Stop buttons), errors
     made readable (`guarded`). `wrap` (e.g. ZeroGPU's `spaces.GPU`) wraps the handler first. The handler
-    keeps `fn`'s parameter names, so the API's argument names and order are `fn`'s."""
+    keeps `fn`'s parameter names, so the API's argument names and order are `fn`'s; `rest` names the values
+    that `fn` takes as ``*values`` (the plan controls), so API clients see those names too."""
+    pos = inspect.Parameter.POSITIONAL_OR_KEYWORD
     params = list(inspect.signature(fn).parameters.values())[1:]
-    hints = typing.get_type_hints(fn)
+    if rest and params and params[-1].kind == inspect.Parameter.VAR_POSITIONAL:
+        taken = {q.name for q in params}
+        params = params[:-1] + [inspect.Parameter(f"plan_{n}" if n in taken else n, pos) for n in rest]
+    hints = typing.get_type_hints(getattr(fn, "func", fn))  # a functools.partial: its function's
 
     def start(request: gr.Request | None, progress) -> Job:
         v = visitor_of(getattr(request, "session_hash", None))
@@ -78,14 +83,13 @@ def event(fn: Callable, visitor_of: Callable[[str | None], Visitor], policy: Pol
             finally:
                 job.visitor.busy -= 1
 
-    pos = inspect.Parameter.POSITIONAL_OR_KEYWORD
     # what Gradio reads: request and progress first (it fills them in), then `fn`'s own parameters (some
     # without defaults after progress's, which only a signature built without validation can say)
     handler.__signature__ = inspect.Signature(
         [inspect.Parameter("request", pos, annotation=gr.Request), inspect.Parameter("progress", pos, default=gr.Progress()),
          *(q.replace(annotation=hints.get(q.name, q.annotation)) for q in params)], __validate_parameters__=False)
     handler.__annotations__ = {"request": gr.Request, **{q.name: hints[q.name] for q in params if q.name in hints}}
-    handler.__name__ = handler.__qualname__ = getattr(fn, "__name__", "handler")
+    handler.__name__ = handler.__qualname__ = getattr(getattr(fn, "func", fn), "__name__", "handler")
     handler.layerswap_event = True  # tests/test_hostile_inputs.py: every API event resolves its caller so
     return guarded(wrap(handler) if wrap else handler, policy)
 

@@ -156,10 +156,10 @@ def lens_curves(result: LensResult, answers: bool | None = None, height: int = 7
     _plan_overlay(fig, result)
     fig.update_xaxes(tickvals=xs, ticktext=xlab, range=[-1.5, result.num_layers - 0.5])
     fig.update_xaxes(title_text="after layer (emb = embeddings)", row=len(panels), col=1)
-    plan = (f"merged: {result.recipe.title()}; orange outline: layers it takes from the language expert, grey: blended"
-            if result.recipe is not None else "")
+    plan = (f"merged model: {result.recipe.title()}<br>orange outline: layers it takes from the language expert; "
+            "grey: blended" if result.recipe is not None else "")
     fig.update_layout(title=f"Where each model reads {result.language_name} and where it aligns with English"
-                            f"<br><sup>{plan}</sup>", height=height, margin={"l": 60, "r": 20, "t": 90, "b": 50},
+                            f"<br><sup>{plan}</sup>", height=height, margin={"l": 60, "r": 20, "t": 110, "b": 50},
                       legend={"orientation": "h", "y": -0.08})
     return fig
 

@@ -335,35 +335,28 @@ def merged_model(math_model, lang_model, recipe: Recipe, math_ck: Checkpoint, ba
 
 
 def lens_workbench(wb, config: LensConfig, *, progress: Progress | None = None,
-                   cancel: threading.Event | None = None, forward: str = "auto") -> LensResult:
-    """The lens of a `Workbench`'s models: its loaded transformers models as they are (the merged one is the
-    built recipe), or, when vLLM serves them, streamed from their files; the base when one is loaded."""
+                   cancel: threading.Event | None = None) -> LensResult:
+    """The lens of a `Workbench`'s models: its loaded transformers models as they are (the merged one is the built
+    recipe); models it serves with vLLM, and the base (a checkpoint only), streamed from their files."""
     from ..engines import TransformersEngine
 
     if "math" not in wb.checkpoints:
         raise UserError("Load the two experts first.")
     if wb.recipe is None:
         raise UserError("Build the merge first: the lens compares the merged model with the experts.")
-    cks = wb.checkpoints
-    device = wb.device
-    mode = choose_forward(forward, device, cks["math"], cks["lang"])
+    cks, device = wb.checkpoints, wb.device
     stacks: dict[str, StackFactory] = {}
     streamed: dict[str, bool] = {}
-    for role in ("math", "lang", "merged", "base"):
+    for role in ROLES:
         eng = wb.engines.get(role)
-        if isinstance(eng, TransformersEngine) and forward != "stream":
-            stacks[role] = lambda eng=eng: Stack.loaded(eng.model)
+        streamed[role] = not isinstance(eng, TransformersEngine)
+        if not streamed[role]:
+            stacks[role] = lambda model=eng.model: Stack.loaded(model)
         elif role == "merged":
             stacks[role] = lambda: Stack.streamed(MergedSource(cks["math"], cks["lang"], wb.recipe, cks.get("base")),
                                                   device)
         elif role in cks:
             stacks[role] = lambda ck=cks[role]: Stack.streamed(WeightSource(ck), device)
-        streamed[role] = role in stacks and not (isinstance(eng, TransformersEngine) and forward != "stream")
-    if mode == "memory" and "base" in cks and not isinstance(wb.engines.get("base"), TransformersEngine):
-        from ..engines import load_model
-
-        stacks["base"] = lambda: Stack.loaded(load_model(cks["base"].path, device))
-        streamed["base"] = False
-    return lens_stacks(stacks, wb.engines["math"].tokenizer if hasattr(wb.engines.get("math"), "tokenizer")
-                       else load_tokenizer(cks["math"].path), config, recipe=wb.recipe, streamed=streamed,
-                       progress=progress, cancel=cancel)
+    tokenizer = getattr(wb.engines.get("math"), "tokenizer", None) or load_tokenizer(cks["math"].path)
+    return lens_stacks(stacks, tokenizer, config, recipe=wb.recipe, streamed=streamed, progress=progress,
+                       cancel=cancel)

@@ -15,8 +15,8 @@ Every measurement runs in its own process (so peak RSS is its own), all in one i
                   (16 MiB blocks): the disk's share of the streamed run
 
 `--cold` drops the files from the page cache before each run (posix_fadvise, no privileges needed).
-Peak RSS is the process's maximum resident set (imports included); `rss after imports` is the same
-process before the lens starts, so the difference is the lens's own.
+Peak RSS is the process's maximum resident set (imports included); `RSS after imports` is the same
+process's peak before the lens starts, so the difference is the lens's own.
 """
 
 from __future__ import annotations
@@ -35,24 +35,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
 
-
-def _rss_now() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _drop(paths) -> None:
-    for p in paths:
-        for f in Path(p).rglob("*.safetensors"):
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+from bench_common import drop_page_cache  # noqa: E402
 
 
 def worker(spec: dict) -> dict:
@@ -77,7 +62,7 @@ def worker(spec: dict) -> dict:
     plan = Plan(**spec["plan"]) if spec.get("plan") else None
     cfg = LensConfig(spec["lang"], index=spec["index"], batch=spec["batch"], source=spec["mgsm"])
     base = root / "base" if "base" in spec["roles"] else None
-    rss0 = _rss_now()
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak so far: the imports
     t0 = time.perf_counter()
     res = run_lens(root / "math", root / "lang", plan, base=base, config=cfg, forward=spec["forward"],
                    roles=tuple(spec["roles"]), device="cpu")
@@ -90,7 +75,7 @@ def worker(spec: dict) -> dict:
 
 def run(spec: dict, cold_paths=()) -> dict:
     if cold_paths:
-        _drop(cold_paths)
+        drop_page_cache(cold_paths)
     out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True,
                          env=dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), PYTHONPATH=str(REPO)))
     if out.returncode != 0:
@@ -164,8 +149,8 @@ def _print(rows, args, load0, load1) -> None:
     for name, r in rows:
         per = ", ".join(f"{k} {v:.1f}" for k, v in r.get("per_model", {}).items())
         extra = f" ({r['bytes'] / 1e9:.1f} GB, {r['bytes'] / 1e9 / r['seconds']:.2f} GB/s)" if "bytes" in r else ""
-        lines.append(f"| {name}{extra} | {r['seconds']:.1f} | {per} | {r['peak_rss'] / gib:.2f} | "
-                     f"{r.get('rss_after_imports', 0) / gib:.2f} |")
+        after = f"{r['rss_after_imports'] / gib:.2f}" if "rss_after_imports" in r else "-"
+        lines.append(f"| {name}{extra} | {r['seconds']:.1f} | {per} | {r['peak_rss'] / gib:.2f} | {after} |")
     by = dict(rows)
     ratios = []
     d = [r for n, r in rows if n.startswith("demo")]
@@ -179,7 +164,8 @@ def _print(rows, args, load0, load1) -> None:
         print(r)
     for name, r in by.items():
         if r.get("after_layer_1"):
-            print(f"{name}: after layer 1 (cosine, CKA): " + ", ".join(f"{k} {v[0]:.3f}/{v[1]:.3f}"
+            fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+            print(f"{name}: after layer 1 (cosine, CKA): " + ", ".join(f"{k} {fmt(v[0])}/{fmt(v[1])}"
                                                                       for k, v in r["after_layer_1"].items()))
 
 

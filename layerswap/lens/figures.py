@@ -159,7 +159,7 @@ def lens_curves(result: LensResult, answers: bool | None = None, height: int = 7
     plan = (f"merged model: {result.recipe.title()}<br>orange outline: layers it takes from the language expert; "
             "grey: blended" if result.recipe is not None else "")
     fig.update_layout(title=f"Where each model reads {result.language_name} and where it aligns with English"
-                            f"<br><sup>{plan}</sup>", height=height, margin={"l": 60, "r": 20, "t": 110, "b": 50},
+                            f"<br><sup>{plan}</sup>", height=height, margin={"l": 60, "r": 20, "t": 140, "b": 50},
                       legend={"orientation": "h", "y": -0.08})
     return fig
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import unicodedata
 
 import numpy as np
 import pytest
@@ -45,9 +46,8 @@ def test_non_latin_classes_come_from_the_script(tmp_path):
     prep = prepare(LensConfig("bn", index=1, batch=2, source=tmp_path), tok, len(tok) + 5)
     c = prep.classes
     texts = c.texts
-    bengali = [i for i, t in enumerate(texts) if t.strip() and all("BENGALI" in __import__("unicodedata").name(ch, "")
-                                                                     for ch in t.strip() if ch.isalpha())
-               and any(ch.isalpha() for ch in t)]
+    bengali = [i for i, t in enumerate(texts) if any(ch.isalpha() for ch in t)
+               and all("BENGALI" in unicodedata.name(ch, "") for ch in t if ch.isalpha())]
     assert bengali and all(c.of(i) == "target" for i in bengali)
     latin = [i for i, t in enumerate(texts) if t.strip().isascii() and t.strip().isalpha()]
     assert latin and all(c.of(i) == "english" for i in latin)
@@ -155,6 +155,19 @@ def test_json_has_exactly_the_issues_schema(tiny_lens, tmp_path):
             assert set(x) == {"layer", "top", "p_target", "p_english", "p_digits", "alignment", "cka"}
             assert len(x["top"]) == 5 and all(isinstance(t, str) and 0 <= p <= 1 for t, p in x["top"])
     assert set(data["models"]["math"]["answer"]["positions"][0]) == {"token", "layers"}
+
+
+def test_free_text_with_and_without_a_twin(trio):
+    q, twin = "Raj tenu 5 ovu. Kako mnogo ovu du Raj teni sada?", "Raj has 5 eggs. How many eggs does Raj have now?"
+    both = run_lens(trio["math"], trio["lang"], Plan(b=1, u=1, tb=0, tu=0), roles=("math",), forward="stream",
+                    config=LensConfig("xx", question=q, twin=twin, batch=3, source=DEMO_MGSM))
+    alone = run_lens(trio["math"], trio["lang"], Plan(b=1, u=1, tb=0, tu=0), roles=("math",), forward="stream",
+                     config=LensConfig("xx", question=q, batch=3, source=DEMO_MGSM))
+    assert q in both.prompt and twin in both.twin and both.index is None and both.batch_indices == [0, 1, 2]
+    a, b = both.models["math"].layers, alone.models["math"].layers
+    assert all(x.alignment is not None for x in a) and all(x.alignment is None for x in b)
+    assert [x.cka for x in a] == [x.cka for x in b]  # CKA runs over the MGSM batch either way
+    assert [x.top for x in a] == [x.top for x in b] and set(both.models) == {"math"}
 
 
 # ---- bounds, progress, Stop ---------------------------------------------------------------------------

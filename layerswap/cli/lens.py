@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import UserError
+from ..lens.run import FORWARD_CHOICES
 from . import options as o
 
 
@@ -35,7 +36,7 @@ def add_parser(sub) -> None:
     g.add_argument("--top", type=int, default=5, help="top tokens per layer (default 5)")
     g.add_argument("--models", default="math,lang,merged,base",
                    help="comma list of math, lang, merged, base (base only with --base; default all)")
-    g.add_argument("--forward", choices=("auto", "memory", "stream"), default="auto",
+    g.add_argument("--forward", choices=FORWARD_CHOICES, default="auto",
                    help="memory, or stream block by block from the files (auto: stream when the experts do not fit)")
     g.add_argument("--device", default="auto", help=o.DEVICE_HELP)
     s.add_argument("-o", "--out", help="HTML report (figures, rule, numbers)")

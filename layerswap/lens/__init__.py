@@ -18,12 +18,23 @@ Models run in memory, or streamed from their safetensors files one block at a ti
 """
 
 from .classes import CLASSES, TokenClasses, token_classes
-from .figures import lens_curves, lens_grid, write_report
 from .forward import MergedSource, Stack, WeightSource
 from .inputs import LensConfig
 from .metrics import LayerLens, cosine, linear_cka
 from .run import (FORWARD_CHOICES, ROLES, AnswerLens, LensResult, ModelLens, lens_model, lens_stacks, lens_workbench,
                   run_lens)
+
+_FIGURES = ("lens_curves", "lens_grid", "write_report")
+
+
+def __getattr__(name: str):
+    """The figure builders import plotly: only when asked for (the CLI starts without it)."""
+    if name in _FIGURES:
+        from . import figures
+
+        return getattr(figures, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CLASSES", "FORWARD_CHOICES", "ROLES", "AnswerLens", "LayerLens", "LensConfig", "LensResult", "MergedSource",

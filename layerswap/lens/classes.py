@@ -68,14 +68,16 @@ class TokenClasses:
     language: str
     texts: list[str]  # every id's text, for display
 
-    def mask(self, cls: str) -> np.ndarray:
-        return self.codes == CLASSES.index(cls)
-
     def of(self, token_id: int) -> str:
         return CLASSES[int(self.codes[token_id])] if 0 <= token_id < len(self.codes) else "other"
 
     def counts(self) -> dict[str, int]:
         return {c: int((self.codes == i).sum()) for i, c in enumerate(CLASSES)}
+
+    def summary(self) -> str:
+        """The rule with how many vocabulary entries each class got."""
+        n = self.counts()
+        return f"{self.rule} Here: {n['target']:,} target, {n['english']:,} English, {n['digits']:,} digit tokens."
 
 
 def token_texts(tokenizer, vocab_size: int) -> list[str]:

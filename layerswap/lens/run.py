@@ -248,7 +248,7 @@ def lens_stacks(stacks: dict[str, StackFactory], tokenizer, config: LensConfig, 
     texts = prep.classes.texts
     last = prep.focus_ids[-1]
     return LensResult(prep.prompt, config.language, prep.language_name, prep.twin, config.index, prep.batch_indices,
-                      L, prep.classes.rule, recipe, results, texts[last] if last < len(texts) else "?")
+                      L, prep.classes.summary(), recipe, results, texts[last] if last < len(texts) else "?")
 
 
 def choose_forward(forward: str, device: str, *checkpoints: Checkpoint) -> str:

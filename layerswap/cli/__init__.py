@@ -13,6 +13,7 @@ import sys
 from ..errors import UserError
 from ..ui.launch import add_arguments as add_app_arguments
 from . import commands as c
+from . import lens
 from . import options as o
 
 
@@ -168,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sweep-results", metavar="FILE", help="append the metrics to this sweep results file")
     s.add_argument("-o", "--out", help="metrics as JSON")
     s.set_defaults(fn=c.cmd_lm_eval)
+
+    lens.add_parser(sub)
 
     s = sub.add_parser("app", help="the Gradio app (the same program as `python app.py`)")
     add_app_arguments(s)

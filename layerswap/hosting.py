@@ -82,6 +82,7 @@ class Limits:
     download_bytes: int = 40 * _GB  # all files of one Hub model
     zip_bytes: int = 2 * _GB  # the export offered as a download
     new_tokens: int = 512  # tokens generated per answer
+    lens_questions: int = 32  # parallel questions in one run of the lens
     ref_chars: int = 200  # a model reference (owner/name@revision)
 
     @classmethod
@@ -92,11 +93,12 @@ class Limits:
                    sweep_points=_int_env(env, "LAYERSWAP_MAX_SWEEP_POINTS", d.sweep_points),
                    download_bytes=_int_env(env, "LAYERSWAP_MAX_DOWNLOAD_BYTES", d.download_bytes),
                    zip_bytes=_int_env(env, "LAYERSWAP_MAX_ZIP_BYTES", d.zip_bytes),
-                   new_tokens=_int_env(env, "LAYERSWAP_MAX_NEW_TOKENS", d.new_tokens))
+                   new_tokens=_int_env(env, "LAYERSWAP_MAX_NEW_TOKENS", d.new_tokens),
+                   lens_questions=_int_env(env, "LAYERSWAP_MAX_LENS_QUESTIONS", d.lens_questions))
 
     def markdown(self) -> str:
         return (f"questions and free text up to {self.text_chars:,} characters; answers up to {self.new_tokens:,} "
-                f"tokens; evaluations up to "
+                f"tokens; the lens up to {self.lens_questions} questions at once; evaluations up to "
                 f"{self.eval_questions:,} questions per language; sweeps up to {self.sweep_points} recipes; Hub "
                 f"models up to {self.download_bytes / _GB:.0f} GB; export downloads up to "
                 f"{self.zip_bytes / _GB:.1f} GB")
@@ -143,6 +145,10 @@ class Policy:
     def new_tokens(self, value: object) -> int:
         """Tokens per answer, from a visitor's field: 1 to 8,192 (hosted: up to the cap)."""
         return whole_number(value, "Max new tokens", 1, self.limits.new_tokens if self.hosted else 8192)
+
+    def lens_batch(self, value: object) -> int:
+        """Parallel questions in one run of the lens, from a visitor's field: 1 to 128 (hosted: up to the cap)."""
+        return whole_number(value, "The lens batch", 1, self.limits.lens_questions if self.hosted else 128)
 
     def check_eval(self, limit: int | None, largest_set: int) -> None:
         n = limit or largest_set

@@ -14,6 +14,7 @@ from ...plots import analysis_heatmaps, layer_profile
 from ..context import Context, Page
 from ..controls import recipe
 from ..events import Job
+from . import lens
 
 K_CHOICES = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0]
 DEFAULT_PANELS = ["math", "lang", "overlap", "merged"]
@@ -108,6 +109,7 @@ def render(ctx: Context, page: Page) -> None:
         top_df = gr.Dataframe(value=None, label=f"Most-changed tensors (top {TOP_ROWS} by the chosen metric)",
                               elem_id="top-table", interactive=False, visible=False)
         top_csv = gr.DownloadButton("Download the full ranking (CSV)", visible=False, elem_id="top-csv")
+        lens.render(ctx, page)
     controls = [panels, metric, overlap_metric, k, norm]
     outputs = [heat, summary_md, profile, nonlayer_df, top_df, top_csv]
     handler = ctx.job(view, plan=True)

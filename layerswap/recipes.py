@@ -77,11 +77,6 @@ class Recipe:
     def title(self) -> str:
         return self.plan.title() if self.plan is not None else self.method.describe()
 
-    def describe(self, num_layers: int) -> str:
-        if self.plan is None:
-            return f"{self.method.describe()} on every tensor: {self.method.spec.description}"
-        return self.plan.describe(num_layers)
-
     # ---- dicts and files ------------------------------------------------------------------------
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"method": self.method.to_dict()}

@@ -38,6 +38,7 @@ from .plans import Plan
 from .recipes import Recipe, as_recipe
 from .roles import ANSWERING, EXPERTS, ROLE_NAMES
 from .runtime import Progress, no_progress, resolve_device
+from .sources import Sources
 
 
 @dataclass
@@ -237,15 +238,16 @@ class Workbench:
             p(1.0, "built")
             return lw
         ck = self.checkpoints["math"]
-        new = ck.nbytes if lw is None else sum(  # copies share the experts' tensors
-            t.nbytes for t in ck.tensors.values() if t.layer is not None and 0.0 < lw[t.layer] < 1.0)
+        sources = Sources(recipe, L, ck.arch).of(ck.tensors)
+        new = sum(t.nbytes for n, t in ck.tensors.items()  # copies of an expert share its tensors
+                  if sources[n].kind != "copy" or sources[n].from_base)
         check_memory(new, self.device, f"the merged model ({recipe.method.spec.title})")
         p(0.1, "merging")
         math_sd, lang_sd = self.engines["math"].state_dict(), self.engines["lang"].state_dict()
         base = self.checkpoints.get("base")
         merged = merge_in_memory(math_sd, lang_sd, L, recipe,
                                  base=(lambda n: base.get(n)) if base is not None else None,
-                                 progress=lambda f, d: p(0.1 + 0.6 * f, d))
+                                 progress=lambda f, d: p(0.1 + 0.6 * f, d), arch=ck.arch)
         p(0.7, "refreshing the merged model")
         if "merged" in self.engines:
             self.engines["merged"].load_state_dict(merged)

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..recipes import Recipe
 from ..roles import ANSWERING, ROLE_NAMES
+from ..sources import Sources
 from .options import Bar, eval_config, int_list, parse_size, recipe_from
 
 
@@ -102,7 +103,7 @@ def cmd_push(args) -> int:
 def _print_recipe(recipe: Recipe, num_layers: int) -> None:
     if recipe.plan is not None:
         print(f"plan: {recipe.plan.title()} ({num_layers} layers)")
-        print(textwrap.indent(recipe.plan.describe(num_layers), "  "))
+        print(textwrap.indent(Sources(recipe, num_layers).describe(), "  "))
     else:
         print(f"method: {recipe.method.describe()}")
 

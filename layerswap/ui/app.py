@@ -135,7 +135,7 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
 
     def _strip_and_md(self, wb: Workbench, r: Recipe, built: bool):
         L = wb.num_layers
-        return strip_figure(r.layer_weights(L), L, r.plan), plan_md(r, L, built)
+        return strip_figure(r, L), plan_md(r, L, built)
 
     # ---- events ---------------------------------------------------------------------------
     def open_page(self, v: Visitor | None, request: gr.Request):

@@ -12,9 +12,10 @@ from urllib.parse import urlencode
 import gradio as gr
 
 from ..methods import METHODS
-from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, Plan
+from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS
 from ..recipes import Recipe
 from ..plots import layer_strip
+from ..sources import Sources
 
 PLAN_KEYS = ("b", "u", "tb", "tu", "transition", "tw", "non_layer", "kind", "weights", "k", "seed", "offset",
              "modules", "method", "weight", "lam", "density", "drop_rate", "expert_weights", "revert")
@@ -35,11 +36,9 @@ def recipe(b, u, tb, tu, transition, tw, non_layer, kind="swap", layer_weights="
                               density=density, drop_rate=drop_rate, revert=revert)
 
 
-def strip_figure(lw: list[float] | None, num_layers: int, plan: Plan | None = None):
-    """The layer-source strip (reverted layers marked); methods without a plan touch every layer alike
-    (shown as blends)."""
-    return layer_strip(lw if lw is not None else [0.5] * num_layers,
-                       reverted=sorted(plan.reverted()) if plan is not None else ())
+def strip_figure(r: Recipe, num_layers: int):
+    """The layer-source strip of the recipe (reverted layers marked)."""
+    return layer_strip(r, num_layers)
 
 
 def plan_md(r: Recipe, num_layers: int, built: bool, short: bool = False) -> str:
@@ -50,7 +49,7 @@ def plan_md(r: Recipe, num_layers: int, built: bool, short: bool = False) -> str
         "*Preview: built automatically when you ask, evaluate or analyse.*"
     if r.plan is None:
         return f"{state} {title} ({num_layers} layers). {r.method.spec.description}"
-    lines = r.plan.describe(num_layers).replace("\n", "  \n")
+    lines = Sources(r, num_layers).describe().replace("\n", "  \n")
     return f"{state} {title} ({num_layers} layers)  \n{lines}"
 
 

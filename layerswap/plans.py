@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from .architectures import Architecture, architecture
+from .bounds import MAX_LAYERS, UNIT
 from .errors import UserError
 
 Transition = Literal["flat", "ramp"]
@@ -88,9 +89,8 @@ class Plan:
             if self.weights is None or len(self.weights) != num_layers:
                 n = "none" if self.weights is None else len(self.weights)
                 raise UserError(f"kind 'weights' needs one weight per layer: {num_layers} for this model (got {n}).")
-            bad = [w for w in self.weights if not 0.0 <= float(w) <= 1.0]
-            if bad:
-                raise UserError(f"layer weights must lie in [0, 1] (got {bad[0]}).")
+            for w in self.weights:
+                UNIT.check(w, "layer weights")
             return
         if self.kind in ("middle", "random"):
             if not isinstance(self.k, int) or not 0 <= self.k <= num_layers:
@@ -112,8 +112,7 @@ class Plan:
             )
         if self.transition not in TRANSITIONS:
             raise UserError(f"transition must be one of {', '.join(TRANSITIONS)} (got {self.transition!r}).")
-        if not (0.0 <= float(self.transition_weight) <= 1.0):
-            raise UserError(f"transition_weight must lie in [0, 1] (got {self.transition_weight}).")
+        UNIT.check(self.transition_weight, "transition_weight")
 
     def layer_weights(self, num_layers: int) -> list[float]:
         """``w_lang`` for every layer (1 = language expert, 0 = math expert)."""
@@ -199,28 +198,38 @@ class Plan:
 
 
 def parse_layers(spec) -> tuple[int, ...]:
-    """Layer numbers from a list of ints or a string like ``"0-2,7"`` (inclusive ranges), sorted, unique."""
+    """Layer numbers from a list of ints or a string like ``"0-2,7"`` (inclusive ranges), sorted, unique.
+
+    Every number is checked against `bounds.MAX_LAYERS` before a range is expanded; the model's own layer
+    count is checked by `Plan.validate`.
+    """
     if spec is None:
         return ()
     if isinstance(spec, int) and not isinstance(spec, bool):
-        return (spec,)
+        spec = (spec,)
     if isinstance(spec, str):
-        out: list[int] = []
+        out: set[int] = set()
         try:
             for part in spec.replace(" ", "").split(","):
-                if "-" in part[1:]:
-                    lo, hi = part.split("-")
-                    out += range(int(lo), int(hi) + 1)
-                elif part:
-                    out.append(int(part))
+                bounds = [int(x) for x in (part.split("-") if "-" in part[1:] else [part] if part else [])]
+                if len(bounds) > 2:
+                    raise ValueError(part)
+                _check_layer_numbers(bounds, spec)
+                out.update(range(bounds[0], bounds[-1] + 1) if bounds else ())
         except ValueError:
-            raise UserError(f"Layers are written like 0-2,7 (got {spec!r}).") from None
-        return tuple(sorted(set(out)))
+            raise UserError(f"Layers are written like 0-2,7 (got {spec!r:.200}).") from None
+        return tuple(sorted(out))
     if isinstance(spec, (list, tuple, set, frozenset)):
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in spec):
-            raise UserError(f"Layers are whole numbers (got {list(spec)!r}).")
+            raise UserError(f"Layers are whole numbers (got {list(spec)!r:.200}).")
+        _check_layer_numbers(spec, spec)
         return tuple(sorted(set(spec)))
-    raise UserError(f"Layers are a list of numbers or a string like 0-2,7 (got {spec!r}).")
+    raise UserError(f"Layers are a list of numbers or a string like 0-2,7 (got {spec!r:.200}).")
+
+
+def _check_layer_numbers(numbers, spec) -> None:
+    if any(not 0 <= i < MAX_LAYERS for i in numbers) or len(numbers) > MAX_LAYERS:
+        raise UserError(f"Layer numbers run from 0 to at most {MAX_LAYERS - 1} (got {spec!r:.200}).")
 
 
 def format_layers(layers) -> str:

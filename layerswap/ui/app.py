@@ -32,7 +32,7 @@ from ..recipes import Recipe
 from ..presets import Preset, presets
 from ..workbench import ROLE_NAMES, Answer, Workbench
 from .analysis_tab import AnalysisTab
-from .controls import PLAN_KEYS, plan_md, query_string, recipe, restore, strip_figure
+from .controls import plan_inputs as in_link_order, plan_md, query_string, recipe, restore, strip_figure
 from .evaluate import EvaluateTab
 from .push import PushSection
 from .sweeps_tab import SweepsTab
@@ -430,9 +430,10 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
                 eval_io = self._evaluate_tab()
                 sweeps_io = self._sweeps_tab()
 
-            plan_inputs = [b, u, tb, tu, transition, tw, non_layer, kind, layer_weights, map_k, seed, offset, modules,
-                           method, weight, lam, density, drop_rate, expert_weights, revert]
-            assert len(plan_inputs) == len(PLAN_KEYS)
+            plan_inputs = in_link_order(b=b, u=u, tb=tb, tu=tu, transition=transition, tw=tw, non_layer=non_layer, kind=kind,
+                                        weights=layer_weights, k=map_k, seed=seed, offset=offset, modules=modules,
+                                        method=method, weight=weight, lam=lam, density=density, drop_rate=drop_rate,
+                                        expert_weights=expert_weights, revert=revert)
             refs = [base, math, lang]
             on = dict(show_progress_on=[status])
             opened = demo.load(self.open_page, [visitor], [visitor, status, *refs, *plan_inputs, tabs],

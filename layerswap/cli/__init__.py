@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="merge and evaluate every recipe of a sweep file (resumable), or a grid / the "
                                       "ablation suite from flags; tables and plots")
     s.add_argument("file", nargs="?", metavar="SWEEP.yaml",
-                   help="a sweep file (layerswap.sweepfiles): experts, recipes or grid, test sets, settings")
+                   help="a sweep file (layerswap.sweeps.spec): experts, recipes or grid, test sets, settings")
     s.add_argument("--math", metavar="M", help="flag form: math expert")
     s.add_argument("--lang", metavar="L", help="flag form: language expert")
     s.add_argument("--base", metavar="B", help="flag form: base model")

@@ -278,8 +278,7 @@ def cmd_eval(args) -> int:
 def _sweep_spec(args):
     """The sweep of the flag form (`--math --lang` plus a grid or the ablation suite), as a SweepSpec."""
     from ..adapters import open_expert
-    from ..sweepfiles import ExpertSet, SweepSpec, TestSet
-    from ..sweeps import ablation_suite, swap_grid
+    from ..sweeps import ExpertSet, SweepSpec, TestSet, ablation_suite, swap_grid
 
     if not (args.math and args.lang):
         raise UserError("Give a sweep file (layerswap sweep SWEEP.yaml), or --math M --lang L for a grid or the "
@@ -303,9 +302,8 @@ def _sweep_spec(args):
 
 
 def cmd_sweep(args) -> int:
-    from ..sweepfiles import load_spec, with_eval
-    from ..sweepreport import stats_table, sweep_figures, table_text, write_csv, write_html
-    from ..sweeps import run_sweep
+    from ..sweeps import load_spec, run_sweep, with_eval
+    from ..sweeps.report import stats_table, sweep_figures, table_text, write_csv, write_html
 
     if args.file:
         given = [f for f in ("math", "lang", "base") if getattr(args, f)]
@@ -333,7 +331,7 @@ def cmd_sweep(args) -> int:
     bar = Bar(enabled=not args.quiet)
     try:
         if args.ray:
-            from ..sweepray import run_sweep_ray
+            from ..sweeps.ray import run_sweep_ray
 
             if not out:
                 raise UserError("--ray writes to a results file: add -o RESULTS.jsonl.")
@@ -352,7 +350,7 @@ def cmd_sweep(args) -> int:
         print("  " + ", ".join(f"{k}: {v}" for k, v in row.items()))
     merges = [r for r in run.rows if r["kind"] == "merge"]
     if merges:
-        from ..sweepreport import scores
+        from ..sweeps.report import scores
 
         best = max(merges, key=lambda r: scores(r)["average"])
         print(f"\nbest merge (average flexible accuracy; best of {len(merges)}, so optimistic): {best['name']}")
@@ -376,7 +374,8 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_lm_eval(args) -> int:
-    from ..lmeval import LmEvalConfig, evaluate_model, evaluate_recipe, record
+    from ..lmeval import LmEvalConfig, evaluate_model, evaluate_recipe
+    from ..sweeps.records import experts_identity, lm_eval_record
     from ..runtime import resolve_device
 
     cfg = LmEvalConfig(tasks=[t.strip() for t in args.tasks.split(",") if t.strip()], include_path=args.include_path,
@@ -391,15 +390,16 @@ def cmd_lm_eval(args) -> int:
         recipe = Recipe.load(target)
         recipe.validate(math.num_layers)
         _print_recipe(recipe, math.num_layers)
-        metrics, rec = evaluate_recipe(math, lang, base, recipe, cfg, name=args.name or target.stem, force=args.force,
-                                       keep=args.keep)
+        metrics = evaluate_recipe(math, lang, base, recipe, cfg, force=args.force, keep=args.keep)
+        cks = {"math": math, "lang": lang, **({"base": base} if base is not None else {})}
+        rec = lm_eval_record(experts_identity(cks), recipe.to_dict(), args.name or target.stem, cfg.settings(),
+                             metrics, args.force)
     else:
         if args.math or args.lang:
             raise UserError(f"{args.target} is a model; --math/--lang are for a recipe file.")
         metrics = evaluate_model(args.target, cfg)
-        ck = _open(args.target)
-        rec = record({"model": {"ref": ck.ref, "fingerprint": ck.fingerprint()}}, None, args.name or target.name,
-                     cfg, metrics)
+        rec = lm_eval_record(experts_identity({"model": _open(args.target)}), None, args.name or target.name,
+                             cfg.settings(), metrics)
     for task, ms in metrics.items():
         print(f"{task}: " + ", ".join(f"{k} {v:.4f}" for k, v in ms.items()))
     if args.out:
@@ -408,7 +408,7 @@ def cmd_lm_eval(args) -> int:
         Path(args.out).write_text(json.dumps(metrics, indent=2))
         print(f"wrote {args.out}")
     if args.sweep_results:
-        from ..sweeplog import ResultsLog
+        from ..sweeps.log import ResultsLog
 
         with ResultsLog(args.sweep_results) as log:
             log.append(rec)

@@ -1,7 +1,7 @@
 """The app's Sweeps tab: run, watch, stop and resume a sweep file, with its table and plots.
 
-A mixin of `layerswap.ui.app.App`; it only calls the library (`sweepfiles`, `sweeps.run_sweep`,
-`sweepreport`). The shipped ablations (`assets/sweeps/*.yaml`) are offered by name; locally any
+A mixin of `layerswap.ui.app.App`; it only calls the library (`sweeps.spec`, `sweeps.run_sweep`,
+`sweeps.report`). The shipped ablations (`assets/sweeps/*.yaml`) are offered by name; locally any
 sweep file path works too. Each finished point is appended to the results file at once, so Stop
 (between batches) loses nothing and Run again resumes where it stopped. In hosted mode only the
 shipped files run, within the sweep-size cap, and results go to the visitor's own folder.
@@ -50,8 +50,7 @@ class SweepsTab:
 
     def run_sweep(self, v, name, custom, results, limit, request: gr.Request = None, progress=gr.Progress()):
         from ..outputs import check_output_file, input_paths
-        from ..sweepfiles import load_spec, with_eval
-        from ..sweeps import run_sweep
+        from ..sweeps import load_spec, run_sweep, with_eval
 
         v = self.visitor(v, request)
         spec_path, out = self._sweep_paths(v, name, custom, results)
@@ -70,8 +69,7 @@ class SweepsTab:
 
     def show_sweep(self, v, name, custom, results, limit, request: gr.Request = None):
         """The results file as it is now (a running sweep's or an earlier run's), without running anything."""
-        from ..sweepfiles import load_spec, with_eval
-        from ..sweeps import sweep_results
+        from ..sweeps import load_spec, sweep_results, with_eval
 
         v = self.visitor(v, request)
         spec_path, out = self._sweep_paths(v, name, custom, results)
@@ -80,7 +78,7 @@ class SweepsTab:
         return self._sweep_view(rows, spec.name, out, None, 0)
 
     def _sweep_view(self, rows, title: str, out: Path, cancelled, ran: int):
-        from ..sweepreport import results_table, sweep_figures, write_csv, write_html
+        from ..sweeps.report import results_table, sweep_figures, write_csv, write_html
 
         table = results_table(rows)
         state = "stopped (Run again resumes)" if cancelled else "finished" if cancelled is not None else "so far"

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .evaluation import EvalConfig
-from .hub import looks_like_hub_id
-from .methods import METHODS
-from .fields import PLAN_FILE_KEYS
-from .recipes import Recipe, read_data_file, refuse_unknown
+from ..errors import UserError
+from ..evaluation import EvalConfig
+from ..fields import PLAN_FILE_KEYS
+from ..hub import looks_like_hub_id
+from ..methods import METHODS
+from ..recipes import Recipe, read_data_file, refuse_unknown
 
 TOP_KEYS = ("name", "experts", "expert_sets", "recipes", "grid", "test_sets", "langs", "eval", "engine",
             "include_experts", "stats", "build")

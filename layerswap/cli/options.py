@@ -1,16 +1,19 @@
-"""The command line's shared option groups, and the library objects built from parsed options."""
+"""The command line's shared option groups, the library objects built from parsed options, and the
+helpers several commands share (opening checkpoints, checking output files, printing a recipe, progress)."""
 
 from __future__ import annotations
 
 import argparse
 import re
 import sys
+import textwrap
 
 from ..checkpoints import BASE_DISTANCE_THRESHOLD
 from ..engines import ENGINE_CHOICES, SERVING_CHOICES
 from ..errors import UserError
 from ..fields import FIELDS
 from ..recipes import Recipe
+from ..sources import Sources
 
 DEVICE_HELP = "cpu, cuda or auto (default auto: cuda when torch sees a GPU)"
 
@@ -48,10 +51,12 @@ def int_list(spec: str, what: str) -> list[int]:
 
 # ---- option groups ---------------------------------------------------------------------------------
 
-def models(p: argparse.ArgumentParser, base_required: bool = False) -> None:
-    p.add_argument("--math", required=True, metavar="M", help="math expert: local folder or Hub id")
-    p.add_argument("--lang", required=True, metavar="L", help="language expert: local folder or Hub id")
-    p.add_argument("--base", required=base_required, metavar="B", help="base model both experts were tuned from")
+def models(p: argparse.ArgumentParser, base_required: bool = False, optional: str = "") -> None:
+    """--math, --lang (required unless `optional` says what they are for) and --base."""
+    p.add_argument("--math", required=not optional, metavar="M", help=f"{optional}math expert: local folder or Hub id")
+    p.add_argument("--lang", required=not optional, metavar="L", help=f"{optional}language expert")
+    p.add_argument("--base", required=base_required, metavar="B", help=f"{optional}base model both experts were tuned "
+                   "from")
 
 
 GROUPS = {"plan": "plan (defaults: the literature's b=5 u=2 tb=1 tu=1 at 32 layers, scaled to the model)",
@@ -135,6 +140,49 @@ def recipe_from(args, num_layers: int) -> Recipe:
         r.validate(num_layers)
         return r
     return Recipe.from_values(num_layers=num_layers, **{f.name: v for f, v in given.items()})
+
+
+def open_checkpoint(ref: str | None):
+    from ..checkpoints import Checkpoint
+
+    return Checkpoint.open(ref) if ref else None
+
+
+def open_trio(args):
+    """--math, --lang, --base opened (base first, so adapters given as experts merge into it)."""
+    from ..adapters import open_expert
+
+    base = open_checkpoint(args.base)
+    return open_expert(args.math, args.base), open_expert(args.lang, args.base), base
+
+
+def check_outputs(outs, *checkpoints, extra=()) -> None:
+    """Refuse file outputs that are, or sit inside, an input, before any long work starts."""
+    from ..outputs import check_output_file, input_paths
+
+    inputs = input_paths(*checkpoints, extra=extra)
+    for out in outs:
+        if out and out != "-":
+            check_output_file(out, inputs)
+
+
+def print_recipe(recipe: Recipe, num_layers: int) -> None:
+    if recipe.plan is not None:
+        print(f"plan: {recipe.plan.title()} ({num_layers} layers)")
+        print(textwrap.indent(Sources(recipe, num_layers).describe(), "  "))
+    else:
+        print(f"method: {recipe.method.describe()}")
+
+
+def workbench(args, chat_template: bool | None = False):
+    """The session behind ask and eval, from the engine options (`chat_template`: the default
+    when --chat-template is not given; None uses the tokenizer's template when it has one)."""
+    from ..engines import VLLMSettings
+    from ..workbench import Workbench
+
+    return Workbench(device=args.device, engine=args.engine, serving=args.serving,
+                     vllm=VLLMSettings(max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size),
+                     chat_template=True if args.chat_template else chat_template)
 
 
 def eval_config(args):

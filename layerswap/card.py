@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 import yaml
 
 from . import mgsm
-from .checkpoints import Checkpoint, Pairing
+from .checkpoints import Checkpoint
+from .pairing import Pairing
 from .errors import UserError
 from .hub import hub_id_of, looks_like_hub_id
 from .interop import mergekit_yaml
@@ -144,6 +145,13 @@ def write_card(folder: str | os.PathLike, prov: dict) -> None:
         tmp = folder / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(folder / name)
+
+
+def write_mark(folder: str | os.PathLike, recipe: Recipe) -> None:
+    """Only ``layerswap.json``, with the recipe (no card, no mergekit config): a scratch merge nobody
+    publishes, marked so that the next one may replace it."""
+    (Path(folder) / EXPORT_MARK).write_text(json.dumps({"layerswap_version": __version__, "recipe": recipe.to_dict(),
+                                                        "scratch": True}, indent=2))
 
 
 def check_same_merge(prov: dict, folder: str | os.PathLike, checkpoints: dict[str, Checkpoint],

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from .architectures import Architecture
-from .card import check_languages, provenance, write_card
-from .checkpoints import BASE_DISTANCE_THRESHOLD, Checkpoint, Pairing, TensorInfo, check_compatible, check_pairing
+from .card import check_languages, provenance, write_card, write_mark
+from .checkpoints import Checkpoint, TensorInfo
+from .pairing import BASE_DISTANCE_THRESHOLD, Pairing, check_mergeable
 from .errors import UserError
 from .methods import MethodConfig, linear
 from .outputs import EXPORT_MARK, check_output_folder, input_paths
@@ -98,12 +99,14 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
                  base: Checkpoint | None = None, device: str = "auto",
                  shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False, force: bool = False,
                  base_distance_threshold: float = BASE_DISTANCE_THRESHOLD, protect: tuple = (),
-                 languages: list[str] | None = None,
+                 languages: list[str] | None = None, card: bool = True,
                  progress: Progress | None = None) -> MergeSummary:
     """Stream the merge to an HF folder: config, tokenizer, safetensors shards, model card.
 
     The card (README.md, from layerswap.json: see `layerswap.card`) lists `languages` (ISO codes)
-    in its front matter; `layerswap.card.attach_eval` adds MGSM results later.
+    in its front matter; `layerswap.card.attach_eval` adds MGSM results later. With ``card=False``
+    (a scratch merge nobody publishes) only the ``layerswap.json`` mark is written, without the card
+    and the mergekit config.
 
     Checks run before any weights are read in bulk: headers (architecture, layers, names,
     shapes, dtypes), the plan, and sampled distances from the base (refused above the threshold
@@ -115,16 +118,15 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
     method = recipe.method
     method.validate()
     languages = check_languages(languages)
-    check_compatible(math, lang, base).raise_if_bad()
+    check = check_mergeable(math, lang, base, threshold=base_distance_threshold, force=force)
+    check.raise_if_bad()
+    pairing = check.pairing
     _need_base(recipe, base is not None)
     sources = Sources(recipe, math.num_layers, math.arch)
     recipes = sources.of(math.tensors)
     # torch (and a device) only matter when a tensor is computed: a copy-only merge never imports it
     device = resolve_device(device, ("cpu", "cuda")) if any(r.kind != "copy" for r in recipes.values()) else "cpu"
     out = check_output_folder(out, input_paths(math, lang, base, extra=protect), overwrite)
-    pairing = check_pairing(math, lang, base, base_distance_threshold)
-    if pairing.suspicious and not force:
-        raise UserError(pairing.message() + ".")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -158,7 +160,10 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(names_to_file.items()))}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         _copy_side_files(math, tmp)
-        write_card(tmp, provenance(math, lang, base, sources, pairing, bool(pairing.suspicious and force), languages))
+        if card:
+            write_card(tmp, provenance(math, lang, base, sources, pairing, bool(pairing.suspicious and force), languages))
+        else:
+            write_mark(tmp, sources.recipe)
         _atomic_replace(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

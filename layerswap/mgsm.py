@@ -17,6 +17,7 @@ constructed language) with a ``languages.json`` of the same fields as `Language`
 from __future__ import annotations
 
 import json
+import operator
 import os
 import random
 import re
@@ -217,6 +218,58 @@ def build_prompt(question: str, lang: Language, *, mode: str = "native_cot",
                 parts.append(ex.question + "\n" + cue + str(ex.answer_number) + "\n\n")
     parts.append(lang.question + " " + question + "\n" + cue)
     return "".join(parts)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt to generate from: its text, its language (stop strings, strict answer pattern), the mode
+    it is scored in, and the set's item it asks (None for free text)."""
+
+    text: str
+    language: Language
+    mode: str = "native_cot"
+    item: Item | None = None
+
+    @property
+    def gold(self) -> int | None:
+        return self.item.answer if self.item is not None else None
+
+    def score(self, output: str) -> "Scored":
+        return score(output, self.gold, self.language, self.mode)
+
+
+def prompts(lang_code: str, *, limit: int | None = None, shots: int = 0, mode: str = "native_cot",
+            source: str | os.PathLike | None = None) -> list[Prompt]:
+    """The set's test prompts of `lang_code` in file order (the first `limit`), as lm-eval builds them: one
+    exemplar sampler (``random.Random(FEWSHOT_SEED)``) shared across the set's questions. `source`: a
+    folder, else ``$LAYERSWAP_MGSM_DIR``, else the Hub."""
+    src = source if source is not None else default_data_dir()
+    items = load(lang_code, src)
+    lang = get_language(lang_code, src)
+    exemplars = load_exemplars(lang_code, src) if shots else None
+    rng = random.Random(FEWSHOT_SEED)
+    return [Prompt(build_prompt(it.question, lang, mode=mode, exemplars=exemplars, rng=rng, shots=shots), lang, mode, it)
+            for it in (items[:limit] if limit else items)]
+
+
+def prompt(lang_code: str, question: str | int, *, shots: int = 0, mode: str = "native_cot",
+           source: str | os.PathLike | None = None) -> Prompt:
+    """One MGSM prompt in `lang_code`: the set's question number `question` (0-based) exactly as the
+    evaluation builds it (`prompts`), with its gold answer; or a free-text `question` in the language's
+    format (its few-shot exemplars are the ones the set's first question gets)."""
+    if isinstance(question, str):
+        src = source if source is not None else default_data_dir()
+        lang = get_language(lang_code, src)
+        exemplars = load_exemplars(lang_code, src) if shots else None
+        return Prompt(build_prompt(question.strip(), lang, mode=mode, exemplars=exemplars, shots=shots), lang, mode)
+    try:
+        index = operator.index(question)
+    except TypeError:
+        raise UserError(f"An MGSM question is a question number or text (got {question!r:.40}).") from None
+    n = len(load(lang_code, source))
+    if not 0 <= index < n:
+        raise UserError(f"MGSM {lang_code} has questions 0..{n - 1}; {index} is out of range.")
+    return prompts(lang_code, limit=index + 1, shots=shots, mode=mode, source=source)[index]
 
 
 # ---- scoring -------------------------------------------------------------------------------

@@ -187,11 +187,11 @@ def test_streaming_reads_are_bounded(trio, tmp_path, monkeypatch):
     def no_mmap(*a, **k):
         raise AssertionError("a tensor was memory-mapped whole")
 
-    from layerswap.checkpoints import Pairing
+    from layerswap import pairing
 
     monkeypatch.setattr(Checkpoint, "read", spy)
     monkeypatch.setattr(Checkpoint, "get", no_mmap)
-    monkeypatch.setattr(merging, "check_pairing", lambda *a, **k: Pairing({}, 0.5))  # only the merge's reads
+    monkeypatch.setattr(pairing, "check_pairing", lambda *a, **k: pairing.Pairing({}, 0.5))  # only the merge's reads
     plan = Plan(b=1, u=1, tb=2, tu=2, transition="ramp")
     export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), plan, tmp_path / "o")
     assert sizes and max(sizes) == 512  # the 64x128 MLP matrices (8192 elements) went in 16 slices

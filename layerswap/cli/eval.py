@@ -7,8 +7,8 @@ from pathlib import Path
 from ..errors import UserError
 from ..roles import ANSWERING, ROLE_NAMES
 from .options import (
-    Bar, check_outputs, engine_options, eval_config, eval_options, models, pairing_options, print_recipe,
-    recipe_from, recipe_options, workbench
+    Bar, check_outputs, engine_options, engine_settings, eval_config, eval_options, models, pairing_options,
+    print_recipe, recipe_from, recipe_options, workbench
 )
 
 
@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..engines import VLLMSettings, open_engine
+    from ..engines import open_engine
 
     if args.model and (args.math or args.lang):
         raise UserError("Give either --model M, or --math M --lang L (to evaluate the experts and their merge).")
@@ -40,10 +40,9 @@ def run(args) -> int:
     check_outputs([args.out], extra=(args.model, args.math, args.lang, args.base, *_mgsm_dir(args)))
     prov = _card_target(args)
     if args.model:
-        engine, note = open_engine(args.model, engine=args.engine, device=args.device,
-                                   settings=VLLMSettings(max_model_len=args.max_model_len,
-                                                         tensor_parallel_size=args.tensor_parallel_size),
-                                   use_chat_template=bool(args.chat_template))
+        s = engine_settings(args)
+        engine, note = open_engine(args.model, engine=s.engine, device=s.device, settings=s.vllm(),
+                                   use_chat_template=s.chat_template)
         engines = {Path(args.model).name or args.model: engine}
     else:
         roles = [r.strip() for r in args.models.split(",") if r.strip()]

@@ -14,13 +14,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..checkpoints import check_compatible, check_pairing
+    from ..pairing import check_mergeable
 
     math, lang, base = open_trio(args)
-    rep = check_compatible(math, lang, base)
-    print(rep.summary())
-    if rep.ok:
-        pairing = check_pairing(math, lang, base, args.base_distance_threshold)
-        print(("  warning: " if pairing.suspicious else "  ") + pairing.message())
-        return 1 if pairing.suspicious else 0
-    return 1
+    check = check_mergeable(math, lang, base, threshold=args.base_distance_threshold)
+    print(check.report.summary())
+    if check.pairing is not None:
+        print(("  warning: " if check.pairing.suspicious else "  ") + check.pairing.message())
+    return 1 if check.problem() else 0

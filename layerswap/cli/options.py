@@ -8,8 +8,8 @@ import re
 import sys
 import textwrap
 
-from ..checkpoints import BASE_DISTANCE_THRESHOLD
-from ..engines import ENGINE_CHOICES, SERVING_CHOICES
+from ..pairing import BASE_DISTANCE_THRESHOLD
+from ..engines import ENGINE_CHOICES, SERVING_CHOICES, EngineSettings
 from ..errors import UserError
 from ..fields import FIELDS
 from ..recipes import Recipe
@@ -174,15 +174,19 @@ def print_recipe(recipe: Recipe, num_layers: int) -> None:
         print(f"method: {recipe.method.describe()}")
 
 
+def engine_settings(args, chat_template: bool | None = False) -> EngineSettings:
+    """The engine options as `EngineSettings` (`chat_template`: the default when --chat-template is not
+    given; None uses the tokenizer's template when it has one)."""
+    return EngineSettings(engine=args.engine, device=args.device, serving=args.serving,
+                          chat_template=True if args.chat_template else chat_template,
+                          max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size)
+
+
 def workbench(args, chat_template: bool | None = False):
-    """The session behind ask and eval, from the engine options (`chat_template`: the default
-    when --chat-template is not given; None uses the tokenizer's template when it has one)."""
-    from ..engines import VLLMSettings
+    """The session behind ask and eval, from the engine options (`Workbench.from_settings`)."""
     from ..workbench import Workbench
 
-    return Workbench(device=args.device, engine=args.engine, serving=args.serving,
-                     vllm=VLLMSettings(max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size),
-                     chat_template=True if args.chat_template else chat_template)
+    return Workbench.from_settings(engine_settings(args, chat_template))
 
 
 def eval_config(args):

@@ -3,12 +3,13 @@ suite from flags; tables and plots."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import UserError
 from .options import (
-    Bar, check_outputs, engine_options, eval_config, eval_options, int_list, models, pairing_options, plan_options,
-    recipe_from
+    Bar, check_outputs, engine_options, engine_settings, eval_config, eval_options, int_list, models, pairing_options,
+    plan_options, recipe_from
 )
 
 
@@ -134,7 +135,5 @@ def _sweep_spec(args):
         name=f"{args.suite} sweep", expert_sets=[ExpertSet("experts", args.math, args.lang, args.base, args.force)],
         points=points, test_sets=[TestSet(Path(cfg.source).name if cfg.source else "mgsm", cfg.source, tuple(cfg.langs))],
         eval={"limit": cfg.limit, "shots": cfg.shots, "mode": cfg.mode, "max_new_tokens": cfg.max_new_tokens},
-        engine={"engine": args.engine, "device": args.device, "serving": args.serving,
-                "chat_template": bool(args.chat_template), "max_model_len": args.max_model_len,
-                "tensor_parallel_size": args.tensor_parallel_size},
+        engine=asdict(engine_settings(args)),
         include_experts=not args.no_experts)

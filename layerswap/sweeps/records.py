@@ -97,16 +97,10 @@ def evaluation_fields(report: EvalReport, model: str) -> dict:
 
 
 def refusal_reason(s: ExpertSet, cks: dict) -> str | None:
-    """Why this expert set cannot be merged (the checks `Workbench.load` makes), or None."""
-    from ..checkpoints import check_compatible, check_pairing
+    """Why this expert set cannot be merged (`checkpoints.check_mergeable`, as `Workbench.load` checks), or None."""
+    from ..pairing import check_mergeable
 
-    report = check_compatible(cks["math"], cks["lang"], cks.get("base"))
-    if not report.ok:
-        return report.summary().replace("\n", " | ")
-    pairing = check_pairing(cks["math"], cks["lang"], cks.get("base"))
-    if pairing.suspicious and not s.force:
-        return pairing.message() + "."
-    return None
+    return check_mergeable(cks["math"], cks["lang"], cks.get("base"), force=s.force).problem()
 
 
 def refused_record(spec: SweepSpec, s: ExpertSet, cks: dict, key: str, reason: str) -> dict:

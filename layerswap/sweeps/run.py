@@ -44,15 +44,11 @@ class SweepRun:
 
 
 def workbench_for(spec: SweepSpec):
-    from ..engines import VLLMSettings
+    """The workbench of the sweep's ``engine:`` settings (`Workbench.from_settings`)."""
+    from ..engines import EngineSettings
     from ..workbench import Workbench
 
-    e = spec.engine
-    return Workbench(device=e.get("device", "auto"), batch_size=int(e.get("batch_size", 8)), engine=e.get("engine"),
-                     serving=e.get("serving", "auto"),
-                     vllm=VLLMSettings(max_model_len=e.get("max_model_len"),
-                                       tensor_parallel_size=int(e.get("tensor_parallel_size") or 1)),
-                     chat_template=bool(e.get("chat_template", False)))
+    return Workbench.from_settings(EngineSettings.from_dict(spec.engine))
 
 
 def _stats(wb) -> dict:

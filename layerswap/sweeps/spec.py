@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ..engines import EngineSettings
 from ..errors import UserError
 from ..evaluation import EvalConfig
 from ..fields import PLAN_FILE_KEYS
@@ -38,7 +39,7 @@ from ..recipes import Recipe, read_data_file, refuse_unknown
 TOP_KEYS = ("name", "experts", "expert_sets", "recipes", "grid", "test_sets", "langs", "eval", "engine",
             "include_experts", "stats", "build")
 EVAL_KEYS = ("limit", "shots", "mode", "max_new_tokens")
-ENGINE_KEYS = ("engine", "device", "serving", "batch_size", "chat_template", "max_model_len", "tensor_parallel_size")
+ENGINE_KEYS = tuple(f.name for f in fields(EngineSettings))
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class SweepSpec:
     points: list[SweepPoint]
     test_sets: list[TestSet]
     eval: dict = field(default_factory=dict)  # EvalConfig settings besides langs and source
-    engine: dict = field(default_factory=dict)  # Workbench settings
+    engine: dict = field(default_factory=dict)  # EngineSettings, as the file gives them
     include_experts: bool = True
     stats: bool = False
     build: str | None = None

@@ -22,7 +22,7 @@ import gradio as gr
 from .. import mgsm
 from ..card import attach_eval
 from ..demo import card_markdown
-from ..engines import VLLMSettings
+from ..engines import EngineSettings
 from ..errors import UserError
 from ..hosting import Policy, fetch_models
 from ..hub import hub_id_of
@@ -66,9 +66,9 @@ class App(AnalysisTab, EvaluateTab, PushSection, SweepsTab):
     def __init__(self, defaults: AppDefaults, shared: Shared | None = None):
         self.d = defaults
         self.policy = defaults.policy
-        vllm = VLLMSettings(tensor_parallel_size=defaults.tensor_parallel_size)
-        self.shared = shared or Shared(lambda: Workbench(device=defaults.device, engine=defaults.engine,
-                                                         serving=defaults.serving, vllm=vllm), defaults.capacity)
+        settings = EngineSettings(defaults.engine, defaults.device, defaults.serving,
+                                  tensor_parallel_size=defaults.tensor_parallel_size)
+        self.shared = shared or Shared(lambda: Workbench.from_settings(settings), defaults.capacity)
         self.presets: dict[str, Preset] = presets()
         self.key = (defaults.base, defaults.math, defaults.lang)
         self.plan0 = defaults.plan or self._default_plan()

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from .errors import UserError
 
-MAX_LAYERS = 1024  # more than any model layerswap merges: layer indices, counts and per-layer lists stay below it
-SEED_LIMIT = 2**63  # seeds lie in (-SEED_LIMIT, SEED_LIMIT)
+MAX_LAYERS = 4096  # no model has more layers: layer indices, counts and per-layer lists stay below it
 
 
 @dataclass(frozen=True)

@@ -187,13 +187,13 @@ def evaluate(engines: Mapping[str, Engine], config: EvalConfig, *, progress: Pro
             if cancel is not None and cancel.is_set():
                 report.cancelled = True
                 break
-            answered, report.cancelled = _answer(engine, [x.text for x in batch], config.max_new_tokens,
+            answered, report.cancelled = _answer(engine, [x.prompt for x in batch], config.max_new_tokens,
                                                  langs[code].stop, cancel, counter(done, f"{model}: {code}", batch))
             for i in sorted(answered):
                 x, out = batch[i], answered[i]
                 s = x.score(out)
-                report.results.append(QuestionResult(model, code, x.item.index, x.item.question, x.text, out,
-                                                     x.item.answer, s.strict, s.flexible, s.strict_correct,
+                report.results.append(QuestionResult(model, code, x.index, x.question, x.prompt, out,
+                                                     x.gold, s.strict, s.flexible, s.strict_correct,
                                                      s.flexible_correct, report.engines[model]))
             done += len(batch)
             if report.cancelled:

@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .bounds import MAX_LAYERS, SEED_LIMIT, UNIT, Range
-from .errors import UserError
+from .bounds import MAX_LAYERS, UNIT, Range
+from .errors import UserError, whole_number
 from .methods import METHODS, PARAM_RANGES
 from .plans import KINDS, MODULES, NON_LAYER_OPTIONS, TRANSITIONS, parse_layers
 
@@ -59,9 +59,10 @@ class Field:
         """The longest text this value is read from (share links, CLI, app)."""
         return _NUMBER_CHARS * (self.size or self.max_len) if self.kind in ("floats", "layers") else _NUMBER_CHARS
 
-    def read(self, value: Any) -> Any:
+    def read(self, value: Any, num_layers: int | None = None) -> Any:
         """A loose value (CLI text, slider float, share-link text, file value) as the recipe takes it, checked
-        against the bounds; None for "not given" (None or empty text)."""
+        against the bounds (layer lists against `num_layers` when the model is known); None for "not given"
+        (None or empty text)."""
         if value is None or (isinstance(value, str) and not value.strip()):
             return None
         if isinstance(value, str) and len(value) > self.max_chars:
@@ -71,19 +72,16 @@ class Field:
                 raise UserError(f"{self.what} must be one of {', '.join(self.choices)} (got {value!r:.40}).")
             return value
         if self.kind == "layers":
-            out = parse_layers(value)
+            out = parse_layers(value, num_layers)
             if len(out) > self.max_len:
                 raise UserError(f"{self.what} names at most {self.max_len} layers (got {len(out)}).")
             return out
         if self.kind == "floats":
             return self._floats(value)
-        x = _number(value, self.what)
         if self.kind == "int":
-            if x != int(x):
-                raise UserError(f"{self.what} is a whole number (got {value!r:.40}).")
-            x = int(x)
-        if self.bounds is not None:
-            self.bounds.check(x, self.what)
+            return whole_number(value, self.what, int(self.bounds.lo), int(self.bounds.hi))
+        x = _number(value, self.what)
+        self.bounds.check(x, self.what)
         return x
 
     def _floats(self, value: Any) -> tuple[float, ...]:
@@ -136,7 +134,7 @@ FIELDS: tuple[Field, ...] = (
     Field("k", "int", "number of layers from the language expert (--map middle/random)", "maps", "k", "--map-k",
           plan="k", bounds=COUNT),
     Field("seed", "int", "seed for --map random and DARE (default 0)", "maps", "seed", "--seed", plan="seed",
-          method="seed", bounds=Range(-SEED_LIMIT, SEED_LIMIT, True, True)),
+          method="seed", bounds=Range(0, 2**63 - 1)),
     Field("offset", "int", "first language layer (--map alternating; default 0)", "maps", "offset", "--offset",
           plan="offset", bounds=Range(0, 1)),
     Field("modules", "choice", "apply the map to attention only or MLP only; the rest stays with the math expert "
@@ -163,10 +161,11 @@ PLAN_FILE_KEYS = tuple(f.plan for f in FIELDS if f.plan)  # a recipe file's plan
 METHOD_PARAMS = tuple(f.method for f in FIELDS if f.method)  # every method parameter a recipe file may give
 
 
-def read_values(values: dict[str, Any]) -> dict[str, Any]:
-    """Loose values by field name, each read through its field; unknown names are refused."""
+def read_values(values: dict[str, Any], num_layers: int | None = None) -> dict[str, Any]:
+    """Loose values by field name, each read through its field (layer lists against `num_layers` when the
+    model is known); unknown names are refused."""
     unknown = sorted(set(values) - set(BY_NAME))
     if unknown:
         raise UserError(f"Unknown recipe value{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; a recipe "
                         f"takes {', '.join(BY_NAME)}.")
-    return {k: BY_NAME[k].read(v) for k, v in values.items()}
+    return {k: BY_NAME[k].read(v, num_layers) for k, v in values.items()}

@@ -17,7 +17,6 @@ constructed language) with a ``languages.json`` of the same fields as `Language`
 from __future__ import annotations
 
 import json
-import operator
 import os
 import random
 import re
@@ -222,17 +221,15 @@ def build_prompt(question: str, lang: Language, *, mode: str = "native_cot",
 
 @dataclass(frozen=True)
 class Prompt:
-    """A prompt to generate from: its text, its language (stop strings, strict answer pattern), the mode
-    it is scored in, and the set's item it asks (None for free text)."""
+    """A prompt to generate from: its text, its language (stop strings, strict answer pattern), the mode it is
+    scored in, and, for a question of the set, its index, text and gold answer (None for free text)."""
 
-    text: str
+    prompt: str
     language: Language
+    gold: int | None  # None for a free-text question
+    index: int | None  # the question's index in its set, None for free text
+    question: str = ""
     mode: str = "native_cot"
-    item: Item | None = None
-
-    @property
-    def gold(self) -> int | None:
-        return self.item.answer if self.item is not None else None
 
     def score(self, output: str) -> "Scored":
         return score(output, self.gold, self.language, self.mode)
@@ -248,28 +245,27 @@ def prompts(lang_code: str, *, limit: int | None = None, shots: int = 0, mode: s
     lang = get_language(lang_code, src)
     exemplars = load_exemplars(lang_code, src) if shots else None
     rng = random.Random(FEWSHOT_SEED)
-    return [Prompt(build_prompt(it.question, lang, mode=mode, exemplars=exemplars, rng=rng, shots=shots), lang, mode, it)
-            for it in (items[:limit] if limit else items)]
+    return [Prompt(build_prompt(it.question, lang, mode=mode, exemplars=exemplars, rng=rng, shots=shots), lang,
+                   it.answer, it.index, it.question, mode) for it in (items[:limit] if limit else items)]
 
 
-def prompt(lang_code: str, question: str | int, *, shots: int = 0, mode: str = "native_cot",
-           source: str | os.PathLike | None = None) -> Prompt:
-    """One MGSM prompt in `lang_code`: the set's question number `question` (0-based) exactly as the
-    evaluation builds it (`prompts`), with its gold answer; or a free-text `question` in the language's
-    format (its few-shot exemplars are the ones the set's first question gets)."""
-    if isinstance(question, str):
-        src = source if source is not None else default_data_dir()
+def prompt_for(lang_code: str, *, question: str | None = None, index: int | None = None,
+               source: str | os.PathLike | None = None, shots: int = 0, mode: str = "native_cot") -> Prompt:
+    """The prompt the app, the Workbench and the evaluation send for one question: question `index` of
+    `lang_code`'s MGSM set exactly as the evaluation builds it (`prompts`: the few-shot exemplars lm-eval's
+    shared sampler draws for that question), with its gold answer; or the free text `question` in that
+    language's format (with the exemplars the set's first question gets). An index outside the set, or one
+    that is not a whole number, is refused with the set's range."""
+    from .errors import whole_number
+
+    src = source if source is not None else default_data_dir()
+    if question is not None:
         lang = get_language(lang_code, src)
         exemplars = load_exemplars(lang_code, src) if shots else None
-        return Prompt(build_prompt(question.strip(), lang, mode=mode, exemplars=exemplars, shots=shots), lang, mode)
-    try:
-        index = operator.index(question)
-    except TypeError:
-        raise UserError(f"An MGSM question is a question number or text (got {question!r:.40}).") from None
-    n = len(load(lang_code, source))
-    if not 0 <= index < n:
-        raise UserError(f"MGSM {lang_code} has questions 0..{n - 1}; {index} is out of range.")
-    return prompts(lang_code, limit=index + 1, shots=shots, mode=mode, source=source)[index]
+        return Prompt(build_prompt(question.strip(), lang, mode=mode, exemplars=exemplars, shots=shots), lang, None,
+                      None, question.strip(), mode)
+    index = whole_number(index, f"The MGSM {lang_code} question", 0, len(load(lang_code, src)) - 1)
+    return prompts(lang_code, limit=index + 1, shots=shots, mode=mode, source=src)[index]
 
 
 # ---- scoring -------------------------------------------------------------------------------

@@ -197,39 +197,42 @@ class Plan:
         return replace(self, **changes)
 
 
-def parse_layers(spec) -> tuple[int, ...]:
+def parse_layers(spec, num_layers: int | None = None) -> tuple[int, ...]:
     """Layer numbers from a list of ints or a string like ``"0-2,7"`` (inclusive ranges), sorted, unique.
 
-    Every number is checked against `bounds.MAX_LAYERS` before a range is expanded; the model's own layer
-    count is checked by `Plan.validate`.
-    """
+    Every number must lie in [0, num_layers) (or [0, MAX_LAYERS) when the model is not known yet); a
+    range or list beyond that is refused from its bounds, before anything is built."""
     if spec is None:
         return ()
+    limit = num_layers or MAX_LAYERS
+    where = f"this model's {num_layers} layers (0 to {num_layers - 1})" if num_layers else f"{MAX_LAYERS} layers"
+
+    def check(i: int) -> int:
+        if not 0 <= i < limit:
+            raise UserError(f"Layer {i} is outside {where}.")
+        return i
+
     if isinstance(spec, int) and not isinstance(spec, bool):
-        spec = (spec,)
+        return (check(spec),)
     if isinstance(spec, str):
+        if len(spec) > 16 * limit:
+            raise UserError(f"That layer list has {len(spec):,} characters; {where} need far fewer.")
         out: set[int] = set()
         try:
             for part in spec.replace(" ", "").split(","):
-                bounds = [int(x) for x in (part.split("-") if "-" in part[1:] else [part] if part else [])]
-                if len(bounds) > 2:
-                    raise ValueError(part)
-                _check_layer_numbers(bounds, spec)
-                out.update(range(bounds[0], bounds[-1] + 1) if bounds else ())
+                if "-" in part[1:]:
+                    lo, hi = (check(int(x)) for x in part.split("-"))
+                    out.update(range(lo, hi + 1))
+                elif part:
+                    out.add(check(int(part)))
         except ValueError:
-            raise UserError(f"Layers are written like 0-2,7 (got {spec!r:.200}).") from None
+            raise UserError(f"Layers are written like 0-2,7 (got {spec[:40]!r}).") from None
         return tuple(sorted(out))
     if isinstance(spec, (list, tuple, set, frozenset)):
-        if not all(isinstance(i, int) and not isinstance(i, bool) for i in spec):
-            raise UserError(f"Layers are whole numbers (got {list(spec)!r:.200}).")
-        _check_layer_numbers(spec, spec)
-        return tuple(sorted(set(spec)))
-    raise UserError(f"Layers are a list of numbers or a string like 0-2,7 (got {spec!r:.200}).")
-
-
-def _check_layer_numbers(numbers, spec) -> None:
-    if any(not 0 <= i < MAX_LAYERS for i in numbers) or len(numbers) > MAX_LAYERS:
-        raise UserError(f"Layer numbers run from 0 to at most {MAX_LAYERS - 1} (got {spec!r:.200}).")
+        if len(spec) > limit or not all(isinstance(i, int) and not isinstance(i, bool) for i in spec):
+            raise UserError(f"Layers are whole numbers from {where} (got {str(list(spec))[:60]}).")
+        return tuple(sorted({check(i) for i in spec}))
+    raise UserError(f"Layers are a list of numbers or a string like 0-2,7 (got {str(spec)[:40]!r}).")
 
 
 def format_layers(layers) -> str:

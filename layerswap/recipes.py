@@ -124,7 +124,7 @@ class Recipe:
         (the literature's setting, scaled); layer weights alone imply ``kind: weights``; the seed serves the
         random map and DARE alike. Parameters of the other part (plan values for a soup) are ignored, as the
         app keeps every control."""
-        v = read_values(values)
+        v = read_values(values, num_layers)
         name = v.get("method") or "layer_swap"
         mc = MethodConfig(name=name, **{f.method: v[f.name] for f in FIELDS if f.method and v.get(f.name) is not None})
         mc.validate()

@@ -322,16 +322,17 @@ class Workbench:
 
     def ask_question(self, question: str, lang_code: str = "en", *, source=None, shots: int = 0,
                      mode: str = "native_cot", gold: int | None = None, **kw) -> list[Answer]:
-        """A free-text question in MGSM's prompt format for `lang_code` (`mgsm.prompt`), scored against
+        """A free-text question in MGSM's prompt format for `lang_code` (`mgsm.prompt_for`), scored against
         `gold` when given."""
-        p = mgsm.prompt(lang_code, question, shots=shots, mode=mode, source=source)
-        return self.ask(p.text, p.language, gold, mode=p.mode, **kw)
+        p = mgsm.prompt_for(lang_code, question=question, source=source, shots=shots, mode=mode)
+        return self.ask(p.prompt, p.language, gold, mode=p.mode, **kw)
 
     def ask_mgsm(self, lang_code: str, index: int, *, source=None, shots: int = 0, mode: str = "native_cot",
                  **kw) -> list[Answer]:
-        """MGSM question `index` of `lang_code`, prompted as the evaluation prompts it, with its gold answer."""
-        p = mgsm.prompt(lang_code, index, shots=shots, mode=mode, source=source)
-        return self.ask(p.text, p.language, p.gold, mode=p.mode, **kw)
+        """MGSM question `index` of `lang_code`, prompted as the evaluation prompts it, with its gold answer
+        (`mgsm.prompt_for`)."""
+        p = mgsm.prompt_for(lang_code, index=index, source=source, shots=shots, mode=mode)
+        return self.ask(p.prompt, p.language, p.gold, mode=p.mode, **kw)
 
     # ---- evaluation -------------------------------------------------------------------
     def evaluate(self, config, roles: tuple[str, ...] = ANSWERING, progress: Progress | None = None,

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         a, b = build_models(Path(tmp.name), args.hidden, args.layers)
     cfg = EvalConfig(langs=[args.lang], limit=args.limit, source=args.mgsm_dir, max_new_tokens=args.max_new_tokens)
-    prompts = [x.text for x in build_prompts(args.lang, cfg)]
+    prompts = [x.prompt for x in build_prompts(args.lang, cfg)]
     stop = mgsm.get_language(args.lang).stop
     n = len(prompts)
     settings = VLLMSettings(chunk_size=n, max_num_seqs=256, kv_cache_gib=args.kv_cache_gib)

@@ -65,6 +65,10 @@ def test_first_visit_every_tab_works(browser, app_url):
     expect(page.locator("#heatmap .js-plotly-plot")).to_be_visible(timeout=120_000)
     expect(page.locator("#heatmap")).to_contain_text("plan b=3", timeout=120_000)
     page.screenshot(path=str(ARTIFACTS / "app-analysis.png"), full_page=True)
+    page.locator("#lens-run").click()  # the lens on the same plan: curves, grid, the class rule
+    expect(page.locator("#lens-curves .js-plotly-plot")).to_be_visible(timeout=180_000)
+    expect(page.locator("#lens-grid .js-plotly-plot")).to_be_visible()
+    expect(page.locator("#lens-summary")).to_contain_text("Token classes:")
 
     page.get_by_role("tab", name="Evaluate").click()
     expect(page.locator("#eval-langs input[type=checkbox]:checked")).to_have_count(1)

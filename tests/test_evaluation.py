@@ -21,16 +21,16 @@ def math_engine(trio):
 
 def test_prompts_follow_lm_eval(mgsm_dir):
     ps = build_prompts("sw", EvalConfig(langs=["sw"], source=str(mgsm_dir)))
-    assert len(ps) == 250 and ps[7].text == mgsm.build_prompt(ps[7].item.question, mgsm.get_language("sw"))
+    assert len(ps) == 250 and ps[7].prompt == mgsm.build_prompt(ps[7].question, mgsm.get_language("sw"))
     eight = build_prompts("en", EvalConfig(langs=["en"], shots=8, limit=3, source=str(mgsm_dir)))
-    blocks = [p.text.split("\n\n") for p in eight]
+    blocks = [p.prompt.split("\n\n") for p in eight]
     assert all(len(b) == 9 for b in blocks)
     # one seeded sampler per language, shared across questions: same exemplars, reproducible order
     assert sorted(blocks[0][:8]) == sorted(blocks[1][:8]) and blocks[0][:8] != blocks[1][:8]
     again = build_prompts("en", EvalConfig(langs=["en"], shots=8, limit=3, source=str(mgsm_dir)))
-    assert [p.text for p in again] == [p.text for p in eight]
+    assert [p.prompt for p in again] == [p.prompt for p in eight]
     direct = build_prompts("de", EvalConfig(langs=["de"], mode="direct", limit=1, source=str(mgsm_dir)))
-    assert direct[0].text.endswith("\nAntwort:")
+    assert direct[0].prompt.endswith("\nAntwort:")
 
 
 def test_evaluate_scores_match_per_question_rows(math_engine, mgsm_dir, tmp_path):
@@ -87,7 +87,7 @@ def test_cancel_keeps_answers_of_length_sorted_batches(math_engine):
 
     cfg = EvalConfig(langs=["xx"], limit=12, max_new_tokens=4, source=str(DEMO_MGSM))
     rep = evaluate({"m": math_engine}, cfg, progress=progress, cancel=cancel)
-    prompts = [x.text for x in build_prompts("xx", cfg)]
+    prompts = [x.prompt for x in build_prompts("xx", cfg)]
     shortest = sorted(range(12), key=lambda i: len(prompts[i]))[:4]
     assert shortest != [0, 1, 2, 3], "the test means something only if batches are not in file order"
     assert rep.cancelled and [r.index for r in rep.results] == sorted(shortest)

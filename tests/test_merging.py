@@ -123,7 +123,7 @@ def test_tied_embeddings_and_biases(tmp_path, tokenizer):
 
 @pytest.mark.parametrize("flags, msg", [
     (["--b", "5", "--u", "2", "--tb", "1", "--tu", "1"], "exceeds the model's 6 layers; reduce them so the sum is at most 6"),
-    (["--b", "-1"], "b must lie in [0, 1024] (got -1)"),
+    (["--b", "-1"], "b must be a whole number from 0 to 4,096 (got '-1')"),
     (["--b", "1", "--tb", "1", "--transition-weight", "1.2"], "transition weight must lie in [0, 1] (got 1.2)"),
 ])
 def test_invalid_plan_cli(flags, msg, trio, tmp_path):

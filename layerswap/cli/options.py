@@ -12,6 +12,7 @@ from ..pairing import BASE_DISTANCE_THRESHOLD
 from ..engines import ENGINE_CHOICES, SERVING_CHOICES, EngineSettings
 from ..errors import UserError
 from ..fields import FIELDS
+from ..plans import parse_layers
 from ..recipes import Recipe
 from ..sources import Sources
 
@@ -35,18 +36,11 @@ def parse_size(s: str) -> int:
 
 
 def int_list(spec: str, what: str) -> list[int]:
-    """'0,1,2' or '0-3' (inclusive) -> ints."""
-    out: list[int] = []
+    """'0,1,2' or '0-3' (inclusive) -> sorted unique ints, each a possible layer count (`plans.parse_layers`)."""
     try:
-        for part in spec.split(","):
-            if "-" in part.strip()[1:]:
-                lo, hi = part.split("-")
-                out += list(range(int(lo), int(hi) + 1))
-            elif part.strip():
-                out.append(int(part))
-    except ValueError:
-        raise UserError(f"{what} takes numbers like 0,1,2 or 0-3 (got {spec!r}).") from None
-    return out
+        return list(parse_layers(spec))
+    except UserError as e:
+        raise UserError(f"{what}: {e}") from None
 
 
 # ---- option groups ---------------------------------------------------------------------------------

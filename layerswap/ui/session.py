@@ -1,9 +1,14 @@
 """What each visitor owns, and what visitors share.
 
-- `Visitor` (one per browser tab, kept in the page's `gr.State`): the models the visitor loaded and
-  their last evaluation. The plan always comes from the visitor's own controls with each event.
+- `Visitor` (one per Gradio session: a browser tab, or an API client): the models the visitor loaded,
+  its Stop flag, its last evaluation and export. The plan always comes from the visitor's own controls
+  with each event. Its id is made by the server (unguessable) and names its folder.
 - `Shared` (one per app process): the loaded models (one `Workbench` per trio, at most `capacity`),
-  the lock that makes them one lane, the background start, per-visitor cancel flags and folders.
+  the lock that makes them one lane, the background start, and the visitors by session (at most
+  `MAX_VISITORS`; the least recently seen idle ones, and their folders, go first).
+
+Identity comes from the server, never from a handler's arguments: every event asks `Shared.visitor`
+with the request's session, and a caller without a session gets a fresh identity of its own.
 
 A workbench's merged model holds one plan at a time: `ensure_built` rebuilds it when the shared
 merged model holds another visitor's plan, so answers always come from the asking visitor's plan.
@@ -11,13 +16,14 @@ merged model holds another visitor's plan, so answers always come from the askin
 
 from __future__ import annotations
 
-import re
+import hashlib
+import secrets
 import shutil
 import tempfile
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,33 +33,28 @@ from ..runtime import Progress, no_progress
 from ..workbench import Workbench
 
 Key = tuple[str, str, str]  # base, math, lang references
+MAX_VISITORS = 512  # sessions remembered at once; beyond that the least recently seen idle one is dropped
+
+
+def new_sid() -> str:
+    """A visitor id made by the server: unguessable, and safe as a folder name."""
+    return secrets.token_hex(16)
 
 
 @dataclass
 class Visitor:
-    sid: str
+    sid: str = field(default_factory=new_sid)
     refs: Key = ("", "", "")
     force: bool = False
+    stop: threading.Event = field(default_factory=threading.Event)  # set by the visitor's Stop button
+    busy: int = 0  # jobs running for the visitor (it is not dropped while one runs)
     last_eval: Any = None  # the visitor's latest EvalReport
     last_export: str | None = None  # the visitor's latest export folder (what Push to Hub uploads)
     eval_recipe: dict | None = None  # the merged model's recipe in `last_eval` (its results go on that card)
 
 
-def safe_sid(session_hash: str | None) -> str:
-    """A folder-safe visitor id from Gradio's session hash (API clients choose theirs)."""
-    sid = re.sub(r"[^A-Za-z0-9_-]", "", session_hash or "")[:64]
-    return sid or "anonymous"
-
-
-def cancellable(progress: Progress, flag: threading.Event) -> Progress:
-    """A progress callback that stops the job (UserError) once the visitor pressed Stop."""
-
-    def p(fraction: float, desc: str) -> None:
-        if flag.is_set():
-            raise UserError("Stopped. Nothing was changed; the models stay loaded.")
-        progress(fraction, desc)
-
-    return p
+def _key(session_hash: str) -> str:
+    return hashlib.sha256(session_hash.encode("utf-8", "replace")).hexdigest()
 
 
 def same_recipe(wb: Workbench, recipe: Recipe) -> bool:
@@ -72,7 +73,8 @@ class Shared:
         self.status = "Starting…"
         self.start_error: str | None = None
         self._wbs: OrderedDict[Key, Workbench] = OrderedDict()
-        self._cancel: dict[str, threading.Event] = {}
+        self._visitors: OrderedDict[str, Visitor] = OrderedDict()
+        self._vlock = threading.Lock()
         self.root = Path(tempfile.mkdtemp(prefix="layerswap-sessions-"))
 
     # ---- models ---------------------------------------------------------------------------
@@ -150,16 +152,34 @@ class Shared:
         shutil.rmtree(self.root, ignore_errors=True)
 
     # ---- per visitor ----------------------------------------------------------------------
-    def cancel_flag(self, sid: str) -> threading.Event:
-        return self._cancel.setdefault(sid, threading.Event())
+    def visitor(self, session_hash: str | None, refs: Key = ("", "", "")) -> Visitor:
+        """The visitor of a Gradio session (made on its first event, with `refs` as its models); a caller
+        without a session gets a fresh one. Sessions are keyed by a digest, so a long hash costs nothing."""
+        key = _key(session_hash) if session_hash else new_sid()
+        with self._vlock:
+            v = self._visitors.get(key)
+            if v is None:
+                v = self._visitors[key] = Visitor(refs=refs)
+                idle = [k for k, x in self._visitors.items() if not x.busy and k != key]
+                for k in idle[:max(0, len(self._visitors) - MAX_VISITORS)]:
+                    self._drop(k)
+            self._visitors.move_to_end(key)
+            return v
 
-    def folder(self, sid: str) -> Path:
+    def folder(self, v: Visitor) -> Path:
         """The visitor's own folder (exports, downloads); nothing a visitor writes goes elsewhere."""
-        d = self.root / safe_sid(sid)
+        d = self.root / v.sid
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def end(self, sid: str) -> None:
-        """The tab was closed: its files and flag go."""
-        self._cancel.pop(sid, None)
-        shutil.rmtree(self.root / safe_sid(sid), ignore_errors=True)
+    def end(self, session_hash: str | None) -> None:
+        """The tab was closed: its visitor and files go."""
+        if session_hash:
+            with self._vlock:
+                self._drop(_key(session_hash))
+
+    def _drop(self, key: str) -> None:
+        v = self._visitors.pop(key, None)
+        if v is not None:
+            v.stop.set()
+            shutil.rmtree(self.root / v.sid, ignore_errors=True)

@@ -1,7 +1,7 @@
 """Merging: in-memory merges, and streaming export to an HF-format folder.
 
-Every output tensor gets a source (`TensorSource`) from the merge's `Recipe`. With layer swapping
-(and any per-layer map), a tensor with weight ``w == 0`` or ``w == 1`` is a copy of the math or
+Every output tensor gets its source (`TensorSource`) from the planner, `layerswap.sources`. With layer
+swapping (and any per-layer map), a tensor with weight ``w == 0`` or ``w == 1`` is a copy of the math or
 language expert's tensor, and a tensor of a reverted layer a copy of the base model's (in memory:
 the same tensor object; on disk: the same bytes, no dtype round trip). A tensor in between is
 ``(1-w)*math + w*lang`` in float32 (`methods.linear`, bit-identical to mergekit's ``linear``),
@@ -25,15 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from .architectures import Architecture, classify
-from .card import check_languages, provenance, write_card
-from .checkpoints import BASE_DISTANCE_THRESHOLD, Checkpoint, Pairing, TensorInfo, check_compatible, check_pairing
+from .architectures import Architecture
+from .card import check_languages, provenance, write_card, write_mark
+from .checkpoints import Checkpoint, TensorInfo
+from .pairing import BASE_DISTANCE_THRESHOLD, Pairing, check_mergeable
 from .errors import UserError
 from .methods import MethodConfig, linear
 from .outputs import EXPORT_MARK, check_output_folder, input_paths
-from .plans import BASE_LABEL, Plan, source_label
+from .plans import Plan
 from .recipes import Recipe, as_recipe
 from .runtime import Progress, resolve_device
+from .sources import Sources, TensorSource
 from .tensorfile import ITEMSIZE, ShardWriter
 
 if TYPE_CHECKING:  # torch loads only when a tensor is computed: copies and checks start without it
@@ -52,57 +54,10 @@ def blend(math: "torch.Tensor", lang: "torch.Tensor", w: float) -> "torch.Tensor
     return linear([math, lang.to(math.device)], [1.0 - w, w]).to(math.dtype)
 
 
-@dataclass(frozen=True)
-class TensorSource:
-    """How one output tensor is made: ``copy`` (from `role`: math, lang or base), ``blend`` (weight `w`)
-    or ``method``."""
-
-    kind: str
-    role: str | None = None
-    w: float | None = None
-
-    def label(self, method: MethodConfig) -> str:
-        if self.kind == "copy":
-            return {"math": "math expert", "lang": "language expert", "base": BASE_LABEL}[self.role]
-        if self.kind == "blend":
-            return source_label(self.w)
-        return method.spec.title
-
-
-def _source(w: float) -> TensorSource:
-    if w == 0.0:
-        return TensorSource("copy", "math")
-    if w == 1.0:
-        return TensorSource("copy", "lang")
-    return TensorSource("blend", w=w)
-
-
-def tensor_sources(names: list[str], num_layers: int, recipe: Recipe | Plan,
-                   arch: Architecture | None = None) -> dict[str, TensorSource]:
-    """The source of every tensor name, from the recipe's plan (layer swapping) or its method."""
-    recipe = as_recipe(recipe)
-    recipe.validate(num_layers)
-    if recipe.plan is None:
-        return {n: TensorSource("method") for n in names}
-    plan = recipe.plan
-    lw, reverted = plan.layer_weights(num_layers), plan.reverted()
-    out = {}
-    for n in names:
-        layer, ptype = classify(n, num_layers)
-        out[n] = TensorSource("copy", "base") if layer in reverted else _source(plan.tensor_weight(layer, ptype, lw, arch))
-    return out
-
-
 def _need_base(recipe: Recipe, have_base: bool, what: str = "pass --base (the model both experts were "
                "fine-tuned from)") -> None:
     if recipe.needs_base and not have_base:
         raise UserError(f"{recipe.base_reason()}: {what}.")
-
-
-def tensor_weights(ck: Checkpoint, plan: Plan) -> dict[str, float]:
-    """The plan's ``w_lang`` for every tensor of `ck`, by the tensor's layer and type."""
-    lw = plan.layer_weights(ck.num_layers)
-    return {n: plan.tensor_weight(t.layer, t.ptype, lw, ck.arch) for n, t in ck.tensors.items()}
 
 
 def merge_in_memory(math: Mapping[str, "torch.Tensor"], lang: Mapping[str, "torch.Tensor"], num_layers: int,
@@ -111,7 +66,7 @@ def merge_in_memory(math: Mapping[str, "torch.Tensor"], lang: Mapping[str, "torc
     """Merge loaded state dicts with any recipe; `base(name)` supplies base tensors when needed."""
     recipe = as_recipe(recipe)
     method = recipe.method
-    recipes = tensor_sources(list(math), num_layers, recipe, arch)
+    recipes = Sources(recipe, num_layers, arch).of(math)
     _need_base(recipe, base is not None, "load the base model as well")
     out = {}
     for i, (name, r) in enumerate(recipes.items()):
@@ -144,12 +99,14 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
                  base: Checkpoint | None = None, device: str = "auto",
                  shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False, force: bool = False,
                  base_distance_threshold: float = BASE_DISTANCE_THRESHOLD, protect: tuple = (),
-                 languages: list[str] | None = None,
+                 languages: list[str] | None = None, card: bool = True,
                  progress: Progress | None = None) -> MergeSummary:
     """Stream the merge to an HF folder: config, tokenizer, safetensors shards, model card.
 
     The card (README.md, from layerswap.json: see `layerswap.card`) lists `languages` (ISO codes)
-    in its front matter; `layerswap.card.attach_eval` adds MGSM results later.
+    in its front matter; `layerswap.card.attach_eval` adds MGSM results later. With ``card=False``
+    (a scratch merge nobody publishes) only the ``layerswap.json`` mark is written, without the card
+    and the mergekit config.
 
     Checks run before any weights are read in bulk: headers (architecture, layers, names,
     shapes, dtypes), the plan, and sampled distances from the base (refused above the threshold
@@ -161,15 +118,15 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
     method = recipe.method
     method.validate()
     languages = check_languages(languages)
-    check_compatible(math, lang, base).raise_if_bad()
+    check = check_mergeable(math, lang, base, threshold=base_distance_threshold, force=force)
+    check.raise_if_bad()
+    pairing = check.pairing
     _need_base(recipe, base is not None)
-    recipes = tensor_sources(list(math.tensors), math.num_layers, recipe, math.arch)
+    sources = Sources(recipe, math.num_layers, math.arch)
+    recipes = sources.of(math.tensors)
     # torch (and a device) only matter when a tensor is computed: a copy-only merge never imports it
     device = resolve_device(device, ("cpu", "cuda")) if any(r.kind != "copy" for r in recipes.values()) else "cpu"
     out = check_output_folder(out, input_paths(math, lang, base, extra=protect), overwrite)
-    pairing = check_pairing(math, lang, base, base_distance_threshold)
-    if pairing.suspicious and not force:
-        raise UserError(pairing.message() + ".")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -193,7 +150,7 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
             with lock:
                 done += info.nbytes
                 if progress:
-                    progress(done / total, f"{info.name} ({recipes[info.name].label(method)})")
+                    progress(done / total, f"{info.name} ({recipes[info.name].label(sources.method_title)})")
 
         for i, shard in enumerate(shards):
             fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
@@ -203,17 +160,17 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(names_to_file.items()))}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         _copy_side_files(math, tmp)
-        lw = recipe.layer_weights(math.num_layers)
-        non_layer = {n: (r.w if r.kind == "blend" else float(r.role == "lang")) for n, r in recipes.items()
-                     if math.tensors[n].layer is None and r.kind not in ("method", "base")}
-        write_card(tmp, provenance(math, lang, base, recipe, lw, non_layer, pairing,
-                                   bool(pairing.suspicious and force), languages))
+        if card:
+            write_card(tmp, provenance(math, lang, base, sources, pairing, bool(pairing.suspicious and force), languages))
+        else:
+            write_mark(tmp, sources.recipe)
         _atomic_replace(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     n_copied = sum(1 for r in recipes.values() if r.kind == "copy")
-    return MergeSummary(out, len(recipes), n_copied, len(recipes) - n_copied, total, len(shards), lw, pairing)
+    return MergeSummary(out, len(recipes), n_copied, len(recipes) - n_copied, total, len(shards),
+                        sources.layer_weights, pairing)
 
 
 def _write_computed(write: Callable[[memoryview], None], info: TensorInfo, r: TensorSource, math: Checkpoint,

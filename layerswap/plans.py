@@ -24,7 +24,7 @@ and mergekit YAML work for every one):
 ``revert`` names layers whose every tensor comes from the **base** model instead: the layer's
 fine-tuning update is reverted (Bandarkar & Peng 2025, arXiv 2505.18356: reverting less useful
 updates after training beats freezing them). It applies to any kind of map and overrides it for
-those layers; merging it needs the base.
+those layers (the planner, `layerswap.sources`, applies it for every view); merging it needs the base.
 
 ``modules`` applies a map to part of each layer only: ``attention`` (q, k, v, o and the
 attention norm) or ``mlp`` (gate, up, down and the MLP norm), as the architecture table
@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from .architectures import Architecture, architecture
+from .bounds import MAX_LAYERS, UNIT
 from .errors import UserError
 
 Transition = Literal["flat", "ramp"]
@@ -88,9 +89,8 @@ class Plan:
             if self.weights is None or len(self.weights) != num_layers:
                 n = "none" if self.weights is None else len(self.weights)
                 raise UserError(f"kind 'weights' needs one weight per layer: {num_layers} for this model (got {n}).")
-            bad = [w for w in self.weights if not 0.0 <= float(w) <= 1.0]
-            if bad:
-                raise UserError(f"layer weights must lie in [0, 1] (got {bad[0]}).")
+            for w in self.weights:
+                UNIT.check(w, "layer weights")
             return
         if self.kind in ("middle", "random"):
             if not isinstance(self.k, int) or not 0 <= self.k <= num_layers:
@@ -112,8 +112,7 @@ class Plan:
             )
         if self.transition not in TRANSITIONS:
             raise UserError(f"transition must be one of {', '.join(TRANSITIONS)} (got {self.transition!r}).")
-        if not (0.0 <= float(self.transition_weight) <= 1.0):
-            raise UserError(f"transition_weight must lie in [0, 1] (got {self.transition_weight}).")
+        UNIT.check(self.transition_weight, "transition_weight")
 
     def layer_weights(self, num_layers: int) -> list[float]:
         """``w_lang`` for every layer (1 = language expert, 0 = math expert)."""
@@ -174,23 +173,6 @@ class Plan:
         rev = f", revert {format_layers(self.revert)} to base" if self.revert else ""
         return f"{head}{mods}{rev}, non-layer={self.non_layer}"
 
-    def describe(self, num_layers: int) -> str:
-        """One line per contiguous run of equal weights, e.g. ``layers 0-4: language expert``."""
-        w: list = self.layer_weights(num_layers)
-        for i in self.revert:
-            w[i] = "base"
-        part = "" if self.modules == "all" else f" ({self.modules} only; the rest from the math expert)"
-        runs, start = [], 0
-        for i in range(1, num_layers + 1):
-            if i == num_layers or w[i] != w[start]:
-                runs.append((start, i - 1, w[start]))
-                start = i
-        return "\n".join(
-            (f"layers {a}-{b}: " if a != b else f"layer {a}: ")
-            + (BASE_LABEL if x == "base" else source_label(x) + (part if x else ""))
-            for a, b, x in runs
-        )
-
     def reverted(self) -> frozenset[int]:
         """The layers taken from the base model."""
         return frozenset(self.revert)
@@ -213,12 +195,6 @@ class Plan:
 
     def with_(self, **changes) -> "Plan":
         return replace(self, **changes)
-
-
-BASE_LABEL = "base model (fine-tuning reverted)"
-
-
-MAX_LAYERS = 4096  # no model has more layers: a longer list or range is refused from its text, never built
 
 
 def parse_layers(spec, num_layers: int | None = None) -> tuple[int, ...]:
@@ -268,14 +244,6 @@ def format_layers(layers) -> str:
         else:
             runs.append([i, i])
     return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
-
-
-def source_label(w: float) -> str:
-    if w == 1.0:
-        return "language expert"
-    if w == 0.0:
-        return "math expert"
-    return f"blend {w:.2f} lang / {1 - w:.2f} math"
 
 
 def default_plan(num_layers: int) -> Plan:

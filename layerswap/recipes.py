@@ -19,17 +19,15 @@ means layer swapping with that map (`as_recipe`).
 from __future__ import annotations
 
 import json
-import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from .errors import UserError, whole_number
+from .errors import UserError
+from .fields import FIELDS, PLAN_FILE_KEYS, read_values
 from .methods import METHODS, MethodConfig
-from .plans import MAX_LAYERS, Plan, default_plan, format_layers, parse_layers
-
-PLAN_KEYS = tuple(f.name for f in fields(Plan))
+from .plans import Plan, default_plan, format_layers
 
 
 @dataclass(frozen=True)
@@ -78,11 +76,6 @@ class Recipe:
     def title(self) -> str:
         return self.plan.title() if self.plan is not None else self.method.describe()
 
-    def describe(self, num_layers: int) -> str:
-        if self.plan is None:
-            return f"{self.method.describe()} on every tensor: {self.method.spec.description}"
-        return self.plan.describe(num_layers)
-
     # ---- dicts and files ------------------------------------------------------------------------
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"method": self.method.to_dict()}
@@ -123,38 +116,25 @@ class Recipe:
 
     # ---- from loose values (CLI flags, app controls) ------------------------------------------------
     @classmethod
-    def from_values(cls, *, num_layers: int | None = None, method: str | None = None, b=None, u=None, tb=None,
-                    tu=None, transition=None, transition_weight=None, non_layer=None, kind=None, layer_weights=None,
-                    k=None, seed=None, offset=None, modules=None, revert=None, weight=None, expert_weights=None,
-                    lam=None, density=None, drop_rate=None) -> "Recipe":
+    def from_values(cls, *, num_layers: int | None = None, **values: Any) -> "Recipe":
         """A recipe from loose values as the CLI and the app hold them (strings, floats from sliders, None
-        for "not given"). Missing b/u/tb/tu take `default_plan(num_layers)` (the literature's setting,
-        scaled); `layer_weights` and `expert_weights` may be comma-separated strings. Parameters of the
-        other part (plan values for a soup) are ignored, as the app keeps every control."""
-        name = method or "layer_swap"
-        if name not in METHODS:
-            raise UserError(f"Unknown merge method {name!r}; choose one of: {', '.join(METHODS)}.")
-        mc = MethodConfig(
-            name=name, weight=_num(weight, 0.5, "weight"), lam=_num(lam, 1.0, "lambda"),
-            expert_weights=_floats(expert_weights, "expert weights") if expert_weights not in (None, "") else (1.0, 1.0),
-            density=_num(density, 0.2, "density"), drop_rate=_num(drop_rate, 0.9, "drop rate"),
-            seed=_seed(seed))
-        if len(mc.expert_weights) != 2:
-            raise UserError("expert weights take two numbers: math, language (e.g. 1,1).")
+        for "not given"), by `layerswap.fields` name (b, u, tb, tu, transition, transition_weight, non_layer,
+        kind, layer_weights, k, seed, offset, modules, revert, method, weight, lam, density, drop_rate,
+        expert_weights), each read and bounded by its field. Missing b/u/tb/tu take `default_plan(num_layers)`
+        (the literature's setting, scaled); layer weights alone imply ``kind: weights``; the seed serves the
+        random map and DARE alike. Parameters of the other part (plan values for a soup) are ignored, as the
+        app keeps every control."""
+        v = read_values(values, num_layers)
+        name = v.get("method") or "layer_swap"
+        mc = MethodConfig(name=name, **{f.method: v[f.name] for f in FIELDS if f.method and v.get(f.name) is not None})
         mc.validate()
         if not mc.spec.uses_plan:
             return cls(mc)
         d = default_plan(num_layers) if num_layers else Plan()
-        counts = {"b": b, "u": u, "tb": tb, "tu": tu}
-        given = {key: v for key, v in counts.items() if v is not None}
-        counts = {key: whole_number(given.get(key, getattr(d, key)), key, 0, MAX_LAYERS) for key in counts}
-        kind = kind or ("weights" if layer_weights not in (None, "") else "swap")  # weights alone imply the kind
-        weights = _floats(layer_weights, "layer weights") if kind == "weights" and layer_weights not in (None, "") else None
-        plan = Plan(**counts, transition=transition or "flat",
-                    transition_weight=_num(transition_weight, 0.5, "transition weight"),
-                    non_layer=non_layer or "neighbour", kind=kind, weights=weights if kind == "weights" else None,
-                    k=_whole(k, "k"), seed=_seed(seed), offset=_whole(offset, "offset"), modules=modules or "all",
-                    revert=parse_layers(revert, num_layers) if revert not in (None, "") else ())
+        kind = v.get("kind") or ("weights" if v.get("layer_weights") is not None else "swap")
+        given = {f.plan: v[f.name] for f in FIELDS if f.plan and v.get(f.name) is not None}
+        given.update(kind=kind, weights=given.get("weights") if kind == "weights" else None)
+        plan = Plan(**{**{c: getattr(d, c) for c in ("b", "u", "tb", "tu")}, **given})
         r = cls(mc, plan)
         if num_layers:
             r.validate(num_layers)
@@ -203,17 +183,8 @@ def _method_from(m: Any, where: str) -> MethodConfig:
     if extra:
         takes = ", ".join(params) if params else "no parameters (its plan says everything)"
         raise UserError(f"{where}: {m['name']} does not use {', '.join(extra)}; it takes {takes}.")
-    kw = dict(m)
-    for key in params:
-        if key == "expert_weights" and key in kw:
-            kw[key] = _floats(kw[key], f"{where}: expert_weights")
-        elif key == "seed" and key in kw:
-            kw[key] = _seed(kw[key], f"{where}: seed")
-        elif key in kw:
-            kw[key] = _num(kw[key], 0.0, f"{where}: {key}")
+    kw = {"name": m["name"], **_read_all({k: v for k, v in m.items() if k != "name"}, where, "method")}
     mc = MethodConfig.from_dict(kw)
-    if len(mc.expert_weights) != 2:
-        raise UserError(f"{where}: expert_weights takes two numbers: math, language.")
     mc.validate()
     return mc
 
@@ -227,44 +198,28 @@ def refuse_unknown(d: dict, allowed, where: str, has: str, kind: str = "key") ->
 
 def _plan_from(p: Any, where: str) -> Plan:
     if not isinstance(p, dict):
-        raise UserError(f"{where}: plan is a mapping of {', '.join(PLAN_KEYS)}.")
-    refuse_unknown(p, PLAN_KEYS, where, f"a plan has {', '.join(PLAN_KEYS)}", kind="plan key")
-    for key in ("b", "u", "tb", "tu", "k", "seed", "offset"):
-        if key in p and (not isinstance(p[key], int) or isinstance(p[key], bool)):
-            raise UserError(f"{where}: plan {key} is a whole number (got {p[key]!r}).")
+        raise UserError(f"{where}: plan is a mapping of {', '.join(PLAN_FILE_KEYS)}.")
+    refuse_unknown(p, PLAN_FILE_KEYS, where, f"a plan has {', '.join(PLAN_FILE_KEYS)}", kind="plan key")
     try:
-        return Plan.from_dict(p)
+        return Plan(**_read_all(p, where, "plan"))
     except (TypeError, ValueError) as e:
         raise UserError(f"{where}: cannot read the plan ({e}).") from None
 
 
-def _whole(v: Any, what: str) -> int:
-    return 0 if v is None or v == "" else whole_number(v, what, 0, MAX_LAYERS)
+_FILE_FIELDS = {part: {getattr(f, part): f for f in FIELDS if getattr(f, part)} for part in ("plan", "method")}
 
 
-def _seed(v: Any, what: str = "seed") -> int:
-    return 0 if v is None or v == "" else whole_number(v, what, 0, 2**63 - 1)
+def _read_all(d: dict, where: str, part: str) -> dict:
+    """The given (not None, not empty) values of a file's plan or method mapping, each read by its field."""
+    return {k: r for k, v in d.items() if (r := _read(k, v, where, part)) is not None}
 
 
-def _num(v: Any, default: float, what: str) -> float:
-    """A finite number (None or "" give `default`)."""
-    if v is None or v == "":
-        return default
+def _read(key: str, value: Any, where: str, part: str) -> Any:
+    """A recipe file's plan key or method parameter, read by its field (whole numbers must be written as such)."""
+    f = _FILE_FIELDS[part][key]
+    if f.kind == "int" and (not isinstance(value, int) or isinstance(value, bool)):
+        raise UserError(f"{where}: {part} {key} is a whole number (got {value!r:.40}).")
     try:
-        x = float(v) if not isinstance(v, bool) else math.nan
-    except (TypeError, ValueError, OverflowError):
-        x = math.nan
-    if not math.isfinite(x):
-        raise UserError(f"{what} is a finite number (got {str(v)[:40]!r}).")
-    return x
-
-
-def _floats(v: Any, what: str) -> tuple[float, ...]:
-    """Numbers from a list or a comma-separated string, at most one per possible layer."""
-    if isinstance(v, str):
-        if len(v) > 32 * MAX_LAYERS:
-            raise UserError(f"{what}: {len(v):,} characters is far more than one number per layer.")
-        v = [x for x in v.replace(" ", "").split(",") if x]
-    if not isinstance(v, Sequence) or len(v) > MAX_LAYERS:
-        raise UserError(f"{what}: comma-separated numbers, one per layer at most, e.g. 1,1 (got {str(v)[:40]!r}).")
-    return tuple(_num(x, 0.0, what) for x in v)
+        return f.read(value)
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from None

@@ -28,16 +28,18 @@ from pathlib import Path
 from . import mgsm
 from .adapters import open_expert
 from .analysis import Analysis, MergedStats, analyze
-from .checkpoints import Checkpoint, CompatReport, Pairing, check_compatible, check_pairing
-from .engines import (EngineStartError, check_memory, SwappedEngine, TransformersEngine, VLLMEngine, VLLMSettings, load_model,
-                      load_tokenizer, model_from_state_dict, plan_serving, resolve_engine_choice, vllm_device,
-                      vllm_status)
+from .checkpoints import Checkpoint, CompatReport
+from .pairing import Pairing, check_mergeable
+from .engines import (EngineSettings, EngineStartError, SwappedEngine, TransformersEngine, VLLMEngine, VLLMSettings,
+                      check_memory, load_model, load_tokenizer, model_from_state_dict, plan_serving,
+                      resolve_engine_choice, try_vllm, vllm_device)
 from .errors import UserError
 from .merging import MergeSummary, export_merge, merge_in_memory
 from .plans import Plan
 from .recipes import Recipe, as_recipe
 from .roles import ANSWERING, EXPERTS, ROLE_NAMES
 from .runtime import Progress, no_progress, resolve_device
+from .sources import Sources
 
 
 @dataclass
@@ -77,6 +79,13 @@ class Workbench:
         self.layer_weights: list[float] | None = None
         self._analysis: Analysis | None = None
 
+    @classmethod
+    def from_settings(cls, settings: EngineSettings) -> "Workbench":
+        """The one way the CLI, the app and sweeps make a workbench: from their engine settings."""
+        s = settings
+        return cls(device=s.device, batch_size=s.batch_size, engine=s.engine, serving=s.serving, vllm=s.vllm(),
+                   chat_template=s.chat_template)
+
     # ---- loading ----------------------------------------------------------------------
     def load(self, math: str, lang: str, base: str | None = None, progress: Progress | None = None,
              force: bool = False) -> CompatReport:
@@ -99,13 +108,10 @@ class Workbench:
         cks = {"math": open_expert(math, base or None), "lang": open_expert(lang, base or None)}
         if base:
             cks["base"] = Checkpoint.open(base)
-        report = check_compatible(cks["math"], cks["lang"], cks.get("base"))
-        self.report = report
-        if not report.ok:
-            raise UserError(report.summary().replace("\n", " | "))
-        pairing = check_pairing(cks["math"], cks["lang"], cks.get("base"))
-        if pairing.suspicious and not force:
-            raise UserError(pairing.message() + ".")
+        check = check_mergeable(cks["math"], cks["lang"], cks.get("base"), force=force)
+        self.report = report = check.report
+        check.raise_if_bad()
+        pairing = check.pairing
         if self.engine_choice == "transformers":
             need = sum(cks[r].nbytes for r in EXPERTS)
             check_memory(need, self.device, "the two experts")
@@ -128,15 +134,19 @@ class Workbench:
         p(1.0, "loaded")
 
     def _start_vllm(self, tok, p: Progress) -> bool:
-        """Serve the experts with vLLM if chosen/available; False (with a note) means use transformers."""
-        if self.engine_choice == "transformers":
-            self.engine_note = "transformers engine (chosen)"
+        """Serve the experts with vLLM if chosen/available (`engines.try_vllm`); False (with a note) means
+        use transformers."""
+        plan, why = try_vllm(self.engine_choice, lambda: self._serve_vllm(tok, p))
+        if plan is None:
+            self.engine_note = "transformers engine (chosen)" if why == "chosen" else f"transformers engine: {why}"
             self.serving_mode = "transformers"
             return False
-        ok, why = vllm_status()
+        self.engine_note = f"vLLM: {plan.note} ({why})"
+        return True
+
+    def _serve_vllm(self, tok, p: Progress):
+        """The experts in vLLM engines: three, or one whose weights are swapped (`engines.plan_serving`)."""
         try:
-            if not ok:
-                raise EngineStartError(why)
             math_ck = self.checkpoints["math"]
             reusable = VLLMEngine.idle_for(math_ck.path)  # stops idle engines of another shape
             plan = plan_serving(math_ck, self.serving, self.vllm_settings, vllm_device(), running=reusable)
@@ -153,17 +163,12 @@ class Workbench:
                 self._vllm.append(shared)
                 for role in EXPERTS:
                     self.engines[role] = SwappedEngine(shared, self.checkpoints[role].path)
-            self.serving_mode = plan.mode
-            self._serving_plan = plan
-            self.engine_note = f"vLLM: {plan.note} ({why})"
-            return True
-        except EngineStartError as e:
+        except EngineStartError:
             self._release_vllm()
-            if self.engine_choice == "vllm":
-                raise
-            self.engine_note = f"transformers engine: {e}"
-            self.serving_mode = "transformers"
-            return False
+            raise
+        self.serving_mode = plan.mode
+        self._serving_plan = plan
+        return plan
 
     def _release_vllm(self) -> None:
         for e in self._vllm:
@@ -180,7 +185,7 @@ class Workbench:
         p(0.2, "writing the merged weights for vLLM")
         export_merge(self.checkpoints["math"], self.checkpoints["lang"], recipe, self._merge_dir,
                      base=self.checkpoints.get("base"), device=self.device, overwrite=True,
-                     force=bool(self.pairing and self.pairing.suspicious))
+                     force=bool(self.pairing and self.pairing.suspicious), card=False)
         p(0.7, "loading them into the engine")
         if self.serving_mode == "one":
             self.engines["merged"] = SwappedEngine(self._vllm[0], self._merge_dir)
@@ -237,15 +242,16 @@ class Workbench:
             p(1.0, "built")
             return lw
         ck = self.checkpoints["math"]
-        new = ck.nbytes if lw is None else sum(  # copies share the experts' tensors
-            t.nbytes for t in ck.tensors.values() if t.layer is not None and 0.0 < lw[t.layer] < 1.0)
+        sources = Sources(recipe, L, ck.arch).of(ck.tensors)
+        new = sum(t.nbytes for n, t in ck.tensors.items()  # copies of an expert share its tensors
+                  if sources[n].kind != "copy" or sources[n].from_base)
         check_memory(new, self.device, f"the merged model ({recipe.method.spec.title})")
         p(0.1, "merging")
         math_sd, lang_sd = self.engines["math"].state_dict(), self.engines["lang"].state_dict()
         base = self.checkpoints.get("base")
         merged = merge_in_memory(math_sd, lang_sd, L, recipe,
                                  base=(lambda n: base.get(n)) if base is not None else None,
-                                 progress=lambda f, d: p(0.1 + 0.6 * f, d))
+                                 progress=lambda f, d: p(0.1 + 0.6 * f, d), arch=ck.arch)
         p(0.7, "refreshing the merged model")
         if "merged" in self.engines:
             self.engines["merged"].load_state_dict(merged)
@@ -300,8 +306,8 @@ class Workbench:
     # ---- answering --------------------------------------------------------------------
     def ask(self, prompt: str, lang: mgsm.Language, gold: int | None = None,
             roles: tuple[str, ...] = ANSWERING, max_new_tokens: int = mgsm.MAX_NEW_TOKENS,
-            progress: Progress | None = None) -> list[Answer]:
-        """The same prompt to each model; outputs scored with MGSM's strict and flexible rules."""
+            progress: Progress | None = None, mode: str = "native_cot") -> list[Answer]:
+        """The same prompt to each model; outputs scored with MGSM's strict and flexible rules (of `mode`)."""
         self._need(*roles)
         answers = []
         for i, role in enumerate(roles):
@@ -310,20 +316,23 @@ class Workbench:
             eng = self.engines[role]
             t = time.perf_counter()
             out = eng.generate([prompt], max_new_tokens=max_new_tokens, stop=lang.stop)[0]
-            answers.append(Answer(role, prompt, mgsm.score(out, gold, lang), gold, eng.name, time.perf_counter() - t))
+            answers.append(Answer(role, prompt, mgsm.score(out, gold, lang, mode), gold, eng.name,
+                                  time.perf_counter() - t))
         return answers
 
     def ask_question(self, question: str, lang_code: str = "en", *, source=None, shots: int = 0,
                      mode: str = "native_cot", gold: int | None = None, **kw) -> list[Answer]:
-        """A free-text question in MGSM's prompt format for `lang_code` (`mgsm.prompt_for`)."""
+        """A free-text question in MGSM's prompt format for `lang_code` (`mgsm.prompt_for`), scored against
+        `gold` when given."""
         p = mgsm.prompt_for(lang_code, question=question, source=source, shots=shots, mode=mode)
-        return self.ask(p.prompt, p.language, gold, **kw)
+        return self.ask(p.prompt, p.language, gold, mode=p.mode, **kw)
 
     def ask_mgsm(self, lang_code: str, index: int, *, source=None, shots: int = 0, mode: str = "native_cot",
                  **kw) -> list[Answer]:
-        """MGSM question `index` of `lang_code`, with its gold answer (`mgsm.prompt_for`)."""
+        """MGSM question `index` of `lang_code`, prompted as the evaluation prompts it, with its gold answer
+        (`mgsm.prompt_for`)."""
         p = mgsm.prompt_for(lang_code, index=index, source=source, shots=shots, mode=mode)
-        return self.ask(p.prompt, p.language, p.gold, **kw)
+        return self.ask(p.prompt, p.language, p.gold, mode=p.mode, **kw)
 
     # ---- evaluation -------------------------------------------------------------------
     def evaluate(self, config, roles: tuple[str, ...] = ANSWERING, progress: Progress | None = None,

@@ -144,3 +144,19 @@ def test_lens_panel_matches_the_library(client, loaded):
                 assert g[key] == pytest.approx(w[key], abs=1e-4), (role, g["layer"], key)
     with pytest.raises(Exception, match="less than minimum value 1|batch"):
         client.predict("xx", 3, "", "", 0, 0, *plan, api_name="/lens")
+
+
+def test_analysis_after_a_build_that_reverts_a_layer(client, loaded):
+    """Build a plan that reverts layer 3, then the analysis: every panel is drawn, and the merged model's
+    layer 3 is the base (zero change), as the library computes it."""
+    cks, an = loaded
+    plan = (2, 1, 1, 1, "flat", 0.5, "neighbour", "swap", "", 2, 0, 0, "all", "layer_swap", 0.5, 1.0, 0.2, 0.9,
+            "1,1", "3")
+    client.predict(*plan, api_name="/build")
+    fig, summary, *_ = heatmap(client, ["math", "lang", "merged"], plan=plan)
+    assert [d["name"] for d in fig["data"]][-1] == "merged model vs base" and "Merged model" in summary
+    mz = np.array([[np.nan if v is None else v for v in row] for row in fig["data"][2]["z"]], dtype=float)
+    merged = an.merged(Plan(b=2, u=1, tb=1, tu=1, revert=(3,)), cks["math"], cks["lang"], cks["base"])
+    np.testing.assert_allclose(mz, an.grid(an.values("merged", "relative", merged=merged)), rtol=1e-9)
+    col = mz[:, 3]
+    assert np.all(col[np.isfinite(col)] == 0.0) and np.isfinite(col).any()

@@ -48,11 +48,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..adapters import open_expert
-    from ..checkpoints import Checkpoint
     from ..lens import ROLES, LensConfig, lens_curves, lens_grid, run_lens, write_report
     from ..plots import save_figure
-    from .commands import _check_files
 
     if (args.question is None) == (args.index is None):
         raise UserError("Give either --index N (an MGSM question) or --question \"...\".")
@@ -64,14 +61,13 @@ def run(args: argparse.Namespace) -> int:
                         answer_tokens=args.answer_tokens, source=args.mgsm_dir, mode=args.mode,
                         chat_template=args.chat_template, top=args.top)
     config.validate()
-    base = Checkpoint.open(args.base) if args.base else None
-    math, lang = open_expert(args.math, args.base), open_expert(args.lang, args.base)
+    math, lang, base = o.open_trio(args)
     plots = [Path(p) for p in args.plot]
     for p in [args.out, args.json, *args.plot]:
         if p and Path(p).suffix.lower() not in (".html", ".htm", ".json", ".png", ".svg", ".pdf"):
             raise UserError(f"{p}: write the report as .html, the numbers as .json and figures as .png or .html.")
-    _check_files([args.out, args.json, *args.plot], math, lang, base,
-                 extra=(args.mgsm_dir,) if args.mgsm_dir and Path(args.mgsm_dir).is_dir() else ())
+    o.check_outputs([args.out, args.json, *args.plot], math, lang, base,
+                    extra=(args.mgsm_dir,) if args.mgsm_dir and Path(args.mgsm_dir).is_dir() else ())
     recipe = o.recipe_from(args, math.num_layers)
     bar = o.Bar(enabled=not args.quiet)
     try:

@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 
 from ..plots import BASE_COLOR, LANG_COLOR, MATH_COLOR, MODEL_COLORS, _runs
 from ..roles import ROLE_NAMES
+from ..sources import Sources
 from .classes import CLASSES
 from .run import LensResult
 
@@ -192,7 +193,7 @@ def write_report(result: LensResult, path: str | os.PathLike) -> Path:
         parts.append(f"<p><b>English twin</b>:</p><pre>{html.escape(result.twin)}</pre>")
     parts.append(f"<p><b>Token classes.</b> {html.escape(result.rule)}</p>")
     if result.recipe is not None:
-        parts.append(f"<p><b>Merged model</b>: {html.escape(result.recipe.describe(result.num_layers))}</p>")
+        parts.append(f"<p><b>Merged model</b>: {html.escape(Sources(result.recipe, result.num_layers).describe())}</p>")
     parts.append(f"<p>Layer axis: <i>after layer i</i> (emb = the embedding output). Alignment pools each prompt's "
                  f"states over its tokens (special tokens left out); CKA runs over MGSM questions "
                  f"{result.batch_indices[0]}.. ({len(result.batch_indices)} in all) and their English twins.</p>")

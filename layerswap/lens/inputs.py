@@ -109,43 +109,43 @@ def prepare(config: LensConfig, tokenizer, vocab_size: int) -> Prepared:
     """Prompts, twins, the batch and the token classes for `config` (MGSM data and English are required)."""
     config.validate()
     src = _source(config)
-    lang, en = mgsm.get_language(config.language, src), mgsm.get_language("en", src)
-    items = mgsm.load(config.language, src)
+    every_t = mgsm.prompts(config.language, mode=config.mode, source=src)  # the prompts the evaluation sends
+    lang = every_t[0].language
     try:
-        en_items = mgsm.load("en", src)
+        every_e = mgsm.prompts("en", mode=config.mode, source=src)
     except UserError as e:
         raise UserError(f"The lens compares with English, so it needs MGSM's English questions beside "
                         f"{lang.name}'s: {e}") from None
-    if len(en_items) != len(items):
-        raise UserError(f"{lang.name} has {len(items)} MGSM questions and English {len(en_items)}; the lens needs "
+    if len(every_e) != len(every_t):
+        raise UserError(f"{lang.name} has {len(every_t)} MGSM questions and English {len(every_e)}; the lens needs "
                         "parallel sets (question i in both languages is the same problem).")
-    n = len(items)
+    n = len(every_t)
     if config.index is not None and not 0 <= config.index < n:
         raise UserError(f"MGSM {config.language} has questions 0..{n - 1}; {config.index} is out of range.")
     enc = TokenizingEngine(tokenizer, use_chat_template=config.chat_template)
 
-    def fmt(q: str, language) -> str:
-        return mgsm.build_prompt(q.strip(), language, mode=config.mode)
+    def free(q: str, code: str) -> str:
+        return mgsm.prompt_for(code, question=q, mode=config.mode, source=src).prompt
 
     start = config.index or 0
     idx = [(start + k) % n for k in range(min(config.batch, n))]
-    target = [fmt(items[i].question, lang) for i in idx]
-    english = [fmt(en_items[i].question, en) for i in idx]
+    target = [every_t[i].prompt for i in idx]
+    english = [every_e[i].prompt for i in idx]
     if config.index is not None:
         prompt, twin = target[0], english[0]
         texts, focus, twin_row = target + english, 0, len(target)
         cka_t, cka_e = list(range(len(idx))), list(range(len(idx), 2 * len(idx)))
     else:
-        prompt = fmt(config.question, lang)
-        twin = fmt(config.twin, en) if config.twin else None
+        prompt = free(config.question, config.language)
+        twin = free(config.twin, "en") if config.twin else None
         head = [prompt] + ([twin] if twin else [])
         texts, focus, twin_row = head + target + english, 0, (1 if twin else None)
         cka_t = list(range(len(head), len(head) + len(idx)))
         cka_e = [i + len(idx) for i in cka_t]
     batch = encode_batch(texts, enc, tokenizer)
     batch.focus, batch.twin, batch.cka_target, batch.cka_english = focus, twin_row, cka_t, cka_e
-    all_t = [fmt(it.question, lang) for it in items] + _exemplar_texts(config.language, src)
-    all_e = [fmt(it.question, en) for it in en_items] + _exemplar_texts("en", src)
+    all_t = [p.prompt for p in every_t] + _exemplar_texts(config.language, src)
+    all_e = [p.prompt for p in every_e] + _exemplar_texts("en", src)
     classes = token_classes(tokenizer, vocab_size, config.language, lang.name, all_t, all_e, enc.encode)
     return Prepared(config, lang.name, prompt, twin, idx, batch, enc.encode(prompt), classes, lang.stop, enc)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import mgsm
-from ..engines import VLLMSettings
+from ..engines import EngineSettings
 from ..errors import UserError
 from ..hosting import Policy, fetch_models
 from ..hub import hub_id_of
@@ -21,7 +21,8 @@ from ..plans import Plan, default_plan
 from ..presets import Preset, presets
 from ..recipes import Recipe
 from ..workbench import Workbench
-from .controls import PLAN_KEYS, plan_md, recipe, strip_figure
+from ..fields import LINK_KEYS
+from .controls import plan_md, recipe, strip_figure
 from .events import Job, event
 from .session import Shared
 
@@ -52,7 +53,7 @@ class Page:
     status: Any = None
     report: Any = None
     refs: list = field(default_factory=list)  # base, math, lang
-    plan: list = field(default_factory=list)  # the plan controls, in `controls.PLAN_KEYS` order
+    plan: list = field(default_factory=list)  # the plan controls, in `fields.LINK_KEYS` order
     sliders: list = field(default_factory=list)  # b, u, tb, tu
     strip: Any = None
     plan_md: Any = None
@@ -85,9 +86,9 @@ class Context:
     def __init__(self, defaults: AppDefaults, shared: Shared | None = None):
         self.d = defaults
         self.policy = defaults.policy
-        vllm = VLLMSettings(tensor_parallel_size=defaults.tensor_parallel_size)
-        self.shared = shared or Shared(lambda: Workbench(device=defaults.device, engine=defaults.engine,
-                                                         serving=defaults.serving, vllm=vllm), defaults.capacity)
+        settings = EngineSettings(defaults.engine, defaults.device, defaults.serving,
+                                  tensor_parallel_size=defaults.tensor_parallel_size)
+        self.shared = shared or Shared(lambda: Workbench.from_settings(settings), defaults.capacity)
         self.presets: dict[str, Preset] = presets()
         self.key = (defaults.base, defaults.math, defaults.lang)
         self.plan0 = defaults.plan or self._default_plan()
@@ -96,14 +97,14 @@ class Context:
     def job(self, handler: Callable, *, gpu: bool = True, clear_stop: bool = True, plan: bool = False) -> Callable:
         """`handler(ctx, job, *values)` as a Gradio event (see the module's docstring). `gpu`: on ZeroGPU it
         runs where the GPU is attached; `clear_stop`: False for the Stop buttons and quick reads; `plan`: its
-        ``*values`` are the plan controls (named after `PLAN_KEYS` in the API)."""
+        ``*values`` are the plan controls (named after `fields.LINK_KEYS` in the API)."""
         wrap = None
         if gpu and self.d.gpu == "zerogpu":
             import spaces  # the ZeroGPU runtime of Hugging Face Spaces
 
             wrap = spaces.GPU(duration=300)
         return event(functools.partial(handler, self), lambda session: self.shared.visitor(session, self.key),
-                     self.policy, clear_stop=clear_stop, wrap=wrap, rest=PLAN_KEYS if plan else ())
+                     self.policy, clear_stop=clear_stop, wrap=wrap, rest=LINK_KEYS if plan else ())
 
     def _default_plan(self) -> Plan:
         """The sliders' first values; a Hub model is not downloaded for them (the page is served first)."""
@@ -152,7 +153,7 @@ class Context:
 
     def strip_and_md(self, wb: Workbench, r: Recipe, built: bool):
         L = wb.num_layers
-        return strip_figure(r.layer_weights(L), L, r.plan), plan_md(r, L, built)
+        return strip_figure(r, L), plan_md(r, L, built)
 
     def start_loading(self) -> None:
         """Load the default models (and build the opening plan) behind the served page."""

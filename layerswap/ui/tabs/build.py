@@ -18,7 +18,7 @@ from ...interop import mergekit_yaml
 from ...methods import METHODS
 from ...plans import KINDS, MODULES, NON_LAYER_OPTIONS
 from ..context import Context, Page
-from ..controls import query_string, recipe
+from ..controls import plan_inputs, query_string, recipe
 from ..events import Job
 from ..session import same_recipe
 from . import ask, push
@@ -124,8 +124,11 @@ def _plan_controls(ctx: Context, page: Page) -> gr.Button:
             density = gr.Slider(0.01, 1, 0.2, step=0.01, label="TIES density")
             drop_rate = gr.Slider(0, 0.99, 0.9, step=0.01, label="DARE drop rate")
             expert_weights = gr.Textbox("1,1", label="Task arithmetic: expert weights (math, language)")
-    page.plan = [*page.sliders, transition, tw, non_layer, kind, layer_weights, map_k, seed, offset, modules, method,
-                 weight, lam, density, drop_rate, expert_weights, revert]  # controls.PLAN_KEYS order
+    b, u, tb, tu = page.sliders
+    page.plan = plan_inputs(b=b, u=u, tb=tb, tu=tu, transition=transition, tw=tw, non_layer=non_layer, kind=kind,
+                            weights=layer_weights, k=map_k, seed=seed, offset=offset, modules=modules, method=method,
+                            weight=weight, lam=lam, density=density, drop_rate=drop_rate,
+                            expert_weights=expert_weights, revert=revert)  # in the table's order
     with gr.Row():
         build_btn = gr.Button("Build merge now", variant="primary", elem_id="build")
         page.share = gr.Textbox(label="Share this view (append to the page address)", elem_id="share",

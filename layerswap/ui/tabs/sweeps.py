@@ -1,6 +1,6 @@
 """The Sweeps tab: run, watch, stop and resume a sweep file, with its table and plots.
 
-It only calls the library (`sweepfiles`, `sweeps.run_sweep`, `sweepreport`). The shipped ablations
+It only calls the library (`sweeps.spec`, `sweeps.run_sweep`, `sweeps.report`). The shipped ablations
 (`assets/sweeps/*.yaml`) are offered by name; locally any sweep file path works too. Each finished point is
 appended to the results file at once, so Stop (between batches) loses nothing and Run again resumes where it
 stopped. In hosted mode only the shipped files run, within `Policy.check_sweep`, and results go to the
@@ -28,7 +28,7 @@ def shipped_sweeps() -> dict[str, Path]:
 
 def _spec(ctx: Context, job: Job, name: str, custom: str, results: str, limit):
     """The sweep file (with the question limit), and the results file: the visitor's own unless a local path."""
-    from ...sweepfiles import load_spec, with_eval
+    from ...sweeps import load_spec, with_eval
 
     custom = str(custom or "").strip()
     if custom:
@@ -73,7 +73,7 @@ def show_sweep(ctx: Context, job: Job, name, custom, results, limit):
 def _view(rows, title: str, out: Path, cancelled, ran: int):
     import pandas as pd
 
-    from ...sweepreport import results_table, sweep_figures, write_csv, write_html
+    from ...sweeps.report import results_table, sweep_figures, write_csv, write_html
 
     table = results_table(rows)
     state = "stopped (Run again resumes)" if cancelled else "finished" if cancelled is not None else "so far"

@@ -1,7 +1,7 @@
 """Sweep results as tables and figures: accuracy per language with standard errors, average and max; an
 accuracy heatmap over (b, u), bars per recipe with the experts as reference lines, curves for one-dimensional
 sweeps; CSV and a self-contained HTML page. Everything reads the records of a results file
-(`layerswap.sweeplog.load_results`, or `SweepRun.rows`).
+(`layerswap.sweeps.log.load_results`, or `SweepRun.rows`).
 
 Standard errors are binomial, ``sqrt(p (1 - p) / n)`` per language; the average's is
 ``sqrt(sum se_i^2) / k`` (languages scored on separate questions). The max over languages is
@@ -20,8 +20,8 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from .errors import UserError
-from .plots import LANG_COLOR, MATH_COLOR
+from ..errors import UserError
+from ..plots import LANG_COLOR, MATH_COLOR
 
 EXPERT_COLORS = {"math": MATH_COLOR, "lang": LANG_COLOR}
 MERGE_COLOR = "#7570b3"

@@ -200,13 +200,15 @@ def launch_app(workdir: Path, *, mgsm_dir: Path | None, extra: list[str] = (), t
         proc.kill()
         pytest.fail(f"app.py did not start within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
     APPS[url] = proc
-    yield url
-    APPS.pop(url, None)
-    proc.terminate()
     try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        yield url
+    finally:  # also when the generator is closed early (a test's own `app.close()`)
+        APPS.pop(url, None)
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def shown(x):

@@ -35,6 +35,7 @@ from .outputs import EXPORT_MARK, check_output_folder, input_paths
 from .plans import Plan
 from .recipes import Recipe, as_recipe
 from .runtime import Progress, resolve_device
+from .scratch import check_disk
 from .sources import Sources, TensorSource
 from .tensorfile import ITEMSIZE, ShardWriter
 
@@ -128,6 +129,7 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
     device = resolve_device(device, ("cpu", "cuda")) if any(r.kind != "copy" for r in recipes.values()) else "cpu"
     out = check_output_folder(out, input_paths(math, lang, base, extra=protect), overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
+    check_disk(math.nbytes, out.parent, f"the merged model to {out.name}")  # before a byte is written
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:

@@ -18,6 +18,7 @@ either returns per-engine settings or raises a `UserError` that says what to cha
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from ..checkpoints import Checkpoint, text_config
@@ -72,7 +73,14 @@ def _gib(n: float) -> str:
 
 
 def available_memory(device: str, gpus: int = 1) -> int:
-    """Free GPU memory (CUDA; the least free of the first `gpus` GPUs) or available RAM (CPU backend), in bytes."""
+    """Free GPU memory (CUDA; the least free of the first `gpus` GPUs) or available RAM (CPU backend), in bytes;
+    ``$LAYERSWAP_AVAILABLE_MEMORY`` (bytes) caps it, so a test can play a small machine."""
+    cap = os.environ.get("LAYERSWAP_AVAILABLE_MEMORY")
+    have = _available(device, gpus)
+    return min(have, int(float(cap))) if cap else have
+
+
+def _available(device: str, gpus: int) -> int:
     if device != "cpu":
         import torch
 

@@ -334,29 +334,32 @@ def merged_model(math_model, lang_model, recipe: Recipe, math_ck: Checkpoint, ba
     return model_from_state_dict(math_model.config, sd, math_model.generation_config).to(device)
 
 
-def lens_workbench(wb, config: LensConfig, *, progress: Progress | None = None,
+def lens_workbench(wb, config: LensConfig, *, recipe: Recipe | None = None, progress: Progress | None = None,
                    cancel: threading.Event | None = None) -> LensResult:
-    """The lens of a `Workbench`'s models: its loaded transformers models as they are (the merged one is the built
-    recipe); models it serves with vLLM, and the base (a checkpoint only), streamed from their files."""
+    """The lens of a `Workbench`'s models for `recipe` (default: the built one): the transformers models it has
+    loaded as they are (the merged one when it holds `recipe`); everything else (models served by vLLM, models
+    not loaded at all, the base) streamed from the files, so it needs no engine."""
     from ..engines import TransformersEngine
 
     if "math" not in wb.checkpoints:
         raise UserError("Load the two experts first.")
-    if wb.recipe is None:
-        raise UserError("Build the merge first: the lens compares the merged model with the experts.")
+    recipe = recipe or wb.recipe
+    if recipe is None:
+        raise UserError("Give a plan: the lens compares the merged model with the experts.")
+    built = wb.recipe is not None and wb.recipe.to_dict() == recipe.to_dict()
     cks, device = wb.checkpoints, wb.device
     stacks: dict[str, StackFactory] = {}
     streamed: dict[str, bool] = {}
     for role in ROLES:
         eng = wb.engines.get(role)
-        streamed[role] = not isinstance(eng, TransformersEngine)
+        streamed[role] = not isinstance(eng, TransformersEngine) or (role == "merged" and not built)
         if not streamed[role]:
             stacks[role] = lambda model=eng.model: Stack.loaded(model)
         elif role == "merged":
-            stacks[role] = lambda: Stack.streamed(MergedSource(cks["math"], cks["lang"], wb.recipe, cks.get("base")),
+            stacks[role] = lambda: Stack.streamed(MergedSource(cks["math"], cks["lang"], recipe, cks.get("base")),
                                                   device)
         elif role in cks:
             stacks[role] = lambda ck=cks[role]: Stack.streamed(WeightSource(ck), device)
     tokenizer = getattr(wb.engines.get("math"), "tokenizer", None) or load_tokenizer(cks["math"].path)
-    return lens_stacks(stacks, tokenizer, config, recipe=wb.recipe, streamed=streamed, progress=progress,
+    return lens_stacks(stacks, tokenizer, config, recipe=recipe, streamed=streamed, progress=progress,
                        cancel=cancel)

@@ -134,10 +134,11 @@ class Context:
         return self.shared.workbench(v.refs, v.force, job.progress)
 
     def built(self, job: Job, values) -> tuple[Workbench, Recipe]:
-        """The visitor's models with the visitor's plan built into the merged model."""
+        """The visitor's models answering, with the visitor's plan built into the merged model."""
         wb = self.workbench(job)
         r = recipe(*values)
         r.validate(wb.num_layers)  # against the model, before any work
+        self.shared.engines(job.visitor.refs, job.progress)
         self.shared.ensure_built(wb, r, job.progress)
         return wb, r
 
@@ -147,8 +148,11 @@ class Context:
         md = wb.report.markdown()
         if wb.pairing is not None:
             md += ("\n- **warning** " if wb.pairing.suspicious else "\n- ") + wb.pairing.message()
-        if wb.engine_note:
-            md += f"\n\n**Engine:** {wb.engine_note}"
+        if wb.engine_plan is not None:
+            md += f"\n\n{wb.engine_plan.describe()}"
+        now = self.shared.engine_status(wb)
+        if now:
+            md += f"\n\n**Engine now:** {now}"
         return md
 
     def strip_and_md(self, wb: Workbench, r: Recipe, built: bool):

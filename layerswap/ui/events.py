@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import gradio as gr
@@ -36,11 +37,19 @@ class Job:
     visitor: Visitor
     bar: Callable
     request: gr.Request | None = None
+    started: float = field(default_factory=time.perf_counter)
 
     def progress(self, fraction: float, desc: str = "") -> None:
         if self.visitor.stop.is_set():
             raise UserError(STOPPED)
-        self.bar(fraction, desc=desc)
+        self.bar(fraction, desc=desc + self.time_left(fraction))
+
+    def time_left(self, fraction: float) -> str:
+        """`` · about N s left`` once the job is far enough along to say."""
+        if fraction < 0.05:
+            return ""
+        left = (time.perf_counter() - self.started) * (1 - fraction) / fraction
+        return f" · about {left:.0f} s left" if left < 120 else f" · about {left / 60:.0f} min left"
 
     def part(self, start: float, end: float) -> Progress:
         """Progress for one stage of the job, mapped to [start, end] of the bar."""

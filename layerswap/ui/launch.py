@@ -41,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
     from ..hosting import Policy, forbid_implicit_token, gpu_mode
     from .app import AppDefaults, create_app
 
+    from ..scratch import clean_stale
+
+    for d in clean_stale():  # scratch merges and visitor folders of an earlier run that was killed
+        print(f"removed a stale scratch folder: {d}")
     policy = Policy.from_env()
     if policy.hosted:
         forbid_implicit_token()

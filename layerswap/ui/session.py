@@ -7,6 +7,11 @@
   the lock that makes them one lane, the background start, and the visitors by session (at most
   `MAX_VISITORS`; the least recently seen idle ones, and their folders, go first).
 
+Loading a trio reads headers only (`Workbench.check`): the report, analysis, export and card need no
+engine. Engines start behind the page when their plan says they are quick (`EnginePlan.quick`; small
+experts answer with transformers at once while vLLM starts, then move to vLLM), otherwise when answers
+are asked for (`engines`), and never when they do not fit (the plan says, with numbers, why).
+
 Identity comes from the server, never from a handler's arguments: every event asks `Shared.visitor`
 with the request's session, and a caller without a session gets a fresh identity of its own.
 
@@ -19,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import secrets
 import shutil
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import scratch
 from ..errors import UserError
 from ..recipes import Recipe
 from ..runtime import Progress, no_progress
@@ -53,6 +58,15 @@ class Visitor:
     eval_recipe: dict | None = None  # the merged model's recipe in `last_eval` (its results go on that card)
 
 
+@dataclass
+class EngineStart:
+    """A background start of one trio's engines: `answering` is set once answers are possible (or it failed)."""
+
+    answering: threading.Event = field(default_factory=threading.Event)
+    status: str = "starting the engines"
+    error: str | None = None
+
+
 def _key(session_hash: str) -> str:
     return hashlib.sha256(session_hash.encode("utf-8", "replace")).hexdigest()
 
@@ -75,15 +89,18 @@ class Shared:
         self._wbs: OrderedDict[Key, Workbench] = OrderedDict()
         self._visitors: OrderedDict[str, Visitor] = OrderedDict()
         self._vlock = threading.Lock()
-        self.root = Path(tempfile.mkdtemp(prefix="layerswap-sessions-"))
+        self._starting: dict[Key, EngineStart] = {}
+        self.root = scratch.make("sessions")
 
     # ---- models ---------------------------------------------------------------------------
     def loaded(self, key: Key) -> Workbench | None:
         return self._wbs.get(key)
 
-    def workbench(self, key: Key, force: bool = False, progress: Progress = no_progress) -> Workbench:
-        """The workbench of `key`, loading it if needed. Checks run first; models already loaded are
-        dropped (oldest first, above `capacity`) only once the new ones passed them."""
+    def workbench(self, key: Key, force: bool = False, progress: Progress = no_progress,
+                  after: Callable[[Workbench], None] | None = None) -> Workbench:
+        """The workbench of `key`, checked (headers and the shared-base check) if new; models already loaded
+        are dropped (oldest first, above `capacity`) only once the new ones passed. Quick engines start behind
+        it, then `after` runs (e.g. building the opening plan)."""
         with self.lock:
             wb = self._wbs.get(key)
             if wb is not None:
@@ -95,15 +112,79 @@ class Shared:
             wb = self.make_workbench()
             wb.check(math, lang, base or None, force=force, progress=progress)
             while len(self._wbs) >= self.capacity:
-                _, old = self._wbs.popitem(last=False)
+                old_key, old = self._wbs.popitem(last=False)
+                self._starting.pop(old_key, None)
                 old.close()
-            try:
-                wb.start(progress)
-            except BaseException:
-                wb.close()
-                raise
             self._wbs[key] = wb
+            if wb.engine_plan is not None and wb.engine_plan.quick:
+                self._start_engines(key, wb, after)
             return wb
+
+    # ---- engines ----------------------------------------------------------------------------
+    def _start_engines(self, key: Key, wb: Workbench, after: Callable[[Workbench], None] | None = None) -> None:
+        """Start `wb`'s engines in a thread (transformers first when the plan says so, then vLLM); `after` runs
+        once answers are possible."""
+        st = self._starting[key] = EngineStart()
+
+        def p(f: float, d: str) -> None:
+            st.status = f"{d} ({f:.0%})"
+
+        def run() -> None:
+            try:
+                first = "transformers" if wb.engine_plan.transformers_first else None
+                with self.lock:
+                    if not wb.answering:
+                        wb.start(p, engine=first)
+                    if after is not None:
+                        after(wb)
+                st.answering.set()
+                if first:
+                    st.status = "answering with transformers while vLLM starts"
+                    served = wb.prepare_vllm(p)
+                    if served is not None:
+                        with self.lock:
+                            recipe = wb.recipe
+                            wb.switch(served)
+                            if recipe is not None:
+                                wb.build(recipe)
+                st.status = wb.engine_note
+            except Exception as e:  # shown when answers are asked for; everything else keeps working
+                st.error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+                st.status = f"the engines did not start: {st.error}"
+            finally:
+                st.answering.set()
+
+        threading.Thread(target=run, name="layerswap-engines", daemon=True).start()
+
+    def engine_status(self, wb: Workbench) -> str:
+        """Which engine answers for `wb`, or what its engines are doing, for the page."""
+        key = next((k for k, w in self._wbs.items() if w is wb), None)
+        st = self._starting.get(key) if key is not None else None
+        return st.status if st is not None and not wb.answering else wb.engine_note if wb.answering else ""
+
+    def engines(self, key: Key, progress: Progress = no_progress, *, slow_ok: bool = False) -> Workbench:
+        """The workbench of `key` with its engines answering: waits for a background start, else starts them
+        here. Refused, with the numbers, when they do not fit, and (unless `slow_ok`: the Start engines button)
+        when a question would take minutes on this machine."""
+        wb = self._wbs.get(key)
+        if wb is None:
+            raise UserError("Load the models first.")
+        st = self._starting.get(key)
+        while st is not None and not st.answering.wait(0.5):
+            progress(0.0, f"waiting for the engines: {st.status}")
+        if wb.answering:
+            return wb
+        plan = wb.engine_plan
+        if plan is not None and not plan.fits:
+            raise UserError(plan.describe().replace("**", ""))
+        if plan is not None and not plan.quick and not slow_ok:
+            raise UserError(f"{plan.describe()} Press 'Start engines' to load them, then ask.".replace("**", ""))
+        if st is not None and st.error:
+            raise UserError(f"The engines did not start: {st.error}")
+        with self.lock:
+            if not wb.answering:
+                wb.start(progress)
+        return wb
 
     def ensure_built(self, wb: Workbench, recipe: Recipe, progress: Progress = no_progress) -> bool:
         """Build `recipe` unless the merged model already holds it; True when a build ran."""
@@ -114,7 +195,8 @@ class Shared:
             return True
 
     def start_background(self, key: Key, after: Callable[[Workbench], None] | None = None) -> threading.Thread:
-        """Load `key` (and run `after`) in a thread, so the page is served at once."""
+        """Check `key` in a thread, so the page is served at once; its engines then start behind it when they
+        are quick, running `after` (the opening plan's build) once they answer."""
 
         def run() -> None:
             def p(f: float, d: str) -> None:
@@ -122,10 +204,8 @@ class Shared:
 
             t0 = time.perf_counter()
             try:
-                wb = self.workbench(key, progress=p)
-                if after is not None:
-                    after(wb)
-                self.status = f"Models ready (loaded in {time.perf_counter() - t0:.0f} s)."
+                self.workbench(key, progress=p, after=after)
+                self.status = f"Models ready (checked in {time.perf_counter() - t0:.1f} s)."
             except Exception as e:  # shown on the page; the visitor can load other models
                 self.start_error = f"{type(e).__name__}: {e}" if not isinstance(e, UserError) else str(e)
                 self.status = f"Loading the default models failed: {self.start_error}"
@@ -145,11 +225,18 @@ class Shared:
                 raise UserError("The default models are still loading; try again in a minute.")
 
     def close(self) -> None:
-        with self.lock:
+        """Scratch folders first (no lock: a job holding the lane must not keep them on disk), then the models."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        for wb in list(self._wbs.values()):
+            wb.drop_scratch()
+        if not self.lock.acquire(timeout=10):  # a job still runs: the process is ending, its engines with it
+            return
+        try:
             for wb in self._wbs.values():
                 wb.close()
             self._wbs.clear()
-        shutil.rmtree(self.root, ignore_errors=True)
+        finally:
+            self.lock.release()
 
     # ---- per visitor ----------------------------------------------------------------------
     def visitor(self, session_hash: str | None, refs: Key = ("", "", "")) -> Visitor:

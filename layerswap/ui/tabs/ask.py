@@ -46,6 +46,13 @@ def ask(ctx: Context, job: Job, lang: str, index, free_text: str, max_new_tokens
         yield [head, *cols, strip, pmd]
 
 
+def start_engines(ctx: Context, job: Job) -> str:
+    """Load the engines now, even where a question takes minutes (the page said how long before)."""
+    ctx.workbench(job)
+    wb = ctx.shared.engines(job.visitor.refs, job.progress, slow_ok=True)
+    return ctx.models_md(wb)
+
+
 def _answer_md(a: Answer) -> str:
     s = a.scored
     verdict = "" if a.gold is None else " · **correct**" if s.flexible_correct else " · **wrong**"
@@ -71,10 +78,13 @@ def render(ctx: Context, page: Page) -> None:
                           lines=2, elem_id="free", max_length=pol.limits.text_chars if pol.hosted else None,
                           placeholder="e.g. Tom has 3 apples. Tom buys 4 more apples. "
                                       "How many apples does Tom have now?")
-        ask_btn = gr.Button("Ask all three", variant="primary", elem_id="ask")
+        with gr.Row():
+            ask_btn = gr.Button("Ask all three", variant="primary", elem_id="ask", scale=3)
+            start_btn = gr.Button("Start engines", elem_id="start-engines", scale=1)
         prompt_md = gr.Markdown(elem_id="prompt")
         with gr.Row():
             answers = [gr.Markdown(f"**{ROLE_NAMES[r]}**", elem_id=f"answer-{r}") for r in ROLES]
     mlang.change(ctx.job(questions, gpu=False, clear_stop=False), [mlang], [question], api_name="questions")
+    start_btn.click(ctx.job(start_engines), None, [page.report], api_name="start_engines", **ctx.lane, **page.on)
     ask_btn.click(ctx.job(ask, plan=True), [mlang, question, free, max_new, *page.plan],
                   [prompt_md, *answers, page.strip, page.plan_md], api_name="ask", **ctx.lane, **page.on)

@@ -35,12 +35,15 @@ def evaluate(ctx: Context, job: Job, langs, roles, limit, shots, mode, max_new, 
     whole = ctx.policy.hosted and not cfg.limit  # only then do the set sizes matter to the server's cap
     ctx.policy.check_eval(cfg.limit, max((ctx.counts().get(c, 0) for c in cfg.langs), default=0) if whole else 0)
     job.progress(0, "starting")
-    wb, r = ctx.built(job, plan_values) if "merged" in order else (ctx.workbench(job), None)
+    if "merged" in order:
+        wb, r = ctx.built(job, plan_values)
+    else:
+        ctx.workbench(job)
+        wb, r = ctx.shared.engines(v.refs, job.progress), None
     t0 = time.perf_counter()
 
     def tick(f: float, d: str) -> None:  # Stop ends the evaluation after its batch (`cancel`), keeping what is done
-        left = (time.perf_counter() - t0) * (1 - f) / f if f > 0.02 else None
-        job.bar(f, desc=d + (f" · about {left:.0f} s left" if left is not None else ""))
+        job.bar(f, desc=d + job.time_left(f))
 
     with ctx.shared.lock:  # one lane: nobody rebuilds the merged model while it answers
         if r is not None:

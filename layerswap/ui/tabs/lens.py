@@ -13,6 +13,7 @@ import gradio as gr
 
 from ...errors import whole_number
 from ..context import Context, Page
+from ..controls import recipe
 from ..events import Job
 
 
@@ -26,10 +27,11 @@ def run(ctx: Context, job: Job, lang: str, index, question: str, twin: str, batc
                      batch=ctx.policy.lens_batch(batch), answer_tokens=whole_number(answer_tokens or 0, "Answer tokens", 0, 64),
                      source=ctx.d.mgsm_dir)
     cfg.validate()
-    wb, r = ctx.built(job, plan_values)
-    with ctx.shared.lock:  # the lens hooks the loaded models: nobody generates or rebuilds meanwhile
-        ctx.shared.ensure_built(wb, r)
-        res = lens_workbench(wb, cfg, progress=job.part(0.05, 0.95), cancel=job.visitor.stop)
+    wb = ctx.workbench(job)
+    r = recipe(*plan_values)
+    r.validate(wb.num_layers)
+    with ctx.shared.lock:  # the lens hooks the loaded models (or streams them): nobody generates or rebuilds meanwhile
+        res = lens_workbench(wb, cfg, recipe=r, progress=job.part(0.05, 0.95), cancel=job.visitor.stop)
     path = res.write_json(ctx.shared.folder(job.visitor) / "lens.json")
     where = f"MGSM {res.language} question {res.index}" if res.index is not None else "your question"
     md = (f"**{where}**, batch of {len(res.batch_indices)} parallel questions for CKA. Last prompt token: "

@@ -14,8 +14,9 @@ import gradio as gr
 from ...errors import UserError
 from ...plans import default_plan
 from ..context import Context, Page
-from ..controls import query_string, restore
+from ..controls import query_string, recipe, restore
 from ..events import Job
+from ..session import same_recipe
 
 
 def pick_preset(ctx: Context, job: Job, name: str):
@@ -64,10 +65,14 @@ def open_page(ctx: Context, job: Job):
 
 
 def first_view(ctx: Context, job: Job, *values):
-    """After the page opened (or Load): the models' report and the plan built, once the models are there."""
-    wb, r = ctx.built(job, values)
+    """After the page opened (or Load): the models' report and the plan's strip, as soon as the headers are read
+    (no engine needed; the plan is built when answers are asked for)."""
+    wb = ctx.workbench(job)
+    r = recipe(*values)
+    r.validate(wb.num_layers)
     sliders = [gr.update(maximum=wb.num_layers)] * 4
-    return [ctx.models_md(wb), *ctx.strip_and_md(wb, r, built=True), query_string(job.visitor.refs, values), *sliders]
+    return [ctx.models_md(wb), *ctx.strip_and_md(wb, r, built=same_recipe(wb, r) and "merged" in wb.engines),
+            query_string(job.visitor.refs, values), *sliders]
 
 
 def render(ctx: Context, page: Page) -> dict:

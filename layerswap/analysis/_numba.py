@@ -1,0 +1,100 @@
+"""The compiled loops behind `compiled` (imported only when numba is installed and the CPU computes)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+NBINS = 32768  # bins.NBINS (not imported: this module stays a leaf numba can cache)
+
+
+def f32(x):
+    """A stored value as float32 (bf16 arrives as its uint16 bit pattern)."""
+    raise NotImplementedError  # only called from compiled code
+
+
+@overload(f32, inline="always")
+def _f32(x):
+    if isinstance(x, types.Integer):
+        return lambda x: np.uint32(np.uint32(x) << np.uint32(16)).view(np.float32)
+    return lambda x: np.float32(x)
+
+
+@njit(inline="always")
+def _bin(v):
+    """bins.bin_index of one non-negative float32, clamped to the last bin (NaN and inf are refused later)."""
+    b = (np.int64(v.view(np.int32)) + 0xFFFF) >> 16
+    return b if b < NBINS else NBINS - 1
+
+
+@njit(inline="always")
+def _count(bits, b, lo, hi, off, dense):
+    for q in range(lo.size):
+        if lo[q] <= b < hi[q]:
+            dense[off[q] + bits - ((lo[q] - 1) * 65536 + 1)] += 1
+            return
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})
+def _sums(a, m, l, acc):
+    """acc += ‖a‖², ‖Δm‖², ‖Δl‖², ⟨Δm, Δl⟩, Σ|Δm|, Σ|Δl|, ‖Δm − Δl‖², Σ|Δm − Δl|, in float64
+    (reassociated: summed in vector lanes; a loop over a whole array vectorizes, one over a range does not)."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+    for i in range(a.size):
+        fa = f32(a[i])
+        xa, xm, xl = np.float64(fa), np.float64(f32(m[i]) - fa), np.float64(f32(l[i]) - fa)
+        e = xm - xl
+        s0 += xa * xa
+        s1 += xm * xm
+        s2 += xl * xl
+        s3 += xm * xl
+        s4 += abs(xm)
+        s5 += abs(xl)
+        s6 += e * e
+        s7 += abs(e)
+    acc[0] += s0
+    acc[1] += s1
+    acc[2] += s2
+    acc[3] += s3
+    acc[4] += s4
+    acc[5] += s5
+    acc[6] += s6
+    acc[7] += s7
+
+
+@njit(nogil=True, cache=True)
+def main_slice(a, m, l, acc, hist, lo_sel, wlo, whi, nk, lo0, hi0, off0, dense0, lo1, hi1, off1, dense1,
+               joint, keys, nkeys):
+    """One slice of base `a`, math `m`, lang `l`: adds to the sums `acc` (see `_sums`) and the
+    histograms `hist` (2, NBINS) of |Δm| and |Δl|; entries at or above `lo_sel` (per role) are
+    counted in the dense window arrays, pairs sure to be in both of window j's top sets in
+    ``joint[j]``, and other pairs where both reach window j appended to `keys` (math bits << 32 |
+    lang bits) from `nkeys`. Returns the new key count. Works in blocks that stay in cache."""
+    sel0, sel1 = lo_sel[0], lo_sel[1]
+    n = a.size
+    for start in range(0, n, 8192):
+        stop = min(start + 8192, n)
+        _sums(a[start:stop], m[start:stop], l[start:stop], acc)
+        for i in range(start, stop):
+            fa = f32(a[i])
+            vm = np.float32(abs(f32(m[i]) - fa))  # exact for bf16 / fp16 inputs
+            vl = np.float32(abs(f32(l[i]) - fa))
+            bm, bl = _bin(vm), _bin(vl)
+            hist[0, bm] += 1
+            hist[1, bl] += 1
+            if bm >= sel0 or bl >= sel1:
+                im, il = np.int64(vm.view(np.int32)), np.int64(vl.view(np.int32))
+                _count(im, bm, lo0, hi0, off0, dense0)
+                _count(il, bl, lo1, hi1, off1, dense1)
+                cand = False
+                for j in range(nk):
+                    if bm >= wlo[0, j] and bl >= wlo[1, j]:
+                        if bm >= whi[0, j] and bl >= whi[1, j]:
+                            joint[j] += 1
+                        else:
+                            cand = True
+                if cand:
+                    keys[nkeys] = (im << 32) | il
+                    nkeys += 1
+    return nkeys

@@ -1,0 +1,184 @@
+"""The main pass on CPU as one compiled loop (numba): every statistic of a slice in a single sweep.
+
+The torch kernels (`kernels.MainPass`) make about fifteen passes over each slice (conversions,
+differences, dot products, bin indices, two 32768-bin ``bincount`` calls and their allocation,
+the window selection, ``unique`` of the kept entries). This loop reads each entry of the three
+slices once and does it all: float64 sums, the exact |Δ| histograms, the window entries counted
+in place (a dense count per float32 bit pattern of the window, so no sorting however many
+entries tie), and the both-experts pairs (kept as 64-bit keys, compressed by value per tensor).
+
+Results are identical to the torch kernels' (histograms, windows, pairs: exact integers) or
+closer to the float64 reference (sums accumulate in float64 per entry instead of float32 dot
+products per slice). numba is optional: without it, or on CUDA, the torch kernels run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import UserError
+from ..roles import EXPERTS
+from .bins import NBINS, SUB_BINS, Hist, first_bits
+from .kernels import MainPass, Window, merge_counts
+
+PAIRS_ROOM = 1 << 20  # pair keys held before they are compressed by value
+
+
+def available() -> bool:
+    """Whether the compiled kernels can run here (numba importable)."""
+    try:
+        import numba  # noqa: F401
+    except Exception:  # not installed, or broken against this numpy
+        return False
+    return True
+
+
+def use_compiled(device) -> bool:
+    """The one decision: compiled loop on CPU when numba is there, unless ``LAYERSWAP_ANALYSIS_KERNEL=torch``."""
+    choice = os.environ.get("LAYERSWAP_ANALYSIS_KERNEL", "auto")
+    if choice not in ("auto", "torch", "compiled"):
+        raise UserError(f"LAYERSWAP_ANALYSIS_KERNEL must be auto, torch or compiled (got {choice!r}).")
+    if choice == "torch" or str(device).split(":")[0] != "cpu":
+        return False
+    if choice == "compiled" and not available():
+        raise UserError("LAYERSWAP_ANALYSIS_KERNEL=compiled needs numba: pip install numba (or unset it).")
+    return available()
+
+
+_KERNELS: dict = {}
+
+
+def kernels() -> dict:
+    """The compiled functions, built on first use (cached on disk by numba)."""
+    if not _KERNELS:
+        from ._numba import main_slice
+
+        _KERNELS["main"] = main_slice
+    return _KERNELS
+
+
+def intervals(windows: list[Window]) -> list[tuple[int, int]]:
+    """Disjoint bin intervals [lo, hi) covering every non-empty window."""
+    out: list[list[int]] = []
+    for w in sorted((w for w in windows if w.lo < w.hi), key=lambda w: w.lo):
+        if out and w.lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], w.hi)
+        else:
+            out.append([w.lo, w.hi])
+    return [(lo, hi) for lo, hi in out]
+
+
+def _raw_array(x, f32_buf: np.ndarray) -> np.ndarray:
+    """A slice as the loop reads it: bf16 as its uint16 bit patterns, float32 as is, other dtypes converted."""
+    import torch
+
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16).numpy().view(np.uint16)
+    if x.dtype == torch.float32:
+        return x.numpy()
+    out = f32_buf[: x.numel()]
+    torch.from_numpy(out).copy_(x)
+    return out
+
+
+class CompiledMainPass(MainPass):
+    """`MainPass` with the per-slice work in one compiled loop (same results; CPU only)."""
+
+    def __init__(self, T: int, windows: dict[float, dict[str, Window]], device, chunk: int, max_kept: int):
+        super().__init__(T, windows, device, chunk, max_kept)
+        self.k = kernels()
+        self.np_acc = np.zeros(8)
+        self.np_hist = np.zeros((2, NBINS), np.int64)
+        nk = len(self.ks)
+        self.wlo = np.ones((2, max(nk, 1)), np.int64)  # per role, per k: window bins [lo, hi)
+        self.whi = np.ones((2, max(nk, 1)), np.int64)
+        for j, k in enumerate(self.ks):
+            for i, r in enumerate(EXPERTS):
+                self.wlo[i, j], self.whi[i, j] = windows[k][r].lo, windows[k][r].hi
+        self.lo_sel_arr = np.array([self.lo_sel[r] for r in EXPERTS], np.int64)
+        # the dense counts of each role's window entries: one array per disjoint interval of bins
+        self.ivals = {r: intervals([windows[k][r] for k in self.ks]) for r in EXPERTS}
+        self.ival_lo = [np.array([lo for lo, _ in self.ivals[r]] or [0], np.int64) for r in EXPERTS]
+        self.ival_hi = [np.array([hi for _, hi in self.ivals[r]] or [0], np.int64) for r in EXPERTS]
+        self.ival_off = []
+        self.dense = []
+        for r in EXPERTS:
+            sizes = [(hi - lo) * SUB_BINS for lo, hi in self.ivals[r]]
+            self.ival_off.append(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
+            self.dense.append(np.zeros(max(sum(sizes), 1), np.int64))
+        self.joint_row = np.zeros(max(nk, 1), np.int64)
+        self.pair_keys = np.empty(PAIRS_ROOM + chunk, np.int64)
+        self.n_pairs = 0
+        self.f32 = np.empty(chunk, np.float32)
+        self.f32b = np.empty(chunk, np.float32)
+        self.f32c = np.empty(chunk, np.float32)
+
+    def chunk(self, t: int, name: str, raw, n: int) -> None:
+        a = _raw_array(raw[0], self.f32)
+        m = _raw_array(raw[1], self.f32b)
+        l_ = _raw_array(raw[2], self.f32c)
+        if not (a.dtype == m.dtype == l_.dtype):  # mixed storage: compare as float32
+            a, m, l_ = (_raw_array(x.float(), buf) for x, buf in zip(raw, (self.f32, self.f32b, self.f32c)))
+        keep = bool(self.windows) and not self.overflow
+        self.n_pairs = self.k["main"](
+            a, m, l_, self.np_acc, self.np_hist, self.lo_sel_arr if keep else np.full(2, NBINS, np.int64),
+            self.wlo, self.whi, len(self.ks) if keep else 0,
+            self.ival_lo[0], self.ival_hi[0], self.ival_off[0], self.dense[0],
+            self.ival_lo[1], self.ival_hi[1], self.ival_off[1], self.dense[1],
+            self.joint_row, self.pair_keys, self.n_pairs)
+        if not np.isfinite(self.np_acc).all():
+            raise UserError(f"{name} holds NaN or infinite values in the base or an expert; the analysis needs "
+                            "finite weights (check the checkpoint).")
+        if self.n_pairs > PAIRS_ROOM:
+            self._compress_pairs()
+
+    def _compress_pairs(self) -> None:
+        if self.n_pairs:
+            u, c = np.unique(self.pair_keys[: self.n_pairs], return_counts=True)
+            self.pending.setdefault("pairs", []).append((u, c))
+            self.pending_n += len(u)
+            self.n_pairs = 0
+            if self.kept + self.pending_n > self.max_kept:
+                self._give_up()
+
+    def finish(self, t: int) -> None:
+        self.sums[:, t] = self.np_acc
+        self.np_acc[:] = 0.0
+        for i, r in enumerate(EXPERTS):
+            self.parts[r][t] = Hist.trim(self.np_hist[i])
+            self.np_hist[i] = 0
+        self.joint_def[:, t] += self.joint_row[: len(self.ks)]
+        self.joint_row[:] = 0
+        self._compress_pairs()
+        if not self.overflow:
+            for i, r in enumerate(EXPERTS):
+                d = self.dense[i]
+                nz = np.flatnonzero(d)
+                if len(nz):
+                    self.own[r].append((t, self._bits(i, nz), d[nz].copy()))
+                    self.kept += len(nz)
+                    d[nz] = 0
+            pending = self.pending.get("pairs")
+            if pending:
+                u, c = merge_counts(pending)
+                bm, bl = ((u >> 32) + 0xFFFF) >> 16, ((u & 0xFFFFFFFF) + 0xFFFF) >> 16
+                for j in range(len(self.ks)):
+                    cand = (bm >= self.wlo[0, j]) & (bl >= self.wlo[1, j])
+                    cand &= ~((bm >= self.whi[0, j]) & (bl >= self.whi[1, j]))
+                    if cand.any():
+                        self.pairs[j].append((t, u[cand], c[cand]))
+                        self.kept += int(cand.sum())
+        else:
+            for d in self.dense:
+                d[:] = 0
+        self.pending, self.pending_n = {}, 0
+        if self.kept > self.max_kept:
+            self._give_up()
+
+    def _bits(self, i: int, pos: np.ndarray) -> np.ndarray:
+        """float32 bit patterns of positions in role `i`'s dense counts."""
+        off = self.ival_off[i]
+        which = np.searchsorted(off, pos, side="right") - 1
+        return first_bits(self.ival_lo[i][which]) + (pos - off[which])

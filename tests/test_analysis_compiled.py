@@ -1,0 +1,138 @@
+"""The compiled CPU main pass (layerswap.analysis.compiled) against an independent NumPy computation of
+one slice: float64 sums, exact histograms, the window entries counted by value, and the pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("numba")
+
+from layerswap.analysis import compiled  # noqa: E402
+from layerswap.analysis.kernels import MainPass, Window  # noqa: E402
+
+
+def numpy_slice(a: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> dict:
+    """|Δ| as float32 from the stored values, and its bin, with NumPy only."""
+    fa, fm, fl = (x.float().numpy().astype(np.float32) for x in (a, m, l))
+    dm, dl = np.abs(fm - fa), np.abs(fl - fa)
+    bits = {"math": dm.view(np.int32).astype(np.int64), "lang": dl.view(np.int32).astype(np.int64)}
+    bins = {r: (b + 0xFFFF) >> 16 for r, b in bits.items()}
+    xa, xm, xl = fa.astype(np.float64), (fm - fa).astype(np.float64), (fl - fa).astype(np.float64)
+    sums = [xa @ xa, xm @ xm, xl @ xl, xm @ xl, np.abs(xm).sum(), np.abs(xl).sum(), (xm - xl) @ (xm - xl),
+            np.abs(xm - xl).sum()]
+    return {"bits": bits, "bins": bins, "sums": np.array(sums)}
+
+
+def slices(dtype: torch.dtype, n: int, seed: int, ulp: bool):
+    g = torch.Generator().manual_seed(seed)
+    a = (0.02 * torch.randn(n, generator=g)).to(dtype)
+    if ulp:  # bf16 steps of one unit in the last place: huge ties at few distinct values
+        out = []
+        for p in (0.3, 0.2):
+            bits = a.view(torch.int16).clone()
+            mask = torch.rand(n, generator=g) < p
+            bits[mask] += torch.where(torch.rand(n, generator=g) < 0.5, 1, -1).to(torch.int16)[mask]
+            out.append(bits.view(torch.bfloat16))
+        return a, out[0], out[1]
+    m = (a.float() + 4e-4 * torch.randn(n, generator=g)).to(dtype)
+    l = (a.float() + 2e-4 * torch.randn(n, generator=g) + 0.5 * (m.float() - a.float())).to(dtype)  # correlated
+    return a, m, l
+
+
+def windows_around(ref: dict, qs: list[float]) -> dict[float, dict[str, Window]]:
+    out = {}
+    for q in qs:
+        w = {}
+        for r in ("math", "lang"):
+            b = int(np.quantile(ref["bins"][r], q))
+            w[r] = Window(max(1, b - 1), b + 2)
+        out[q] = w
+    return out
+
+
+@pytest.mark.parametrize("dtype,ulp", [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, False),
+                                       (torch.float16, False)])
+def test_one_tensor_matches_numpy(dtype, ulp):
+    n = 50_000
+    a, m, l = slices(dtype, n, 1, ulp)
+    ref = numpy_slice(a, m, l)
+    wins = windows_around(ref, [0.97, 0.995])
+    p = compiled.CompiledMainPass(1, wins, torch.device("cpu"), 7000, 1 << 22)
+    for s in range(0, n, 7000):  # several slices of one tensor
+        p.chunk(0, "t", [a[s:s + 7000], m[s:s + 7000], l[s:s + 7000]], min(7000, n - s))
+    p.finish(0)
+    assert np.allclose(p.sums[:, 0], ref["sums"], rtol=1e-12, atol=0)
+    hists = p.hists()
+    for r in ("math", "lang"):
+        want = np.bincount(ref["bins"][r], minlength=32768)
+        lo, counts = hists[r].tensor(0)
+        got = np.zeros(32768, np.int64)
+        got[lo:lo + len(counts)] = counts
+        assert np.array_equal(got, want)
+        # every entry inside any window, by value
+        inside = np.zeros(n, bool)
+        for w in wins.values():
+            inside |= (ref["bins"][r] >= w[r].lo) & (ref["bins"][r] < w[r].hi)
+        u, c = np.unique(ref["bits"][r][inside], return_counts=True)
+        (t, bits, cnt), = p.own[r]
+        assert t == 0 and np.array_equal(bits, u) and np.array_equal(cnt, c)
+    bm, bl = ref["bins"]["math"], ref["bins"]["lang"]
+    keys = (ref["bits"]["math"] << 32) | ref["bits"]["lang"]
+    for j, k in enumerate(p.ks):
+        wm, wl = wins[k]["math"], wins[k]["lang"]
+        both = (bm >= wm.lo) & (bl >= wl.lo)
+        sure = both & (bm >= wm.hi) & (bl >= wl.hi)
+        assert p.joint_def[j, 0] == sure.sum()
+        u, c = np.unique(keys[both & ~sure], return_counts=True)
+        got = p.pairs[j]
+        if len(u):
+            (t, gk, gc), = got
+            assert np.array_equal(gk, u) and np.array_equal(gc, c)
+        else:
+            assert not got
+
+
+def test_same_results_as_the_torch_kernels():
+    """Both implementations of the main pass keep the same integers (sums: to rounding)."""
+    a, m, l = slices(torch.bfloat16, 30_000, 4, False)
+    ref = numpy_slice(a, m, l)
+    wins = windows_around(ref, [0.99])
+    out = []
+    for cls in (MainPass, compiled.CompiledMainPass):
+        p = cls(2, wins, torch.device("cpu"), 4096, 1 << 22)
+        for t in range(2):
+            for s in range(0, 30_000, 4096):
+                p.chunk(t, "t", [a[s:s + 4096], m[s:s + 4096], l[s:s + 4096]], min(4096, 30_000 - s))
+            p.finish(t)
+        out.append(p)
+    torch_p, comp_p = out
+    assert np.allclose(torch_p.sums, comp_p.sums, rtol=1e-5)
+    assert np.array_equal(torch_p.joint_def, comp_p.joint_def)
+    for r in ("math", "lang"):
+        ht, hc = torch_p.hists()[r], comp_p.hists()[r]
+        assert np.array_equal(ht.counts, hc.counts) and np.array_equal(ht.lo, hc.lo)
+        for (t1, b1, c1), (t2, b2, c2) in zip(torch_p.own[r], comp_p.own[r], strict=True):
+            assert t1 == t2 and np.array_equal(b1, b2) and np.array_equal(c1, c2)
+    for (t1, k1, c1), (t2, k2, c2) in zip(torch_p.pairs[0], comp_p.pairs[0], strict=True):
+        assert t1 == t2 and np.array_equal(k1, k2) and np.array_equal(c1, c2)
+
+
+def test_kept_values_past_the_limit_give_up():
+    a, m, l = slices(torch.bfloat16, 20_000, 2, False)
+    wins = windows_around(numpy_slice(a, m, l), [0.9])
+    p = compiled.CompiledMainPass(1, wins, torch.device("cpu"), 20_000, 10)
+    p.chunk(0, "t", [a, m, l], 20_000)
+    p.finish(0)
+    assert p.overflow and not p.own["math"] and not p.pairs[0]
+
+
+def test_the_choice_of_kernel(monkeypatch):
+    monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", "torch")
+    assert not compiled.use_compiled("cpu")
+    monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", "auto")
+    assert compiled.use_compiled("cpu") and not compiled.use_compiled("cuda:0")
+    monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", "fast")
+    with pytest.raises(Exception, match="auto, torch or compiled"):
+        compiled.use_compiled("cpu")

@@ -130,9 +130,17 @@ def test_kept_values_past_the_limit_give_up():
 
 def test_the_choice_of_kernel(monkeypatch):
     monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", "torch")
-    assert not compiled.use_compiled("cpu")
+    assert not compiled.use_compiled("cpu", 1 << 30)
     monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", "auto")
-    assert compiled.use_compiled("cpu") and not compiled.use_compiled("cuda:0")
+    assert compiled.use_compiled("cpu", compiled.MIN_ENTRIES) and not compiled.use_compiled("cuda:0", 1 << 30)
+    assert not compiled.use_compiled("cpu", compiled.MIN_ENTRIES - 1)  # small models: numba's import costs more
+    monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", "compiled")
+    assert compiled.use_compiled("cpu", 10)
+    monkeypatch.setattr(compiled, "available", lambda: False)
+    with pytest.raises(Exception, match="needs numba"):
+        compiled.use_compiled("cpu", 10)
+    monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", "auto")
+    assert not compiled.use_compiled("cpu", 1 << 30)  # without numba the torch kernels run
     monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", "fast")
     with pytest.raises(Exception, match="auto, torch or compiled"):
-        compiled.use_compiled("cpu")
+        compiled.use_compiled("cpu", 10)

@@ -35,16 +35,22 @@ def available() -> bool:
     return True
 
 
-def use_compiled(device) -> bool:
-    """The one decision: compiled loop on CPU when numba is there, unless ``LAYERSWAP_ANALYSIS_KERNEL=torch``."""
+MIN_ENTRIES = 1 << 26  # below this many entries per model, importing numba (~0.4 s of CPU) costs more than it saves
+
+
+def use_compiled(device, entries: int) -> bool:
+    """The one decision: the compiled loop on CPU for models of `MIN_ENTRIES` entries or more when numba
+    is there; ``LAYERSWAP_ANALYSIS_KERNEL=torch`` or ``compiled`` forces a choice (tests, benchmarks)."""
     choice = os.environ.get("LAYERSWAP_ANALYSIS_KERNEL", "auto")
     if choice not in ("auto", "torch", "compiled"):
         raise UserError(f"LAYERSWAP_ANALYSIS_KERNEL must be auto, torch or compiled (got {choice!r}).")
     if choice == "torch" or str(device).split(":")[0] != "cpu":
         return False
-    if choice == "compiled" and not available():
-        raise UserError("LAYERSWAP_ANALYSIS_KERNEL=compiled needs numba: pip install numba (or unset it).")
-    return available()
+    if choice == "compiled":
+        if not available():
+            raise UserError("LAYERSWAP_ANALYSIS_KERNEL=compiled needs numba: pip install numba (or unset it).")
+        return True
+    return entries >= MIN_ENTRIES and available()
 
 
 _KERNELS: dict = {}

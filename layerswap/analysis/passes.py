@@ -49,7 +49,7 @@ def compute(cks: list[Checkpoint], tensors: list[TensorMeta], ks: Sequence[float
         est, raw, nb, sample_n = sample(cks, tensors, sample_fraction, sample_max_entries, sample_block)
         nbytes += nb
         windows = {k: {r: window_from_sample(est[r], raw[r], Ks[k], max_kept) for r in EXPERTS} for k in ks}
-    main = compiled.CompiledMainPass if compiled.use_compiled(dev) else MainPass
+    main = compiled.CompiledMainPass if compiled.use_compiled(dev, N) else MainPass
     ps, nb = run_pass(cks, tensors, lambda: main(len(tensors), windows, dev, chunk, max(1, max_kept // workers)),
                       dev, chunk, progress, "statistics", 0.02, 0.95 if ks else 1.0, workers)
     ps.max_kept = max_kept

@@ -283,7 +283,7 @@ def main() -> None:
     if not args.no_torch:
         plan.append(("cold", "streaming-torch"))
     naive_ok = not args.no_naive and not big and mem_available() > 14 * 2**30
-    if not args.no_naive and not naive_ok:
+    if not args.no_naive and not naive_ok and not big:
         print(f"skipping naive: it holds ~12 GB, only {mem_available() / 2**30:.1f} GiB available")
     if naive_ok:
         plan.append(("cold", "naive"))

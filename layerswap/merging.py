@@ -170,7 +170,12 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
     _need_base(recipe, base is not None)
     recipes = tensor_sources(list(math.tensors), math.num_layers, recipe, math.arch)
     # torch (and a device) only matter when a tensor is computed: a copy-only merge never imports it
-    device = resolve_device(device, ("cpu", "cuda")) if any(r.kind != "copy" for r in recipes.values()) else "cpu"
+    if any(r.kind != "copy" for r in recipes.values()):
+        # an explicit device is checked now; "auto" asks torch for a GPU at the first computed tensor, so the
+        # copies start without waiting for torch's import (seconds)
+        device = device if (device or "auto").strip().lower() == "auto" else resolve_device(device, ("cpu", "cuda"))
+    else:
+        device = "cpu"
     out = check_output_folder(out, input_paths(math, lang, base, extra=protect), overwrite)
     pairing = check_pairing(math, lang, base, base_distance_threshold)
     if pairing.suspicious and not force:
@@ -229,11 +234,23 @@ class _Workspace:
     """Buffers an export reuses for every computed slice: the inputs' bytes and the float32 working space."""
 
     def __init__(self, device: str):
-        import torch
-
-        self.device = torch.device(device)
-        self.step = CPU_STEP if self.device.type == "cpu" else None  # None: a whole slice per step
+        self._device_arg = device
+        self._device: "torch.device | None" = None
         self._bufs: dict[str, "torch.Tensor"] = {}
+
+    @property
+    def device(self) -> "torch.device":
+        """The device, resolved (and torch imported) when the first tensor is computed."""
+        if self._device is None:
+            import torch
+
+            self._device = torch.device(resolve_device(self._device_arg, ("cpu", "cuda")))
+        return self._device
+
+    @property
+    def step(self) -> int | None:
+        """Elements per blend step: `CPU_STEP` on CPU; None (a whole slice per step) on a GPU."""
+        return CPU_STEP if self.device.type == "cpu" else None
 
     def buffer(self, key: str, n: int, dtype: "torch.dtype", device: "torch.device | None" = None) -> "torch.Tensor":
         """`n` elements of a buffer kept under `key` (grown when too small)."""

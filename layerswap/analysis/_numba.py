@@ -24,8 +24,7 @@ def _f32(x):
 @njit(inline="always")
 def _bin(v):
     """bins.bin_index of one non-negative float32, clamped to the last bin (NaN and inf are refused later)."""
-    b = (np.int64(v.view(np.int32)) + 0xFFFF) >> 16
-    return b if b < NBINS else NBINS - 1
+    return min((np.uint32(v.view(np.uint32)) + np.uint32(0xFFFF)) >> np.uint32(16), np.uint32(NBINS - 1))
 
 
 @njit(inline="always")
@@ -63,38 +62,55 @@ def _sums(a, m, l, acc):
     acc[7] += s7
 
 
+@njit(nogil=True, cache=True, boundscheck=False)
+def _hist(a, m, l, h0, h1, sel0, sel1, sel):
+    """Adds every entry's bin to the histograms; writes the positions whose bin reaches `sel0` (math) or
+    `sel1` (lang) to `sel` (branch-free) and returns how many."""
+    ns = 0
+    for i in range(a.size):
+        fa = f32(a[i])
+        bm = _bin(np.float32(abs(f32(m[i]) - fa)))  # exact for bf16 / fp16 inputs
+        bl = _bin(np.float32(abs(f32(l[i]) - fa)))
+        h0[bm] += 1
+        h1[bl] += 1
+        sel[ns] = i
+        ns += (bm >= sel0) | (bl >= sel1)
+    return ns
+
+
 @njit(nogil=True, cache=True)
 def main_slice(a, m, l, acc, hist, lo_sel, wlo, whi, nk, lo0, hi0, off0, dense0, lo1, hi1, off1, dense1,
-               joint, keys, nkeys):
+               joint, keys, nkeys, sel):
     """One slice of base `a`, math `m`, lang `l`: adds to the sums `acc` (see `_sums`) and the
     histograms `hist` (2, NBINS) of |Δm| and |Δl|; entries at or above `lo_sel` (per role) are
     counted in the dense window arrays, pairs sure to be in both of window j's top sets in
     ``joint[j]``, and other pairs where both reach window j appended to `keys` (math bits << 32 |
-    lang bits) from `nkeys`. Returns the new key count. Works in blocks that stay in cache."""
-    sel0, sel1 = lo_sel[0], lo_sel[1]
+    lang bits) from `nkeys`. Returns the new key count. Works in blocks that stay in cache; `sel`
+    is scratch of the block size + 1."""
+    sel0, sel1 = np.uint32(lo_sel[0]), np.uint32(lo_sel[1])
+    h0, h1 = hist[0], hist[1]
     n = a.size
     for start in range(0, n, 8192):
         stop = min(start + 8192, n)
         _sums(a[start:stop], m[start:stop], l[start:stop], acc)
-        for i in range(start, stop):
+        ns = _hist(a[start:stop], m[start:stop], l[start:stop], h0, h1, sel0, sel1, sel)
+        for s in range(ns):
+            i = start + sel[s]
             fa = f32(a[i])
-            vm = np.float32(abs(f32(m[i]) - fa))  # exact for bf16 / fp16 inputs
+            vm = np.float32(abs(f32(m[i]) - fa))
             vl = np.float32(abs(f32(l[i]) - fa))
-            bm, bl = _bin(vm), _bin(vl)
-            hist[0, bm] += 1
-            hist[1, bl] += 1
-            if bm >= sel0 or bl >= sel1:
-                im, il = np.int64(vm.view(np.int32)), np.int64(vl.view(np.int32))
-                _count(im, bm, lo0, hi0, off0, dense0)
-                _count(il, bl, lo1, hi1, off1, dense1)
-                cand = False
-                for j in range(nk):
-                    if bm >= wlo[0, j] and bl >= wlo[1, j]:
-                        if bm >= whi[0, j] and bl >= whi[1, j]:
-                            joint[j] += 1
-                        else:
-                            cand = True
-                if cand:
-                    keys[nkeys] = (im << 32) | il
-                    nkeys += 1
+            bm, bl = np.int64(_bin(vm)), np.int64(_bin(vl))
+            im, il = np.int64(vm.view(np.int32)), np.int64(vl.view(np.int32))
+            _count(im, bm, lo0, hi0, off0, dense0)
+            _count(il, bl, lo1, hi1, off1, dense1)
+            cand = False
+            for j in range(nk):
+                if bm >= wlo[0, j] and bl >= wlo[1, j]:
+                    if bm >= whi[0, j] and bl >= whi[1, j]:
+                        joint[j] += 1
+                    else:
+                        cand = True
+            if cand:
+                keys[nkeys] = (im << 32) | il
+                nkeys += 1
     return nkeys

@@ -104,6 +104,7 @@ class CompiledMainPass(MainPass):
             for i, r in enumerate(EXPERTS):
                 self.wlo[i, j], self.whi[i, j] = windows[k][r].lo, windows[k][r].hi
         self.lo_sel_arr = np.array([self.lo_sel[r] for r in EXPERTS], np.int64)
+        self.no_sel = np.full(2, NBINS, np.int64)  # no bin reaches it: nothing selected
         # the dense counts of each role's window entries: one array per disjoint interval of bins
         self.ivals = {r: intervals([windows[k][r] for k in self.ks]) for r in EXPERTS}
         self.ival_lo = [np.array([lo for lo, _ in self.ivals[r]] or [0], np.int64) for r in EXPERTS]
@@ -117,6 +118,7 @@ class CompiledMainPass(MainPass):
         self.joint_row = np.zeros(max(nk, 1), np.int64)
         self.pair_keys = np.empty(PAIRS_ROOM + chunk, np.int64)
         self.n_pairs = 0
+        self.sel = np.empty(8192 + 1, np.int64)  # main_slice's block of selected positions
         self.f32 = np.empty(chunk, np.float32)
         self.f32b = np.empty(chunk, np.float32)
         self.f32c = np.empty(chunk, np.float32)
@@ -129,11 +131,11 @@ class CompiledMainPass(MainPass):
             a, m, l_ = (_raw_array(x.float(), buf) for x, buf in zip(raw, (self.f32, self.f32b, self.f32c)))
         keep = bool(self.windows) and not self.overflow
         self.n_pairs = self.k["main"](
-            a, m, l_, self.np_acc, self.np_hist, self.lo_sel_arr if keep else np.full(2, NBINS, np.int64),
+            a, m, l_, self.np_acc, self.np_hist, self.lo_sel_arr if keep else self.no_sel,
             self.wlo, self.whi, len(self.ks) if keep else 0,
             self.ival_lo[0], self.ival_hi[0], self.ival_off[0], self.dense[0],
             self.ival_lo[1], self.ival_hi[1], self.ival_off[1], self.dense[1],
-            self.joint_row, self.pair_keys, self.n_pairs)
+            self.joint_row, self.pair_keys, self.n_pairs, self.sel)
         if not np.isfinite(self.np_acc).all():
             raise UserError(f"{name} holds NaN or infinite values in the base or an expert; the analysis needs "
                             "finite weights (check the checkpoint).")

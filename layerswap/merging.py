@@ -57,6 +57,20 @@ def blend(math: "torch.Tensor", lang: "torch.Tensor", w: float) -> "torch.Tensor
     return linear([math, lang.to(math.device)], [1.0 - w, w]).to(math.dtype)
 
 
+def blend_into(out: "torch.Tensor", math: "torch.Tensor", lang: "torch.Tensor", w: float, acc: "torch.Tensor",
+               scratch: "torch.Tensor") -> "torch.Tensor":
+    """`blend` of flat slices written into `out` (math's dtype, on the CPU) in steps of ``len(acc)``,
+    through the float32 buffers `acc` and `scratch` (on the computing device): allocates nothing,
+    and gives the same bits as `blend` wherever the steps fall."""
+    step = len(acc)
+    for s in range(0, len(out), step):
+        e = min(s + step, len(out))
+        res = linear([math[s:e].to(acc.device), lang[s:e].to(acc.device)], [1.0 - w, w], out=acc[:e - s],
+                     scratch=scratch[:e - s])
+        out[s:e].copy_(res)  # rounded to the checkpoint dtype exactly as .to() rounds
+    return out
+
+
 @dataclass(frozen=True)
 class TensorSource:
     """How one output tensor is made: ``copy`` (from `role`: math, lang or base), ``blend`` (weight `w`)
@@ -274,16 +288,10 @@ class _Workspace:
         import torch
 
         n = m.numel()
-        out = self.buffer("out", n, m.dtype)
-        step = self.step or n
-        acc = self.buffer("acc", min(step, n), torch.float32, self.device)
-        scratch = self.buffer("scratch", min(step, n), torch.float32, self.device)
-        for s in range(0, max(n, 1), step):
-            e = min(s + step, n)
-            res = linear([m[s:e].to(self.device), l[s:e].to(self.device)], [1.0 - w, w], out=acc[:e - s],
-                         scratch=scratch[:e - s])
-            out[s:e].copy_(res)  # rounded to the checkpoint dtype exactly as .to() rounds
-        return _tensor_bytes(out)
+        step = min(self.step or n, max(n, 1))
+        acc = self.buffer("acc", step, torch.float32, self.device)
+        scratch = self.buffer("scratch", step, torch.float32, self.device)
+        return _tensor_bytes(blend_into(self.buffer("out", n, m.dtype), m, l, w, acc, scratch))
 
 
 def _write_computed(write: Callable[[memoryview], None], info: TensorInfo, r: TensorSource, math: Checkpoint,

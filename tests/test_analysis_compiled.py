@@ -1,5 +1,6 @@
-"""The compiled CPU main pass (layerswap.analysis.compiled) against an independent NumPy computation of
-one slice: float64 sums, exact histograms, the window entries counted by value, and the pairs."""
+"""The compiled CPU passes (layerswap.analysis.compiled) against an independent NumPy computation of
+slices: float64 sums, exact histograms, the window entries counted by value, the pairs, and the
+merged model's distances and histogram."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 pytest.importorskip("numba")
 
 from layerswap.analysis import compiled  # noqa: E402
-from layerswap.analysis.kernels import MainPass, Window  # noqa: E402
+from layerswap.analysis.kernels import MainPass, MergedPass, Window  # noqa: E402
 
 
 def numpy_slice(a: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> dict:
@@ -117,6 +118,40 @@ def test_same_results_as_the_torch_kernels():
             assert t1 == t2 and np.array_equal(b1, b2) and np.array_equal(c1, c2)
     for (t1, k1, c1), (t2, k2, c2) in zip(torch_p.pairs[0], comp_p.pairs[0], strict=True):
         assert t1 == t2 and np.array_equal(k1, k2) and np.array_equal(c1, c2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_merged_pass_matches_numpy(dtype, monkeypatch):
+    import layerswap.analysis.compiled as comp
+
+    monkeypatch.setattr(comp, "CPU_STEP", 1000)  # blends in several steps inside each slice
+    n, step = 20_000, 6000
+    a, m, l = slices(dtype, n, 3, False)
+    w = 0.3
+    acc = torch.zeros(n, dtype=torch.float32)  # mergekit's linear: zeros, then one fused multiply-add per input
+    acc.addcmul_(m.float(), torch.tensor([1 - w])).addcmul_(l.float(), torch.tensor([w]))
+    x = acc.to(dtype).float().numpy().astype(np.float64)
+    refs = [v.float().numpy().astype(np.float64) for v in (a, m, l)]
+    want = []
+    for r in refs:
+        want += [((x - r) ** 2).sum(), np.abs(x - r).sum()]
+    bins = (np.abs((x - refs[0]).astype(np.float32)).view(np.int32).astype(np.int64) + 0xFFFF) >> 16
+    out = []
+    for cls in (comp.CompiledMergedPass, MergedPass):
+        p = cls(np.array([w]), torch.device("cpu"), step)
+        for s in range(0, n, step):
+            p.chunk(0, "t", [a[s:s + step], m[s:s + step], l[s:s + step]], min(step, n - s))
+        p.finish(0)
+        out.append(p)
+    comp_p, torch_p = out
+    exact = dtype != torch.float32  # differences of bf16 / fp16 values are exact in float32
+    assert np.allclose(comp_p.sums[:, 0], want, rtol=1e-12 if exact else 1e-6, atol=0)
+    assert np.allclose(torch_p.sums[:, 0], want, rtol=1e-5)
+    for p in (comp_p, torch_p):
+        lo, counts = p.parts[0]
+        got = np.zeros(32768, np.int64)
+        got[lo:lo + len(counts)] = counts
+        assert np.array_equal(got, np.bincount(bins, minlength=32768))
 
 
 def test_kept_values_past_the_limit_give_up():

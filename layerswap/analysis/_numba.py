@@ -114,3 +114,41 @@ def main_slice(a, m, l, acc, hist, lo_sel, wlo, whi, nk, lo0, hi0, off0, dense0,
                 keys[nkeys] = (im << 32) | il
                 nkeys += 1
     return nkeys
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})
+def _merged_sums(x, a, m, l, acc):
+    """acc += ‖x − a‖², Σ|x − a|, ‖x − m‖², Σ|x − m|, ‖x − l‖², Σ|x − l| (float32 differences, float64 sums)."""
+    s0 = s1 = s2 = s3 = s4 = s5 = 0.0
+    for i in range(x.size):
+        fx = f32(x[i])
+        da, dm, dl = np.float64(fx - f32(a[i])), np.float64(fx - f32(m[i])), np.float64(fx - f32(l[i]))
+        s0 += da * da
+        s1 += abs(da)
+        s2 += dm * dm
+        s3 += abs(dm)
+        s4 += dl * dl
+        s5 += abs(dl)
+    acc[0] += s0
+    acc[1] += s1
+    acc[2] += s2
+    acc[3] += s3
+    acc[4] += s4
+    acc[5] += s5
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def _merged_hist(x, a, h):
+    for i in range(x.size):
+        h[_bin(np.float32(abs(f32(x[i]) - f32(a[i]))))] += 1
+
+
+@njit(nogil=True, cache=True)
+def merged_slice(x, a, m, l, acc, hist):
+    """One slice of the merged model `x` against base `a`, math `m`, lang `l`: the sums (see
+    `_merged_sums`) into `acc` and the |x − a| histogram into `hist`, in blocks that stay in cache."""
+    n = x.size
+    for start in range(0, n, 8192):
+        stop = min(start + 8192, n)
+        _merged_sums(x[start:stop], a[start:stop], m[start:stop], l[start:stop], acc)
+        _merged_hist(x[start:stop], a[start:stop], hist)

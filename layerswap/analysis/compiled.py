@@ -1,4 +1,4 @@
-"""The main pass on CPU as one compiled loop (numba): every statistic of a slice in a single sweep.
+"""The main pass (and the merged model's pass) on CPU as compiled loops (numba): a slice's statistics in one sweep.
 
 The torch kernels (`kernels.MainPass`) make about fifteen passes over each slice (conversions,
 differences, dot products, bin indices, two 32768-bin ``bincount`` calls and their allocation,
@@ -9,7 +9,9 @@ entries tie), and the both-experts pairs (kept as 64-bit keys, compressed by val
 
 Results are identical to the torch kernels' (histograms, windows, pairs: exact integers) or
 closer to the float64 reference (sums accumulate in float64 per entry instead of float32 dot
-products per slice). numba is optional: without it, or on CUDA, the torch kernels run.
+products per slice). The merged model's pass takes the merged values from `merging.blend_into`
+(the export's bits) and sweeps them once for its sums and histogram. numba is optional: without
+it, on CUDA, or for small models (`use_compiled`), the torch kernels run.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import os
 import numpy as np
 
 from ..errors import UserError
+from ..merging import CPU_STEP, blend_into
 from ..roles import EXPERTS
 from .bins import NBINS, SUB_BINS, Hist, first_bits
-from .kernels import MainPass, Window, merge_counts
+from .kernels import MainPass, MergedPass, Window, merge_counts
 
 PAIRS_ROOM = 1 << 20  # pair keys held before they are compressed by value
 
@@ -59,9 +62,10 @@ _KERNELS: dict = {}
 def kernels() -> dict:
     """The compiled functions, built on first use (cached on disk by numba)."""
     if not _KERNELS:
-        from ._numba import main_slice
+        from ._numba import main_slice, merged_slice
 
         _KERNELS["main"] = main_slice
+        _KERNELS["merged"] = merged_slice
     return _KERNELS
 
 
@@ -190,3 +194,38 @@ class CompiledMainPass(MainPass):
         off = self.ival_off[i]
         which = np.searchsorted(off, pos, side="right") - 1
         return first_bits(self.ival_lo[i][which]) + (pos - off[which])
+
+
+class CompiledMergedPass(MergedPass):
+    """`MergedPass` with the statistics in one compiled loop; the merged values come from `blend_into`,
+    so they are the export's bits (CPU only)."""
+
+    def __init__(self, weights: np.ndarray, device, chunk: int):
+        import torch
+
+        super().__init__(weights, device, chunk)
+        self.k = kernels()
+        self.np_acc = np.zeros(6)
+        self.np_hist = np.zeros(NBINS, np.int64)
+        self.acc32 = torch.empty(min(CPU_STEP, chunk), dtype=torch.float32)
+        self.scratch = torch.empty(min(CPU_STEP, chunk), dtype=torch.float32)
+        self.out: dict = {}  # dtype -> merged slice buffer
+        self.f32 = [np.empty(chunk, np.float32) for _ in range(4)]
+
+    def chunk(self, t: int, name: str, raw, n: int) -> None:
+        import torch
+
+        m = raw[1]
+        if m.dtype not in self.out:
+            self.out[m.dtype] = torch.empty(len(self.f32[0]), dtype=m.dtype)
+        x = blend_into(self.out[m.dtype][:n], m, raw[2], float(self.weights[t]), self.acc32, self.scratch)
+        arrays = [_raw_array(v, buf) for v, buf in zip([x, *raw], self.f32)]
+        if len({arr.dtype for arr in arrays}) > 1:  # mixed storage: compare as float32
+            arrays = [_raw_array(v.float(), buf) for v, buf in zip([x, *raw], self.f32)]
+        self.k["merged"](*arrays, self.np_acc, self.np_hist)
+
+    def finish(self, t: int) -> None:
+        self.sums[:, t] = self.np_acc
+        self.np_acc[:] = 0.0
+        self.parts[t] = Hist.trim(self.np_hist)
+        self.np_hist[:] = 0

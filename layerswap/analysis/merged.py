@@ -93,13 +93,16 @@ def merged_stats(an, plan: Plan, weights: np.ndarray, math_ck: Checkpoint, lang_
             sq[other][i], ab[other][i] = an.ml_sq[i], an.ml_abs[i]
             parts[i] = an.hist[src].tensor(i)
     if blended:
-        from .kernels import MergedPass  # torch: loaded when there is something to compute
+        from . import compiled  # torch: loaded when there is something to compute
+        from .kernels import MergedPass
         from .passes import run_pass
 
         dev = resolve_device(device, allowed=("cpu", "cuda"))
         chunk = default_chunk(dev)
+        entries = sum(an.tensors[i].numel for i in blended)
+        kind = compiled.CompiledMergedPass if compiled.use_compiled(dev, entries) else MergedPass
         mp, _ = run_pass([base_ck, math_ck, lang_ck], [an.tensors[i] for i in blended],
-                         lambda: MergedPass(weights[blended], dev, chunk), dev, chunk, progress, "merged", 0.0, 1.0)
+                         lambda: kind(weights[blended], dev, chunk), dev, chunk, progress, "merged", 0.0, 1.0)
         for j, i in enumerate(blended):
             for r, vs in enumerate(("base", "math", "lang")):
                 sq[vs][i], ab[vs][i] = mp.sums[2 * r, j], mp.sums[2 * r + 1, j]

@@ -13,13 +13,7 @@ from safetensors.torch import load_file
 from layerswap import Checkpoint, Plan, UserError, export_merge
 from layerswap.analysis import analyze
 
-
-@pytest.fixture(autouse=True, params=["compiled", "torch"])
-def kernel(request, monkeypatch) -> str:
-    if request.param == "compiled":
-        pytest.importorskip("numba")
-    monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", request.param)
-    return request.param
+pytestmark = pytest.mark.usefixtures("analysis_kernel")  # each CPU kernel (tests/conftest.py)
 
 
 def merged_reference(paths: dict[str, Path], merged_dir: Path, ks) -> dict:

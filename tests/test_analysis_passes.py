@@ -19,14 +19,7 @@ from tests.helpers import read_dir
 
 ROLES = ("math", "lang")
 
-
-@pytest.fixture(autouse=True, params=["compiled", "torch"])
-def kernel(request, monkeypatch) -> str:
-    """Every test here runs with each CPU main-pass kernel (layerswap.analysis.compiled.use_compiled)."""
-    if request.param == "compiled":
-        pytest.importorskip("numba")
-    monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", request.param)
-    return request.param
+pytestmark = pytest.mark.usefixtures("analysis_kernel")  # each CPU kernel (tests/conftest.py)
 
 
 # ---- an independent reference ----------------------------------------------------------------

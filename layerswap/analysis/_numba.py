@@ -35,9 +35,15 @@ def _count(bits, b, lo, hi, off, dense):
             return
 
 
+@njit(inline="always")
+def _add(acc, sums):
+    for j in range(len(sums)):
+        acc[j] += sums[j]
+
+
 @njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})
-def _sums(a, m, l, acc):
-    """acc += ‖a‖², ‖Δm‖², ‖Δl‖², ⟨Δm, Δl⟩, Σ|Δm|, Σ|Δl|, ‖Δm − Δl‖², Σ|Δm − Δl|, in float64
+def _sums(a, m, l):
+    """‖a‖², ‖Δm‖², ‖Δl‖², ⟨Δm, Δl⟩, Σ|Δm|, Σ|Δl|, ‖Δm − Δl‖², Σ|Δm − Δl|, in float64
     (reassociated: summed in vector lanes; a loop over a whole array vectorizes, one over a range does not)."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
     for i in range(a.size):
@@ -52,14 +58,7 @@ def _sums(a, m, l, acc):
         s5 += abs(xl)
         s6 += e * e
         s7 += abs(e)
-    acc[0] += s0
-    acc[1] += s1
-    acc[2] += s2
-    acc[3] += s3
-    acc[4] += s4
-    acc[5] += s5
-    acc[6] += s6
-    acc[7] += s7
+    return s0, s1, s2, s3, s4, s5, s6, s7
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -92,7 +91,7 @@ def main_slice(a, m, l, acc, hist, lo_sel, wlo, whi, nk, lo0, hi0, off0, dense0,
     n = a.size
     for start in range(0, n, 8192):
         stop = min(start + 8192, n)
-        _sums(a[start:stop], m[start:stop], l[start:stop], acc)
+        _add(acc, _sums(a[start:stop], m[start:stop], l[start:stop]))
         ns = _hist(a[start:stop], m[start:stop], l[start:stop], h0, h1, sel0, sel1, sel)
         for s in range(ns):
             i = start + sel[s]
@@ -117,8 +116,8 @@ def main_slice(a, m, l, acc, hist, lo_sel, wlo, whi, nk, lo0, hi0, off0, dense0,
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})
-def _merged_sums(x, a, m, l, acc):
-    """acc += ‖x − a‖², Σ|x − a|, ‖x − m‖², Σ|x − m|, ‖x − l‖², Σ|x − l| (float32 differences, float64 sums)."""
+def _merged_sums(x, a, m, l):
+    """‖x − a‖², Σ|x − a|, ‖x − m‖², Σ|x − m|, ‖x − l‖², Σ|x − l| (float32 differences, float64 sums)."""
     s0 = s1 = s2 = s3 = s4 = s5 = 0.0
     for i in range(x.size):
         fx = f32(x[i])
@@ -129,12 +128,7 @@ def _merged_sums(x, a, m, l, acc):
         s3 += abs(dm)
         s4 += dl * dl
         s5 += abs(dl)
-    acc[0] += s0
-    acc[1] += s1
-    acc[2] += s2
-    acc[3] += s3
-    acc[4] += s4
-    acc[5] += s5
+    return s0, s1, s2, s3, s4, s5
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -150,5 +144,5 @@ def merged_slice(x, a, m, l, acc, hist):
     n = x.size
     for start in range(0, n, 8192):
         stop = min(start + 8192, n)
-        _merged_sums(x[start:stop], a[start:stop], m[start:stop], l[start:stop], acc)
+        _add(acc, _merged_sums(x[start:stop], a[start:stop], m[start:stop], l[start:stop]))
         _merged_hist(x[start:stop], a[start:stop], hist)

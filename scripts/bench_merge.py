@@ -58,6 +58,14 @@ def run(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
     return wall, rss_kb / 1024
 
 
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def warm(paths) -> None:
     for p in paths:
         for f in Path(p).glob("*.safetensors"):
@@ -99,6 +107,8 @@ def main() -> None:
                                                   "/work/bench-cache for 1b, /work/bench8b for 8b)")
     ap.add_argument("--repeats", type=int, default=None, help="default 3 (1b), 1 (8b)")
     ap.add_argument("--plan", default="5,2,1,1", help="b,u,tb,tu")
+    ap.add_argument("--mergekit-args", default="", help="extra mergekit-yaml options (at 8b with under 14 GiB "
+                    "available: --out-shard-size 1B)")
     ap.add_argument("--cold", action="store_true", default=None, help="drop the trio's cached pages before every "
                     "command (default at 8b)")
     args = ap.parse_args()
@@ -125,10 +135,17 @@ def main() -> None:
     subprocess.run([py, "-m", "layerswap.cli", "export-yaml", *models, *plan, "-o", str(yml)], check=True,
                    stdout=subprocess.DEVNULL)
     env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count() or 1))
+    mk_extra = args.mergekit_args.split()
+    if big and not mk_extra and mem_available() < 14 * 2**30:
+        # mergekit holds a whole output shard (5B parameters by default: ~10 GB in bf16) in memory
+        mk_extra = ["--out-shard-size", "1B"]
+        print(f"only {mem_available() / 2**30:.1f} GiB of memory available: mergekit runs with --out-shard-size 1B "
+              "(~2 GB held instead of ~10 GB; same tensors, smaller shards)")
+    mk_name = "mergekit-yaml" + (f" ({' '.join(mk_extra)})" if mk_extra else "")
     cmds = {
         "layerswap merge": lambda o: [py, "-m", "layerswap.cli", "merge", *models, "--base", str(trio["base"]),
                                       *plan, "-o", str(o), "-q"],
-        "mergekit-yaml": lambda o: [mk, str(yml), str(o), "--copy-tokenizer", "--quiet"],
+        mk_name: lambda o: [mk, str(yml), str(o), "--copy-tokenizer", "--quiet", *mk_extra],
         "cp -r (floor)": lambda o: ["cp", "-r", str(trio["math"]), str(o)],
     }
     started = time.strftime("%Y-%m-%d %H:%M %Z")
@@ -150,7 +167,7 @@ def main() -> None:
             if name != "cp -r (floor)" and rep == repeats - 1:
                 sums[name] = digests(out)
             shutil.rmtree(out)
-    same, total = compare(sums["layerswap merge"], sums["mergekit-yaml"])
+    same, total = compare(sums["layerswap merge"], sums[mk_name])
     ref = statistics.median(w for w, _ in results["layerswap merge"])
     floor = statistics.median(w for w, _ in results["cp -r (floor)"])
     load1 = os.getloadavg()

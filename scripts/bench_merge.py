@@ -7,7 +7,8 @@ Builds (or reuses) the Llama-shape trio of `bench_common.py` (``1b``: ~1.1B, 3 x
 /work/bench-cache; ``8b``: Llama 3.1 8B dimensions, 3 x 16 GB, under /work/bench8b), then
 alternates, per repeat: `layerswap merge` (CLI), `mergekit-yaml` on the config that `layerswap
 export-yaml` writes for the same plan, and `cp -r` of one expert (reading and writing the same
-bytes once: the floor). The page cache is warmed first, or with ``--cold`` (the default at 8b,
+bytes once: the floor); mergekit only in the first ``--mergekit-repeats`` (at 8b one run takes
+minutes and its ratio is far from the question). The page cache is warmed first, or with ``--cold`` (the default at 8b,
 whose trio does not fit in memory) the trio's pages are dropped before every command. Each
 command runs as its own process; wall time and that process's peak RSS are recorded. Every
 output's tensors are hashed (outside the timing) and the output removed at once, so the disk
@@ -107,6 +108,8 @@ def main() -> None:
                                                   "/work/bench-cache for 1b, /work/bench8b for 8b)")
     ap.add_argument("--repeats", type=int, default=None, help="default 3 (1b), 1 (8b)")
     ap.add_argument("--plan", default="5,2,1,1", help="b,u,tb,tu")
+    ap.add_argument("--mergekit-repeats", type=int, default=None, help="mergekit runs in the first N repeats only "
+                    "(default: every repeat at 1b, 1 at 8b, where one run takes minutes)")
     ap.add_argument("--mergekit-args", default="", help="extra mergekit-yaml options (at 8b with under 14 GiB "
                     "available: --out-shard-size 1B)")
     ap.add_argument("--cold", action="store_true", default=None, help="drop the trio's cached pages before every "
@@ -156,15 +159,18 @@ def main() -> None:
         warm(trio.values())
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
     sums: dict[str, dict] = {}
+    mk_repeats = args.mergekit_repeats or (1 if big else repeats)
     for rep in range(repeats):
         for name, cmd in cmds.items():
+            if name == mk_name and rep >= mk_repeats:
+                continue
             out = work / f"{name.split()[0]}-{rep}"
             if cold:
                 drop_page_cache(trio.values())
             results[name].append(run(cmd(out), env))
             print(f"  repeat {rep + 1} {name:<16} {results[name][-1][0]:7.2f} s  {results[name][-1][1]:7.0f} MB  "
                   f"(load {os.getloadavg()[0]:.1f})", flush=True)
-            if name != "cp -r (floor)" and rep == repeats - 1:
+            if name == "layerswap merge" and rep == 0 or name == mk_name and rep == mk_repeats - 1:
                 sums[name] = digests(out)
             shutil.rmtree(out)
     same, total = compare(sums["layerswap merge"], sums[mk_name])
@@ -179,7 +185,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for name, rs in results.items():
         med = statistics.median(w for w, _ in rs)
-        print(f"| {name} | {med:.2f} | {min(w for w, _ in rs):.2f} | {max(r for _, r in rs):.0f} | "
+        print(f"| {name}{f' ({len(rs)} runs)' if len(rs) != repeats else ''} | {med:.2f} | {min(w for w, _ in rs):.2f} | {max(r for _, r in rs):.0f} | "
               f"{med / ref:.2f}x | {med / floor:.2f}x |")
     print(f"\nlayerswap vs mergekit outputs: {same}/{total} tensors bit-identical")
     shutil.rmtree(work, ignore_errors=True)

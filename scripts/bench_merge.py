@@ -187,7 +187,10 @@ def main() -> None:
         med = statistics.median(w for w, _ in rs)
         print(f"| {name}{f' ({len(rs)} runs)' if len(rs) != repeats else ''} | {med:.2f} | {min(w for w, _ in rs):.2f} | {max(r for _, r in rs):.0f} | "
               f"{med / ref:.2f}x | {med / floor:.2f}x |")
-    print(f"\nlayerswap vs mergekit outputs: {same}/{total} tensors bit-identical")
+    paired = [w / c for (w, _), (c, _) in zip(results["layerswap merge"], results["cp -r (floor)"])]
+    print(f"\nlayerswap / cp, each repeat (run back to back, so under about the same load): "
+          f"{', '.join(f'{r:.2f}x' for r in paired)}; median {statistics.median(paired):.2f}x")
+    print(f"layerswap vs mergekit outputs: {same}/{total} tensors bit-identical")
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -335,7 +335,8 @@ def _write_shards(files: list[tuple[Path, list[TensorInfo]]], source: Callable[[
                         if src is not None:
                             fut = pool.submit(w.copy_from, src.file, src.start, src.nbytes, w.offsets[info.name],
                                               what=info.name)
-                            fut.add_done_callback(lambda f, info=info: f.exception() is None and tick(info))
+                            fut.add_done_callback(lambda f, info=info: not f.cancelled() and f.exception() is None
+                                                  and tick(info))
                             pending.append(fut)
                 for w, (_, shard) in zip(writers, files):
                     for info in shard:

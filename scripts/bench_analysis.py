@@ -2,7 +2,7 @@
 """Benchmark: the streaming analysis against a naive full-load implementation and the read floor.
 
     python3 scripts/bench_analysis.py [--size 1b|8b] [--root DIR] [--k 1] [--repeat 1] [--no-naive]
-                                      [--no-torch] [--device cpu|cuda] [--markdown]
+                                      [--no-torch] [--runs A,B] [--device cpu|cuda] [--markdown]
 
 Runs on a Llama-shape trio of `bench_common.build_trio` (``1b``: ~1.1B parameters, 6.6 GB, under
 /work/bench-cache; ``8b``: Llama 3.1 8B dimensions, 48 GB, under /work/bench8b; built on first
@@ -262,6 +262,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--no-naive", action="store_true")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch-kernel run")
+    ap.add_argument("--runs", help="only these measurements, comma-separated (streaming always; e.g. "
+                                   "floor-sequential,streaming with --repeat 3 for paired ratios)")
     ap.add_argument("--no-warm", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="print the docs/benchmarks.md section")
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
@@ -290,6 +292,12 @@ def main() -> None:
     if not args.no_warm and not big:
         plan += [("warm", "floor-reader"), ("warm", "floor-sequential"), ("warm", "streaming"),
                  ("warm", "streaming-2w")]
+    if args.runs:
+        keep = set(args.runs.split(","))
+        unknown = keep - set(WORKERS)
+        if unknown or "streaming" not in keep:
+            raise SystemExit(f"--runs: choose from {', '.join(WORKERS)}, streaming included (got {args.runs})")
+        plan = [(mode, name) for mode, name in plan if name in keep]
     results: dict[tuple[str, str], list[dict]] = {}
     for rep in range(args.repeat):
         # an unmeasured cold read first: the first cold read after other activity pays for reclaiming
@@ -307,7 +315,7 @@ def main() -> None:
                   f"peak RSS {r['peak_rss'] / 2**20:7.0f} MiB (+{(r['peak_rss'] - r['base_rss']) / 2**20:.0f})",
                   flush=True)
     agree = compare(str(tmp / "streaming.npz"), str(tmp / "naive.npz")) if naive_ok else None
-    if not args.no_torch:
+    if ("cold", "streaming-torch") in results:
         t, c = results[("cold", "streaming-torch")][-1], results[("cold", "streaming")][-1]
         print(f"compiled vs torch kernels: thresholds {'equal' if t['threshold'] == c['threshold'] else 'DIFFER'}; "
               f"max differences {compare(str(tmp / 'streaming.npz'), str(tmp / 'streaming-torch.npz'))}")
@@ -323,7 +331,8 @@ def main() -> None:
     for mode in ("cold", "warm"):
         if (mode, "streaming") not in med:
             continue
-        floor = min(med[(mode, f)]["wall"] for f in ("floor-reader", "floor-sequential"))
+        floor = min((med[(mode, f)]["wall"] for f in ("floor-reader", "floor-sequential") if (mode, f) in med),
+                    default=float("nan"))
         lines.append(f"| **{mode}** page cache | | | | | |")
         for name in ("floor-sequential", "floor-reader", "streaming", "streaming-2w", "streaming-torch", "naive"):
             if (mode, name) not in med:
@@ -337,6 +346,12 @@ def main() -> None:
     s = results[("cold", "streaming")][-1]
     print()
     print(table)
+    for name in ("streaming", "streaming-2w"):
+        for floor_name in ("floor-sequential", "floor-reader"):
+            if ("cold", floor_name) in results and ("cold", name) in results and args.repeat > 1:
+                pairs = [x["wall"] / f["wall"] for x, f in zip(results[("cold", name)], results[("cold", floor_name)])]
+                print(f"cold {name} / {floor_name}, each repeat (run back to back): "
+                      f"{', '.join(f'{r:.2f}x' for r in pairs)}; median {statistics.median(pairs):.2f}x")
     print(f"\ntwo layers of one model = {two / 2**20:.0f} MiB; streaming made {s['passes']} pass(es), sampled "
           f"{s['sample_entries']:,} entries first, read {s['bytes'] / 1e9:.2f} GB")
     if args.markdown:

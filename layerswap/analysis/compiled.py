@@ -62,10 +62,9 @@ _KERNELS: dict = {}
 def kernels() -> dict:
     """The compiled functions, built on first use (cached on disk by numba)."""
     if not _KERNELS:
-        from ._numba import main_slice, merged_slice
+        from ._numba import BLOCK, main_slice, merged_slice
 
-        _KERNELS["main"] = main_slice
-        _KERNELS["merged"] = merged_slice
+        _KERNELS.update(main=main_slice, merged=merged_slice, block=BLOCK)
     return _KERNELS
 
 
@@ -122,17 +121,13 @@ class CompiledMainPass(MainPass):
         self.joint_row = np.zeros(max(nk, 1), np.int64)
         self.pair_keys = np.empty(PAIRS_ROOM + chunk, np.int64)
         self.n_pairs = 0
-        self.sel = np.empty(8192 + 1, np.int64)  # main_slice's block of selected positions
+        self.sel = np.empty(self.k["block"] + 1, np.int64)  # main_slice's block of selected positions
         self.f32 = np.empty(chunk, np.float32)
         self.f32b = np.empty(chunk, np.float32)
         self.f32c = np.empty(chunk, np.float32)
 
     def chunk(self, t: int, name: str, raw, n: int) -> None:
-        a = _raw_array(raw[0], self.f32)
-        m = _raw_array(raw[1], self.f32b)
-        l_ = _raw_array(raw[2], self.f32c)
-        if not (a.dtype == m.dtype == l_.dtype):  # mixed storage: compare as float32
-            a, m, l_ = (_raw_array(x.float(), buf) for x, buf in zip(raw, (self.f32, self.f32b, self.f32c)))
+        a, m, l_ = (_raw_array(x, buf) for x, buf in zip(raw, (self.f32, self.f32b, self.f32c)))  # one dtype
         keep = bool(self.windows) and not self.overflow
         self.n_pairs = self.k["main"](
             a, m, l_, self.np_acc, self.np_hist, self.lo_sel_arr if keep else self.no_sel,
@@ -219,9 +214,7 @@ class CompiledMergedPass(MergedPass):
         if m.dtype not in self.out:
             self.out[m.dtype] = torch.empty(len(self.f32[0]), dtype=m.dtype)
         x = blend_into(self.out[m.dtype][:n], m, raw[2], float(self.weights[t]), self.acc32, self.scratch)
-        arrays = [_raw_array(v, buf) for v, buf in zip([x, *raw], self.f32)]
-        if len({arr.dtype for arr in arrays}) > 1:  # mixed storage: compare as float32
-            arrays = [_raw_array(v.float(), buf) for v, buf in zip([x, *raw], self.f32)]
+        arrays = [_raw_array(v, buf) for v, buf in zip([x, *raw], self.f32)]  # one dtype (check_compatible)
         self.k["merged"](*arrays, self.np_acc, self.np_hist)
 
     def finish(self, t: int) -> None:

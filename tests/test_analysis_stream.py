@@ -55,7 +55,7 @@ def test_direct_reads_are_chosen_for_more_than_the_memory(monkeypatch):
     from layerswap.analysis import stream
 
     monkeypatch.setenv("LAYERSWAP_DIRECT_IO", "auto")
-    monkeypatch.setattr(stream, "mem_available", lambda: 10 * 2**30)
+    monkeypatch.setattr(stream, "ram_available", lambda: 10 * 2**30)
     assert stream.direct_reads(48 * 10**9) and not stream.direct_reads(6 * 10**9)
     monkeypatch.setenv("LAYERSWAP_DIRECT_IO", "0")
     assert not stream.direct_reads(48 * 10**9)

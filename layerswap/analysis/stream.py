@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ..checkpoints import Checkpoint
 from ..errors import UserError
+from ..runtime import ram_available
 from ..tensorfile import ALIGN, ITEMSIZE, Files, pread_into, torch_dtype
 
 if TYPE_CHECKING:
@@ -35,18 +36,6 @@ CPU_CHUNK = 1 << 18  # 1 MiB float32 slices: the working set stays in cache
 CUDA_CHUNK = 1 << 23
 
 
-def mem_available() -> int | None:
-    """Bytes of memory the kernel says are available (Linux), else None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def direct_reads(nbytes: int) -> bool:
     """The one decision: read with O_DIRECT when `nbytes` exceed the memory available (they cannot
     stay cached). ``LAYERSWAP_DIRECT_IO=1`` or ``0`` forces it either way."""
@@ -55,7 +44,7 @@ def direct_reads(nbytes: int) -> bool:
         raise UserError(f"LAYERSWAP_DIRECT_IO must be auto, 0 or 1 (got {choice!r}).")
     if not hasattr(os, "O_DIRECT") or choice == "0":
         return False
-    avail = mem_available()
+    avail = ram_available()
     return choice == "1" or (avail is not None and nbytes > avail)
 
 

@@ -53,17 +53,19 @@ def windows_around(ref: dict, qs: list[float]) -> dict[float, dict[str, Window]]
     return out
 
 
-@pytest.mark.parametrize("dtype,ulp", [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, False),
-                                       (torch.float16, False)])
-def test_one_tensor_matches_numpy(dtype, ulp):
-    n = 50_000
+@pytest.mark.parametrize("dtype,ulp,lanes", [(torch.bfloat16, False, 1), (torch.bfloat16, True, 1),
+                                             (torch.float32, False, 1), (torch.float16, False, 1),
+                                             (torch.bfloat16, False, 3), (torch.bfloat16, True, 2)])
+def test_one_tensor_matches_numpy(dtype, ulp, lanes):
+    n, step = 50_000, 7000 if lanes == 1 else 20_000  # lanes split a slice in blocks of 8192 entries
     a, m, l = slices(dtype, n, 1, ulp)
     ref = numpy_slice(a, m, l)
     wins = windows_around(ref, [0.97, 0.995])
-    p = compiled.CompiledMainPass(1, wins, torch.device("cpu"), 7000, 1 << 22)
-    for s in range(0, n, 7000):  # several slices of one tensor
-        p.chunk(0, "t", [a[s:s + 7000], m[s:s + 7000], l[s:s + 7000]], min(7000, n - s))
+    p = compiled.CompiledMainPass(1, wins, torch.device("cpu"), step, 1 << 22, lanes=lanes)
+    for s in range(0, n, step):  # several slices of one tensor
+        p.chunk(0, "t", [a[s:s + step], m[s:s + step], l[s:s + step]], min(step, n - s))
     p.finish(0)
+    p.close()
     assert np.allclose(p.sums[:, 0], ref["sums"], rtol=1e-12, atol=0)
     hists = p.hists()
     for r in ("math", "lang"):
@@ -101,11 +103,11 @@ def test_same_results_as_the_torch_kernels():
     ref = numpy_slice(a, m, l)
     wins = windows_around(ref, [0.99])
     out = []
-    for cls in (MainPass, compiled.CompiledMainPass):
-        p = cls(2, wins, torch.device("cpu"), 4096, 1 << 22)
+    for make in (MainPass, lambda *a: compiled.CompiledMainPass(*a, lanes=2)):
+        p = make(2, wins, torch.device("cpu"), 4096 * 5, 1 << 22)
         for t in range(2):
-            for s in range(0, 30_000, 4096):
-                p.chunk(t, "t", [a[s:s + 4096], m[s:s + 4096], l[s:s + 4096]], min(4096, 30_000 - s))
+            for s in range(0, 30_000, 4096 * 5):
+                p.chunk(t, "t", [a[s:s + 4096 * 5], m[s:s + 4096 * 5], l[s:s + 4096 * 5]], min(4096 * 5, 30_000 - s))
             p.finish(t)
         out.append(p)
     torch_p, comp_p = out

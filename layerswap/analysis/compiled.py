@@ -17,6 +17,7 @@ it, on CUDA, or for small models (`use_compiled`), the torch kernels run.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -92,14 +93,36 @@ def _raw_array(x, f32_buf: np.ndarray) -> np.ndarray:
     return out
 
 
-class CompiledMainPass(MainPass):
-    """`MainPass` with the per-slice work in one compiled loop (same results; CPU only)."""
+def lanes_for(workers: int) -> int:
+    """Threads per worker for the compiled main pass: the cores shared out among the workers, at most
+    `MAX_LANES` (each slice is split between them; the kernels release the GIL)."""
+    return max(1, min(MAX_LANES, (os.cpu_count() or 1) // max(1, workers)))
 
-    def __init__(self, T: int, windows: dict[float, dict[str, Window]], device, chunk: int, max_kept: int):
+
+MAX_LANES = 4
+
+
+class _Lane:
+    """One thread's share of every slice: its own sums, histograms, window counts and pair keys."""
+
+    def __init__(self, nk: int, dense_sizes: list[int], chunk: int, block: int):
+        self.acc = np.zeros(8)
+        self.hist = np.zeros((2, NBINS), np.int64)
+        self.dense = [np.zeros(max(n, 1), np.int64) for n in dense_sizes]
+        self.joint = np.zeros(max(nk, 1), np.int64)
+        self.keys = np.empty(PAIRS_ROOM + chunk, np.int64)
+        self.n_keys = 0
+        self.sel = np.empty(block + 1, np.int64)  # main_slice's block of selected positions
+
+
+class CompiledMainPass(MainPass):
+    """`MainPass` with the per-slice work in one compiled loop, each slice split among `lanes` threads
+    (same results; CPU only)."""
+
+    def __init__(self, T: int, windows: dict[float, dict[str, Window]], device, chunk: int, max_kept: int,
+                 lanes: int = 1):
         super().__init__(T, windows, device, chunk, max_kept)
         self.k = kernels()
-        self.np_acc = np.zeros(8)
-        self.np_hist = np.zeros((2, NBINS), np.int64)
         nk = len(self.ks)
         self.wlo = np.ones((2, max(nk, 1)), np.int64)  # per role, per k: window bins [lo, hi)
         self.whi = np.ones((2, max(nk, 1)), np.int64)
@@ -113,55 +136,72 @@ class CompiledMainPass(MainPass):
         self.ival_lo = [np.array([lo for lo, _ in self.ivals[r]] or [0], np.int64) for r in EXPERTS]
         self.ival_hi = [np.array([hi for _, hi in self.ivals[r]] or [0], np.int64) for r in EXPERTS]
         self.ival_off = []
-        self.dense = []
         for r in EXPERTS:
             sizes = [(hi - lo) * SUB_BINS for lo, hi in self.ivals[r]]
             self.ival_off.append(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
-            self.dense.append(np.zeros(max(sum(sizes), 1), np.int64))
-        self.joint_row = np.zeros(max(nk, 1), np.int64)
-        self.pair_keys = np.empty(PAIRS_ROOM + chunk, np.int64)
-        self.n_pairs = 0
-        self.sel = np.empty(self.k["block"] + 1, np.int64)  # main_slice's block of selected positions
-        self.f32 = np.empty(chunk, np.float32)
-        self.f32b = np.empty(chunk, np.float32)
-        self.f32c = np.empty(chunk, np.float32)
+        self.lanes = [_Lane(nk, [int(o[-1]) for o in self.ival_off], chunk, self.k["block"]) for _ in range(lanes)]
+        self.pool = ThreadPoolExecutor(lanes - 1, thread_name_prefix="layerswap-lane") if lanes > 1 else None
+        self.f32 = [np.empty(chunk, np.float32) for _ in range(3)]
 
     def chunk(self, t: int, name: str, raw, n: int) -> None:
-        a, m, l_ = (_raw_array(x, buf) for x, buf in zip(raw, (self.f32, self.f32b, self.f32c)))  # one dtype
+        a, m, l_ = (_raw_array(x, buf) for x, buf in zip(raw, self.f32))  # one dtype (check_compatible)
         keep = bool(self.windows) and not self.overflow
-        self.n_pairs = self.k["main"](
-            a, m, l_, self.np_acc, self.np_hist, self.lo_sel_arr if keep else self.no_sel,
-            self.wlo, self.whi, len(self.ks) if keep else 0,
-            self.ival_lo[0], self.ival_hi[0], self.ival_off[0], self.dense[0],
-            self.ival_lo[1], self.ival_hi[1], self.ival_off[1], self.dense[1],
-            self.joint_row, self.pair_keys, self.n_pairs, self.sel)
-        if not np.isfinite(self.np_acc).all():
-            raise UserError(f"{name} holds NaN or infinite values in the base or an expert; the analysis needs "
-                            "finite weights (check the checkpoint).")
-        if self.n_pairs > PAIRS_ROOM:
-            self._compress_pairs()
+        sel, nk = (self.lo_sel_arr, len(self.ks)) if keep else (self.no_sel, 0)
+        block = self.k["block"]
+        parts = min(len(self.lanes), max(1, n // block))
+        cuts = [n * i // parts // block * block for i in range(parts)] + [n]
 
-    def _compress_pairs(self) -> None:
-        if self.n_pairs:
-            u, c = np.unique(self.pair_keys[: self.n_pairs], return_counts=True)
+        def run(i: int) -> None:
+            lane, s, e = self.lanes[i], cuts[i], cuts[i + 1]
+            lane.n_keys = self.k["main"](
+                a[s:e], m[s:e], l_[s:e], lane.acc, lane.hist, sel, self.wlo, self.whi, nk,
+                self.ival_lo[0], self.ival_hi[0], self.ival_off[0], lane.dense[0],
+                self.ival_lo[1], self.ival_hi[1], self.ival_off[1], lane.dense[1],
+                lane.joint, lane.keys, lane.n_keys, lane.sel)
+
+        others = [self.pool.submit(run, i) for i in range(1, parts)]
+        run(0)
+        for f in others:
+            f.result()
+        for lane in self.lanes:
+            if not np.isfinite(lane.acc).all():
+                raise UserError(f"{name} holds NaN or infinite values in the base or an expert; the analysis needs "
+                                "finite weights (check the checkpoint).")
+            if lane.n_keys > PAIRS_ROOM:
+                self._compress_pairs(lane)
+
+    def _compress_pairs(self, lane: _Lane) -> None:
+        if lane.n_keys:
+            u, c = np.unique(lane.keys[: lane.n_keys], return_counts=True)
             self.pending.setdefault("pairs", []).append((u, c))
             self.pending_n += len(u)
-            self.n_pairs = 0
+            lane.n_keys = 0
             if self.kept + self.pending_n > self.max_kept:
                 self._give_up()
 
     def finish(self, t: int) -> None:
-        self.sums[:, t] = self.np_acc
-        self.np_acc[:] = 0.0
+        first, rest = self.lanes[0], self.lanes[1:]
+        for lane in rest:  # into the first lane
+            first.acc += lane.acc
+            first.hist += lane.hist
+            first.joint += lane.joint
+            lane.acc[:], lane.hist[:], lane.joint[:] = 0.0, 0, 0
+            for i in range(2):
+                nz = np.flatnonzero(lane.dense[i])
+                first.dense[i][nz] += lane.dense[i][nz]
+                lane.dense[i][nz] = 0
+        self.sums[:, t] = first.acc
+        first.acc[:] = 0.0
         for i, r in enumerate(EXPERTS):
-            self.parts[r][t] = Hist.trim(self.np_hist[i])
-            self.np_hist[i] = 0
-        self.joint_def[:, t] += self.joint_row[: len(self.ks)]
-        self.joint_row[:] = 0
-        self._compress_pairs()
+            self.parts[r][t] = Hist.trim(first.hist[i])
+            first.hist[i] = 0
+        self.joint_def[:, t] += first.joint[: len(self.ks)]
+        first.joint[:] = 0
+        for lane in self.lanes:
+            self._compress_pairs(lane)
         if not self.overflow:
             for i, r in enumerate(EXPERTS):
-                d = self.dense[i]
+                d = first.dense[i]
                 nz = np.flatnonzero(d)
                 if len(nz):
                     self.own[r].append((t, self._bits(i, nz), d[nz].copy()))
@@ -178,11 +218,18 @@ class CompiledMainPass(MainPass):
                         self.pairs[j].append((t, u[cand], c[cand]))
                         self.kept += int(cand.sum())
         else:
-            for d in self.dense:
-                d[:] = 0
+            for lane in self.lanes:
+                for d in lane.dense:
+                    d[:] = 0
         self.pending, self.pending_n = {}, 0
         if self.kept > self.max_kept:
             self._give_up()
+
+    def close(self) -> None:
+        """Stop the lane threads (the pass is over)."""
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
 
     def _bits(self, i: int, pos: np.ndarray) -> np.ndarray:
         """float32 bit patterns of positions in role `i`'s dense counts."""

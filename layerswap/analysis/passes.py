@@ -6,6 +6,7 @@ import math
 import threading
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -49,7 +50,10 @@ def compute(cks: list[Checkpoint], tensors: list[TensorMeta], ks: Sequence[float
         est, raw, nb, sample_n = sample(cks, tensors, sample_fraction, sample_max_entries, sample_block)
         nbytes += nb
         windows = {k: {r: window_from_sample(est[r], raw[r], Ks[k], max_kept) for r in EXPERTS} for k in ks}
-    main = compiled.CompiledMainPass if compiled.use_compiled(dev, N) else MainPass
+    if compiled.use_compiled(dev, N):
+        main = partial(compiled.CompiledMainPass, lanes=compiled.lanes_for(workers))
+    else:
+        main = MainPass
     ps, nb = run_pass(cks, tensors, lambda: main(len(tensors), windows, dev, chunk, max(1, max_kept // workers)),
                       dev, chunk, progress, "statistics", 0.02, 0.95 if ks else 1.0, workers)
     ps.max_kept = max_kept
@@ -119,6 +123,10 @@ def run_pass(cks: list[Checkpoint], tensors: Sequence[TensorMeta], make_handler:
                 nbytes[g] = s.bytes_read
         except BaseException as e:  # raised in the calling thread
             errors.append(e)
+        finally:
+            close = getattr(h, "close", None)  # a handler with threads of its own (compiled.CompiledMainPass)
+            if close is not None:
+                close()
 
     if len(groups) == 1:
         work(0, True)

@@ -24,7 +24,7 @@ from .cache import content_hash, fingerprint
 from .errors import UserError
 from .hub import hub_id_of, hub_reachable, looks_like_hub_id
 from .presets import ASSETS_PREFIX, assets_path
-from .tensorfile import ITEMSIZE, Files, read_header, to_float64, torch_dtype
+from .tensorfile import ITEMSIZE, Files, pread_into, read_header, to_float64, torch_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -262,6 +262,11 @@ class Checkpoint:
         size = ITEMSIZE[info.dtype]
         n = info.numel - start if count is None else count
         return self._files.read(info.file, info.start + start * size, n * size, what=name)
+
+    def read_into(self, name: str, start: int, out: memoryview) -> None:
+        """Fill `out` with the raw bytes of a tensor's elements from `start` on (as many as `out` holds)."""
+        info = self.tensors[name]
+        pread_into(self._files.fd(info.file), out, info.start + start * ITEMSIZE[info.dtype], file=info.file, what=name)
 
     def read(self, name: str, start: int = 0, count: int | None = None) -> "torch.Tensor":
         """Elements ``start .. start+count`` of a tensor (flattened), read with pread into fresh memory.

@@ -8,9 +8,10 @@ the same tensor object; on disk: the same bytes, no dtype round trip). A tensor 
 cast back to the checkpoint dtype. Other methods (soup, task arithmetic, TIES, DARE) compute
 every tensor with their function from `methods`.
 
-Export streams: copies go file to file (``copy_file_range``); computed tensors are read with
-``pread`` in slices of `CHUNK_ELEMS` elements (whole tensors for TIES/DARE, whose trim or
-random mask needs the full tensor), merged on the chosen device, and written at once. Peak
+Export streams: copies go file to file (``copy_file_range``, all shards' copies in one background
+thread); computed tensors are read with ``pread`` into reused buffers in slices of `CHUNK_ELEMS`
+elements (whole tensors for TIES/DARE, whose trim or random mask needs the full tensor), merged on
+the chosen device (on CPU in steps of `CPU_STEP`, allocating nothing), and written at once. Peak
 memory is a few slices (or the largest tensor for TIES/DARE), whatever the model size.
 """
 
@@ -21,6 +22,7 @@ import os
 import shutil
 import threading
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
@@ -37,13 +39,16 @@ from .recipes import Recipe, as_recipe
 from .runtime import Progress, resolve_device
 from .scratch import check_disk
 from .sources import Sources, TensorSource
-from .tensorfile import ITEMSIZE, ShardWriter
+from .tensorfile import ITEMSIZE, ShardWriter, torch_dtype
 
 if TYPE_CHECKING:  # torch loads only when a tensor is computed: copies and checks start without it
     import torch
 
 DEFAULT_SHARD_BYTES = 5 * 10**9
-CHUNK_ELEMS = 1 << 20  # elements per slice when merging a large tensor in pieces (cache-sized)
+CHUNK_ELEMS = 1 << 20  # elements per read when merging a large tensor in pieces
+# elements per blend step on CPU: under torch's parallel grain size (32768), so no worker threads
+# wake for it (on a busy 2-core machine they spun 10x the work) and the step stays in cache
+CPU_STEP = 1 << 15
 
 
 def blend(math: "torch.Tensor", lang: "torch.Tensor", w: float) -> "torch.Tensor":
@@ -53,6 +58,20 @@ def blend(math: "torch.Tensor", lang: "torch.Tensor", w: float) -> "torch.Tensor
     if w == 1.0:
         return lang
     return linear([math, lang.to(math.device)], [1.0 - w, w]).to(math.dtype)
+
+
+def blend_into(out: "torch.Tensor", math: "torch.Tensor", lang: "torch.Tensor", w: float, acc: "torch.Tensor",
+               scratch: "torch.Tensor") -> "torch.Tensor":
+    """`blend` of flat slices written into `out` (math's dtype, on the CPU) in steps of ``len(acc)``,
+    through the float32 buffers `acc` and `scratch` (on the computing device): allocates nothing,
+    and gives the same bits as `blend` wherever the steps fall."""
+    step = len(acc)
+    for s in range(0, len(out), step):
+        e = min(s + step, len(out))
+        res = linear([math[s:e].to(acc.device), lang[s:e].to(acc.device)], [1.0 - w, w], out=acc[:e - s],
+                     scratch=scratch[:e - s])
+        out[s:e].copy_(res)  # rounded to the checkpoint dtype exactly as .to() rounds
+    return out
 
 
 def _need_base(recipe: Recipe, have_base: bool, what: str = "pass --base (the model both experts were "
@@ -126,7 +145,12 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
     sources = Sources(recipe, math.num_layers, math.arch)
     recipes = sources.of(math.tensors)
     # torch (and a device) only matter when a tensor is computed: a copy-only merge never imports it
-    device = resolve_device(device, ("cpu", "cuda")) if any(r.kind != "copy" for r in recipes.values()) else "cpu"
+    if any(r.kind != "copy" for r in recipes.values()):
+        # an explicit device is checked now; "auto" asks torch for a GPU at the first computed tensor, so the
+        # copies start without waiting for torch's import (seconds)
+        device = device if (device or "auto").strip().lower() == "auto" else resolve_device(device, ("cpu", "cuda"))
+    else:
+        device = "cpu"
     out = check_output_folder(out, input_paths(math, lang, base, extra=protect), overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     check_disk(math.nbytes, out.parent, f"the merged model to {out.name}")  # before a byte is written
@@ -138,8 +162,10 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
         done, lock = 0, threading.Lock()
         names_to_file: dict[str, str] = {}
 
+        work = _Workspace(device)
+
         def compute(info: TensorInfo, write) -> None:
-            _write_computed(write, info, recipes[info.name], math, lang, base, method, device)
+            _write_computed(write, info, recipes[info.name], math, lang, base, method, work)
 
         def source(info: TensorInfo) -> TensorInfo | None:
             r = recipes[info.name]
@@ -154,10 +180,12 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
                 if progress:
                     progress(done / total, f"{info.name} ({recipes[info.name].label(sources.method_title)})")
 
+        files = []
         for i, shard in enumerate(shards):
             fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            _write_shard(tmp / fname, shard, source, compute, tick)
+            files.append((tmp / fname, shard))
             names_to_file.update({info.name: fname for info in shard})
+        _write_shards(files, source, compute, tick)
         if len(shards) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(names_to_file.items()))}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
@@ -175,60 +203,118 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
                         sources.layer_weights, pairing)
 
 
+class _Workspace:
+    """Buffers an export reuses for every computed slice: the inputs' bytes and the float32 working space."""
+
+    def __init__(self, device: str):
+        self._device_arg = device
+        self._device: "torch.device | None" = None
+        self._bufs: dict[str, "torch.Tensor"] = {}
+
+    @property
+    def device(self) -> "torch.device":
+        """The device, resolved (and torch imported) when the first tensor is computed."""
+        if self._device is None:
+            import torch
+
+            self._device = torch.device(resolve_device(self._device_arg, ("cpu", "cuda")))
+        return self._device
+
+    @property
+    def step(self) -> int | None:
+        """Elements per blend step: `CPU_STEP` on CPU; None (a whole slice per step) on a GPU."""
+        return CPU_STEP if self.device.type == "cpu" else None
+
+    def buffer(self, key: str, n: int, dtype: "torch.dtype", device: "torch.device | None" = None) -> "torch.Tensor":
+        """`n` elements of a buffer kept under `key` (grown when too small)."""
+        import torch
+
+        b = self._bufs.get(key)
+        if b is None or b.numel() < n or b.dtype != dtype:
+            b = self._bufs[key] = torch.empty(max(n, 1), dtype=dtype, device=device or "cpu")
+        return b[:n]
+
+    def read(self, key: str, ck: Checkpoint, info: TensorInfo, start: int, n: int) -> "torch.Tensor":
+        """Elements ``start .. start+n`` of `ck`'s copy of the tensor, read into the buffer `key` (on the CPU)."""
+        import torch
+
+        raw = self.buffer(key, n * ITEMSIZE[info.dtype], torch.uint8)
+        ck.read_into(info.name, start, memoryview(raw.numpy()))
+        return raw.view(torch_dtype(info.dtype))
+
+    def blend(self, m: "torch.Tensor", l: "torch.Tensor", w: float) -> memoryview:
+        """The bytes of ``(1-w)*m + w*l`` (`linear`, so bit-identical to mergekit) in m's dtype, step by step."""
+        import torch
+
+        n = m.numel()
+        step = min(self.step or n, max(n, 1))
+        acc = self.buffer("acc", step, torch.float32, self.device)
+        scratch = self.buffer("scratch", step, torch.float32, self.device)
+        return _tensor_bytes(blend_into(self.buffer("out", n, m.dtype), m, l, w, acc, scratch))
+
+
 def _write_computed(write: Callable[[memoryview], None], info: TensorInfo, r: TensorSource, math: Checkpoint,
-                    lang: Checkpoint, base: Checkpoint | None, method: MethodConfig, device: str) -> None:
+                    lang: Checkpoint, base: Checkpoint | None, method: MethodConfig, work: _Workspace) -> None:
     """Merge one tensor slice by slice (or whole, for TIES/DARE), passing its bytes to `write` in order."""
     spec = method.spec
-    whole = r.kind == "method" and not spec.chunkable
-    step = info.numel if whole else max(1, CHUNK_ELEMS)
-    for start in range(0, max(info.numel, 1), step):
-        n = min(step, info.numel - start)
-        if whole:
-            m, l = math.read(info.name), lang.read(info.name)
-        else:
-            m, l = math.read(info.name, start, n), lang.read(info.name, start, n)
-        m, l = m.to(device), l.to(device)
+    dev = work.device
+    if r.kind == "method" and not spec.chunkable:  # the trim / random mask needs the whole tensor
+        m, l = math.read(info.name).to(dev), lang.read(info.name).to(dev)
+        b = base.read(info.name).to(dev) if spec.needs_base else None
+        write(_tensor_bytes(spec.fn(method, info.name, b, [m, l]).to(m.dtype)))
+        return
+    for start in range(0, max(info.numel, 1), CHUNK_ELEMS):
+        n = min(CHUNK_ELEMS, info.numel - start)
+        m, l = work.read("math", math, info, start, n), work.read("lang", lang, info, start, n)
         if r.kind == "blend":
-            t = linear([m, l], [1.0 - r.w, r.w])
-        else:
-            b = None
-            if spec.needs_base:
-                b = (base.read(info.name) if whole else base.read(info.name, start, n)).to(device)
-            t = spec.fn(method, info.name, b, [m, l])
-        write(_tensor_bytes(t.to(m.dtype)))
+            write(work.blend(m, l, r.w))
+            continue
+        b = work.read("base", base, info, start, n).to(dev) if spec.needs_base else None
+        write(_tensor_bytes(spec.fn(method, info.name, b, [m.to(dev), l.to(dev)]).to(m.dtype)))
 
 
-def _write_shard(path: Path, shard: list[TensorInfo], source: Callable[[TensorInfo], TensorInfo | None],
-                 compute: Callable, tick: Callable[[TensorInfo], None]) -> None:
-    """Write one safetensors file. Every tensor's place is known from the header, so copies run
-    in a background thread (kernel-side `copy_file_range`) while computed tensors are produced
-    and written at their offsets here."""
+def _write_shards(files: list[tuple[Path, list[TensorInfo]]], source: Callable[[TensorInfo], TensorInfo | None],
+                  compute: Callable, tick: Callable[[TensorInfo], None]) -> None:
+    """Write the safetensors files. Every tensor's place is known from the headers, so the copies of
+    every shard run in one background thread (kernel-side `copy_file_range`) while computed tensors
+    are produced and written at their offsets here."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ShardWriter(path, [(t.name, t.dtype, t.shape) for t in shard]) as w:
+    with ExitStack() as stack:
+        writers = [stack.enter_context(ShardWriter(path, [(t.name, t.dtype, t.shape) for t in shard]))
+                   for path, shard in files]
         # every copy is queued first: the kernel copies while this thread computes (and, the
-        # first time, imports torch); one copier is as fast as several on one file
+        # first time, imports torch); one copier is as fast as several on one disk
         with ThreadPoolExecutor(max_workers=1) as pool:
             pending = []
-            for info in shard:
-                src = source(info)
-                if src is not None:
-                    fut = pool.submit(w.copy_from, src.file, src.start, src.nbytes, w.offsets[info.name], what=info.name)
-                    fut.add_done_callback(lambda f, info=info: f.exception() is None and tick(info))
-                    pending.append(fut)
-            for info in shard:
-                if source(info) is None:
-                    cursor = w.offsets[info.name]
+            try:
+                for w, (_, shard) in zip(writers, files):
+                    for info in shard:
+                        src = source(info)
+                        if src is not None:
+                            fut = pool.submit(w.copy_from, src.file, src.start, src.nbytes, w.offsets[info.name],
+                                              what=info.name)
+                            fut.add_done_callback(lambda f, info=info: not f.cancelled() and f.exception() is None
+                                                  and tick(info))
+                            pending.append(fut)
+                for w, (_, shard) in zip(writers, files):
+                    for info in shard:
+                        if source(info) is None:
+                            cursor = w.offsets[info.name]
 
-                    def write(buf: memoryview) -> None:
-                        nonlocal cursor
-                        w.write_at(cursor, buf)
-                        cursor += len(buf)
+                            def write(buf: memoryview, w=w) -> None:
+                                nonlocal cursor
+                                w.write_at(cursor, buf)
+                                cursor += len(buf)
 
-                    compute(info, write)
-                    tick(info)
-            for fut in pending:
-                fut.result()
+                            compute(info, write)
+                            tick(info)
+                for fut in pending:
+                    fut.result()
+            except BaseException:
+                for fut in pending:  # a failed merge stops at once: the copies still queued are dropped
+                    fut.cancel()
+                raise
 
 
 def _plan_shards(infos: list[TensorInfo], shard_bytes: int) -> list[list[TensorInfo]]:

@@ -34,21 +34,28 @@ if TYPE_CHECKING:  # torch is imported by the functions, so the registry and con
 
 # ---- pure tensor functions ------------------------------------------------------------------
 
-def linear(tensors: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
+def linear(tensors: Sequence[Tensor], weights: Sequence[float], out: Tensor | None = None,
+           scratch: Tensor | None = None) -> Tensor:
     """``sum_i weights[i] * tensors[i]`` in float32 (no normalisation).
 
     Bit-identical to mergekit's ``linear`` kernel, which starts from zeros and adds one fused
     multiply-add per input: the first product is exact-rounded either way, and ``+ 0.0`` turns a
     ``-0.0`` product into ``+0.0`` as adding it to a zero accumulator does. Inputs are widened to
-    float32 first (exact), which is faster than mixed-dtype kernels.
+    float32 first (exact), which is faster than mixed-dtype kernels. `out` and `scratch` (float32,
+    the inputs' size and device) make it allocate nothing: the same operations, in place.
     """
     import torch
 
     dev = tensors[0].device
-    out = tensors[0].to(torch.float32) * torch.tensor(weights[0], dtype=torch.float32, device=dev)
+
+    def widened(t: Tensor) -> Tensor:
+        return scratch.copy_(t) if scratch is not None else t.to(device=dev, dtype=torch.float32)
+
+    w0 = torch.tensor(weights[0], dtype=torch.float32, device=dev)
+    out = torch.mul(widened(tensors[0]), w0, out=out) if out is not None else widened(tensors[0]) * w0
     out.add_(0.0)
     for t, w in zip(tensors[1:], weights[1:]):
-        out.addcmul_(t.to(device=dev, dtype=torch.float32), torch.tensor([w], dtype=torch.float32, device=dev))
+        out.addcmul_(widened(t), torch.tensor([w], dtype=torch.float32, device=dev))
     return out
 
 

@@ -110,14 +110,17 @@ def merged_stats(an, plan: Plan, sources: list[TensorSource], math_ck: Checkpoin
         elif s.kind != "blend":
             raise UserError(f"Merged-model statistics are computed for layer maps; {s.label()} is not one.")
     if blended:
-        from .kernels import MergedPass  # torch: loaded when there is something to compute
+        from . import compiled  # torch: loaded when there is something to compute
+        from .kernels import MergedPass
         from .passes import run_pass
 
         dev = resolve_device(device, allowed=("cpu", "cuda"))
         chunk = default_chunk(dev)
         weights = np.asarray([sources[i].w for i in blended])
+        entries = sum(an.tensors[i].numel for i in blended)
+        kind = compiled.CompiledMergedPass if compiled.use_compiled(dev, entries) else MergedPass
         mp, _ = run_pass([base_ck, math_ck, lang_ck], [an.tensors[i] for i in blended],
-                         lambda: MergedPass(weights, dev, chunk), dev, chunk, progress, "merged", 0.0, 1.0)
+                         lambda: kind(weights, dev, chunk), dev, chunk, progress, "merged", 0.0, 1.0)
         for j, i in enumerate(blended):
             for r, vs in enumerate(("base", "math", "lang")):
                 sq[vs][i], ab[vs][i] = mp.sums[2 * r, j], mp.sums[2 * r + 1, j]

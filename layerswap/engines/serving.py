@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from ..checkpoints import Checkpoint, text_config
 from ..errors import UserError
+from ..runtime import ram_available
 from .vllm_engine import VLLMSettings
 
 GiB = 2**30
@@ -85,16 +86,11 @@ def _available(device: str, gpus: int) -> int:
         import torch
 
         return int(min(torch.cuda.mem_get_info(i)[0] for i in range(max(1, gpus))))
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import psutil
-
-    return int(psutil.virtual_memory().available)
+    ram = ram_available()
+    if ram is None:
+        raise UserError("Cannot tell how much memory this machine has available (no /proc/meminfo, no psutil): "
+                        "pip install psutil.")
+    return ram
 
 
 def check_memory(need: int, device: str, what: str) -> None:

@@ -11,13 +11,15 @@ Python API at a glance::
 from .architectures import classify
 from .checkpoints import Checkpoint, CompatReport, check_compatible
 from .errors import UserError
-from .merging import blend, export_merge, merge_in_memory, tensor_weights
+from .merging import blend, export_merge, merge_in_memory
 from .methods import METHODS, MethodConfig
 from .plans import Plan, default_plan
 from .recipes import Recipe
+from .sources import Sources, TensorSource, tensor_sources, tensor_weights
 from .version import __version__
 
 __all__ = [
-    "METHODS", "Checkpoint", "CompatReport", "MethodConfig", "Plan", "Recipe", "UserError", "blend", "check_compatible",
-    "classify", "default_plan", "export_merge", "merge_in_memory", "tensor_weights", "__version__",
+    "METHODS", "Checkpoint", "CompatReport", "MethodConfig", "Plan", "Recipe", "Sources", "TensorSource", "UserError",
+    "blend", "check_compatible", "classify", "default_plan", "export_merge", "merge_in_memory", "tensor_sources",
+    "tensor_weights", "__version__",
 ]

@@ -23,16 +23,18 @@ from typing import TYPE_CHECKING
 import yaml
 
 from . import mgsm
-from .checkpoints import Checkpoint, Pairing
+from .checkpoints import Checkpoint
+from .pairing import Pairing
 from .errors import UserError
 from .hub import hub_id_of, looks_like_hub_id
 from .interop import mergekit_yaml
 from .methods import MethodConfig
 from .outputs import EXPORT_MARK
-from .plans import BASE_LABEL, Plan, source_label
-from .recipes import Recipe
+from .plans import Plan
 from .presets import ASSETS_PREFIX
+from .recipes import Recipe
 from .roles import ROLE_NAMES
+from .sources import Sources
 from .version import __version__
 
 if TYPE_CHECKING:
@@ -92,10 +94,11 @@ def check_languages(codes: list[str] | tuple[str, ...] | None) -> list[str]:
     return sorted(set(codes))
 
 
-def provenance(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None, recipe: Recipe,
-               layer_weights: list[float] | None, non_layer_weights: dict[str, float], pairing: Pairing,
+def provenance(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None, sources: Sources, pairing: Pairing,
                forced: bool, languages: list[str] | None = None) -> dict:
-    """Everything about a merge as plain data: recipe, models, reproduction, checks (``layerswap.json``)."""
+    """Everything about a merge (`sources`: the planner's answer for it) as plain data: recipe, models,
+    reproduction, checks (``layerswap.json``)."""
+    recipe = sources.recipe
     method, plan = recipe.method, recipe.plan
     models = {"math": model_entry(math, "math"), "lang": model_entry(lang, "lang")}
     if base is not None:
@@ -111,9 +114,9 @@ def provenance(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None, reci
         "method": method.to_dict(),
         "recipe": recipe.to_dict(),
         "plan": plan.to_dict() if plan is not None else None,
-        "reverted_layers": sorted(plan.reverted()) if plan is not None else [],
-        "layer_weights_lang": layer_weights,
-        "non_layer_weights_lang": non_layer_weights,
+        "reverted_layers": sorted(sources.reverted),
+        "layer_weights_lang": sources.layer_weights,
+        "non_layer_weights_lang": sources.non_layer_weights(math.tensors),
         "models": models,
         "mergekit_yaml": yml,
         "mergekit_unavailable": why_not,
@@ -142,6 +145,13 @@ def write_card(folder: str | os.PathLike, prov: dict) -> None:
         tmp = folder / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(folder / name)
+
+
+def write_mark(folder: str | os.PathLike, recipe: Recipe) -> None:
+    """Only ``layerswap.json``, with the recipe (no card, no mergekit config): a scratch merge nobody
+    publishes, marked so that the next one may replace it."""
+    (Path(folder) / EXPORT_MARK).write_text(json.dumps({"layerswap_version": __version__, "recipe": recipe.to_dict(),
+                                                        "scratch": True}, indent=2))
 
 
 def check_same_merge(prov: dict, folder: str | os.PathLike, checkpoints: dict[str, Checkpoint],
@@ -234,12 +244,13 @@ def _models_table(prov: dict) -> str:
     return "| role | model | revision | weights fingerprint |\n|---|---|---|---|\n" + "\n".join(rows)
 
 
-def _how(prov: dict, plan: Plan | None, method: MethodConfig) -> str:
+def _how(prov: dict, recipe: Recipe) -> str:
+    method, plan = recipe.method, recipe.plan
     if plan is None:
         return f"- **Method**: {method.describe()}: {method.spec.description}\n"
-    lw, rev = prov["layer_weights_lang"], set(prov.get("reverted_layers") or [])
-    rows = "\n".join(f"| {i} | {'–' if i in rev else f'{w:.4g}'} | {BASE_LABEL if i in rev else source_label(w)} |"
-                     for i, w in enumerate(lw))
+    sources = Sources(recipe, len(prov["layer_weights_lang"]))
+    rows = "\n".join(f"| {i} | {'–' if s.w_lang is None else f'{s.w_lang:.4g}'} | {s.label()} |"
+                     for i, s in enumerate(sources.layers()))
     nl = "\n".join(f"| `{n}` | {w:.4g} |" for n, w in prov["non_layer_weights_lang"].items())
     return f"""- **Method**: {method.describe()}
 - **Plan**: {plan.title()}
@@ -247,7 +258,7 @@ def _how(prov: dict, plan: Plan | None, method: MethodConfig) -> str:
 Each tensor is `w*lang + (1-w)*math`, computed in float32 (mergekit's `linear` arithmetic) and
 cast back to the checkpoint dtype; w = 0 or 1 copies the expert's tensor byte for byte.
 
-{plan.describe(len(lw))}
+{sources.describe()}
 
 | layer | w (language) | source |
 |---|---|---|
@@ -300,6 +311,7 @@ def render_card(prov: dict) -> str:
     """The README.md of an export, from its provenance alone."""
     method = MethodConfig.from_dict(prov["method"])
     plan = Plan.from_dict(prov["plan"]) if prov.get("plan") is not None else None
+    merge = Recipe(method, plan)
     dist = ", ".join(f"{k} {v:.4f}" for k, v in prov["base_distance"]["sampled"].items()) or "no base given"
     recipe = json.dumps({k: prov.get(k) for k in RECIPE_KEYS}, indent=2)
     return f"""{_front_matter(prov, plan is not None)}
@@ -318,7 +330,7 @@ The tokenizer and config are the math expert's. Shared-base check, sampled relat
 
 ## Recipe
 
-{_how(prov, plan, method)}
+{_how(prov, merge)}
 Machine-readable recipe (`layerswap.json` holds it too):
 
 ```json

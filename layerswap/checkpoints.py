@@ -3,8 +3,8 @@
 Nothing here loads a whole model. Shapes and dtypes come from the safetensors headers
 (`layerswap.tensorfile`), each tensor is mapped to (layer, parameter type) by the architecture
 table (`layerswap.architectures`), and a tensor's bytes are read with ``pread`` only when asked
-for. Also here: the compatibility report (from headers only) and the shared-base check (a few
-MB of sampled weights).
+for. Also here: the compatibility report (from headers only); the shared-base check is in
+`layerswap.pairing`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .cache import content_fingerprint, content_hash, fingerprint
 from .errors import UserError
 from .hub import hub_id_of, hub_reachable, looks_like_hub_id
 from .presets import ASSETS_PREFIX, assets_path
-from .tensorfile import ITEMSIZE, Files, read_header, to_float64, torch_dtype
+from .tensorfile import ITEMSIZE, Files, pread_into, read_header, to_float64, torch_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -270,6 +270,11 @@ class Checkpoint:
         n = info.numel - start if count is None else count
         return self._files.read(info.file, info.start + start * size, n * size, what=name)
 
+    def read_into(self, name: str, start: int, out: memoryview) -> None:
+        """Fill `out` with the raw bytes of a tensor's elements from `start` on (as many as `out` holds)."""
+        info = self.tensors[name]
+        pread_into(self._files.fd(info.file), out, info.start + start * ITEMSIZE[info.dtype], file=info.file, what=name)
+
     def read(self, name: str, start: int = 0, count: int | None = None) -> "torch.Tensor":
         """Elements ``start .. start+count`` of a tensor (flattened), read with pread into fresh memory.
 
@@ -347,11 +352,17 @@ class CompatReport:
         out += [f"- **{m.severity}** {m.what}: {m.detail}" for m in self.mismatches]
         return "\n".join(out)
 
+    def problem(self) -> str | None:
+        """Why the models cannot be merged, in one line (None when they can)."""
+        if self.ok:
+            return None
+        first = self.errors[0]
+        more = f" (and {len(self.errors) - 1} more; run `layerswap inspect` for all)" if len(self.errors) > 1 else ""
+        return f"The models cannot be merged: {first.what}: {first.detail}{more}."
+
     def raise_if_bad(self) -> None:
         if not self.ok:
-            first = self.errors[0]
-            more = f" (and {len(self.errors) - 1} more; run `layerswap inspect` for all)" if len(self.errors) > 1 else ""
-            raise UserError(f"The models cannot be merged: {first.what}: {first.detail}{more}.")
+            raise UserError(self.problem())
 
 
 def check_compatible(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None = None,
@@ -408,64 +419,3 @@ def check_compatible(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None
         n_tensors=len(ref.tensors),
         mismatches=mism,
     )
-
-
-# ---- do the experts share the base? ------------------------------------------------------------
-
-BASE_DISTANCE_THRESHOLD = 0.5
-
-
-def _sample_names(ck: Checkpoint, n_layers: int = 6) -> list[str]:
-    """A few 2-D tensors spread over depth (attention and MLP), plus the embeddings."""
-    L = ck.num_layers
-    layers = sorted({round(i * (L - 1) / max(n_layers - 1, 1)) for i in range(n_layers)})
-    names = []
-    for layer in layers:
-        for t in ck.layer_tensors(layer):
-            if len(t.shape) == 2 and t.ptype in ("q_proj", "down_proj"):
-                names.append(t.name)
-    names += [t.name for t in ck.tensors.values() if t.ptype == "embed" and len(t.shape) == 2]
-    return names
-
-
-def sampled_distance(a: Checkpoint, b: Checkpoint, rows: int = 32) -> float:
-    """‖a − b‖ / ‖b‖ over the first `rows` rows of a sample of tensors (reads a few MB at most)."""
-    num = den = 0.0
-    for name in _sample_names(b):
-        info = b.tensors[name]
-        n = min(rows, info.shape[0]) * math.prod(info.shape[1:])
-        xa, xb = a.read_float64(name, 0, n), b.read_float64(name, 0, n)
-        num += float(np.sum((xa - xb) ** 2))
-        den += float(np.sum(xb ** 2))
-    return (num ** 0.5) / (den ** 0.5) if den else float("nan")
-
-
-@dataclass
-class Pairing:
-    """Sampled distances that tell whether two experts were fine-tuned from the same base."""
-
-    distances: dict[str, float]  # "math-base", "lang-base", or "math-lang" when no base is given
-    threshold: float
-
-    @property
-    def suspicious(self) -> dict[str, float]:
-        limit = lambda k: self.threshold * (2 ** 0.5 if k == "math-lang" else 1)  # noqa: E731
-        return {k: v for k, v in self.distances.items() if not v <= limit(k)}
-
-    def message(self) -> str:
-        d = ", ".join(f"{k} {v:.3f}" for k, v in self.distances.items())
-        if not self.suspicious:
-            return f"shared base: sampled relative distances {d} (threshold {self.threshold})"
-        return (f"the experts may not share a base: sampled relative distances {d} exceed the threshold "
-                f"{self.threshold} (light fine-tunes of one base are usually far below it; unrelated models are "
-                "near 1.4). Merging models of different bases rarely works; pass --force to run it anyway")
-
-
-def check_pairing(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None = None,
-                  threshold: float = BASE_DISTANCE_THRESHOLD) -> Pairing:
-    """Distance of each expert from the base on sampled tensors (or between experts without one)."""
-    if base is not None:
-        d = {"math-base": sampled_distance(math, base), "lang-base": sampled_distance(lang, base)}
-    else:
-        d = {"math-lang": sampled_distance(math, lang)}
-    return Pairing(d, threshold)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -62,12 +61,6 @@ class EvalConfig:
         if unknown:
             raise UserError(f"Unknown MGSM language code{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
                             f"choose from: {', '.join(sorted(langs))}.")
-
-
-@dataclass
-class Prompted:
-    item: mgsm.Item
-    prompt: str
 
 
 @dataclass
@@ -149,16 +142,9 @@ class EvalReport:
         return path
 
 
-def build_prompts(lang_code: str, config: EvalConfig) -> list[Prompted]:
-    """The test prompts of one language, in file order, as lm-eval builds them."""
-    items = mgsm.load(lang_code, config.source)
-    if config.limit:
-        items = items[: config.limit]
-    lang = mgsm.get_language(lang_code, config.source if config.source is not None else mgsm.default_data_dir())
-    exemplars = mgsm.load_exemplars(lang_code, config.source) if config.shots else None
-    rng = random.Random(mgsm.FEWSHOT_SEED)  # one sampler per task, shared across its test docs
-    return [Prompted(it, mgsm.build_prompt(it.question, lang, mode=config.mode, exemplars=exemplars, rng=rng,
-                                           shots=config.shots)) for it in items]
+def build_prompts(lang_code: str, config: EvalConfig) -> list[mgsm.Prompt]:
+    """The test prompts of one language, in file order, as lm-eval builds them (`mgsm.prompts`)."""
+    return mgsm.prompts(lang_code, limit=config.limit, shots=config.shots, mode=config.mode, source=config.source)
 
 
 class Cancelled(Exception):
@@ -174,21 +160,20 @@ def evaluate(engines: Mapping[str, Engine], config: EvalConfig, *, progress: Pro
     batch and the report (``cancelled=True``) holds the questions already answered.
     """
     config.validate()
-    source = config.source if config.source is not None else mgsm.default_data_dir()
-    langs = {c: mgsm.get_language(c, source) for c in config.langs}
     prompts = {c: build_prompts(c, config) for c in config.langs}  # all data errors before any generation
+    langs = {c: ps[0].language for c, ps in prompts.items()}
     report = EvalReport(config, list(engines))
     total = len(engines) * sum(len(p) for p in prompts.values())
     done = 0
     p = progress or no_progress
 
-    def counter(base: int, where: str, batch: list, lang: mgsm.Language) -> Callable[[dict[int, str]], None]:
+    def counter(base: int, where: str, batch: list[mgsm.Prompt]) -> Callable[[dict[int, str]], None]:
         """Progress of one model on one language: questions answered, and accuracy so far (flexible)."""
         correct: dict[int, bool] = {}  # each answer scored once, as it arrives
 
         def tick(answered: dict[int, str]) -> None:
             for i in answered.keys() - correct.keys():
-                correct[i] = mgsm.score(answered[i], batch[i].item.answer, lang, mode=config.mode).flexible_correct
+                correct[i] = batch[i].score(answered[i]).flexible_correct
             n = len(answered)
             right = sum(correct[i] for i in answered)
             p((base + n) / total, f"{where} {n}/{len(batch)} questions, {100 * right / max(n, 1):.0f}% right so far")
@@ -203,13 +188,12 @@ def evaluate(engines: Mapping[str, Engine], config: EvalConfig, *, progress: Pro
                 report.cancelled = True
                 break
             answered, report.cancelled = _answer(engine, [x.prompt for x in batch], config.max_new_tokens,
-                                                 langs[code].stop, cancel, counter(done, f"{model}: {code}",
-                                                                                   batch, langs[code]))
+                                                 langs[code].stop, cancel, counter(done, f"{model}: {code}", batch))
             for i in sorted(answered):
                 x, out = batch[i], answered[i]
-                s = mgsm.score(out, x.item.answer, langs[code], mode=config.mode)
-                report.results.append(QuestionResult(model, code, x.item.index, x.item.question, x.prompt, out,
-                                                     x.item.answer, s.strict, s.flexible, s.strict_correct,
+                s = x.score(out)
+                report.results.append(QuestionResult(model, code, x.index, x.question, x.prompt, out,
+                                                     x.gold, s.strict, s.flexible, s.strict_correct,
                                                      s.flexible_correct, report.engines[model]))
             done += len(batch)
             if report.cancelled:

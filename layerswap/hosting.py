@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from .errors import UserError
+from .errors import UserError, whole_number
 from .hub import looks_like_hub_id
 from .presets import ASSETS_PREFIX
 from .runtime import Progress, no_progress
@@ -81,6 +81,9 @@ class Limits:
     sweep_points: int = 24
     download_bytes: int = 40 * _GB  # all files of one Hub model
     zip_bytes: int = 2 * _GB  # the export offered as a download
+    new_tokens: int = 512  # tokens generated per answer
+    lens_questions: int = 32  # parallel questions in one run of the lens
+    ref_chars: int = 200  # a model reference (owner/name@revision)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Limits":
@@ -89,10 +92,13 @@ class Limits:
                    eval_questions=_int_env(env, "LAYERSWAP_MAX_EVAL_QUESTIONS", d.eval_questions),
                    sweep_points=_int_env(env, "LAYERSWAP_MAX_SWEEP_POINTS", d.sweep_points),
                    download_bytes=_int_env(env, "LAYERSWAP_MAX_DOWNLOAD_BYTES", d.download_bytes),
-                   zip_bytes=_int_env(env, "LAYERSWAP_MAX_ZIP_BYTES", d.zip_bytes))
+                   zip_bytes=_int_env(env, "LAYERSWAP_MAX_ZIP_BYTES", d.zip_bytes),
+                   new_tokens=_int_env(env, "LAYERSWAP_MAX_NEW_TOKENS", d.new_tokens),
+                   lens_questions=_int_env(env, "LAYERSWAP_MAX_LENS_QUESTIONS", d.lens_questions))
 
     def markdown(self) -> str:
-        return (f"questions and free text up to {self.text_chars:,} characters; evaluations up to "
+        return (f"questions and free text up to {self.text_chars:,} characters; answers up to {self.new_tokens:,} "
+                f"tokens; the lens up to {self.lens_questions} questions at once; evaluations up to "
                 f"{self.eval_questions:,} questions per language; sweeps up to {self.sweep_points} recipes; Hub "
                 f"models up to {self.download_bytes / _GB:.0f} GB; export downloads up to "
                 f"{self.zip_bytes / _GB:.1f} GB")
@@ -117,6 +123,9 @@ class Policy:
         ref = (ref or "").strip()
         if not self.hosted or not ref:
             return ref
+        if len(ref) > self.limits.ref_chars:
+            raise UserError(f"The {what} reference has {len(ref):,} characters; a Hub id such as 'owner/name' has "
+                            f"at most {self.limits.ref_chars}.")
         if ref.startswith(ASSETS_PREFIX):
             return ref
         if not looks_like_hub_id(ref) or Path(ref).expanduser().exists():  # 'owner/name' can be a server folder too
@@ -133,11 +142,28 @@ class Policy:
                             f"{self.limits.text_chars:,}.")
         return text
 
+    def new_tokens(self, value: object) -> int:
+        """Tokens per answer, from a visitor's field: 1 to 8,192 (hosted: up to the cap)."""
+        return whole_number(value, "Max new tokens", 1, self.limits.new_tokens if self.hosted else 8192)
+
+    def lens_batch(self, value: object) -> int:
+        """Parallel questions in one run of the lens, from a visitor's field: 1 to 128 (hosted: up to the cap)."""
+        return whole_number(value, "The lens batch", 1, self.limits.lens_questions if self.hosted else 128)
+
     def check_eval(self, limit: int | None, largest_set: int) -> None:
         n = limit or largest_set
         if self.hosted and n > self.limits.eval_questions:
             raise UserError(f"This server evaluates up to {self.limits.eval_questions:,} questions per language "
                             f"(asked: {n:,}); set 'Questions per language' to {self.limits.eval_questions} or less.")
+
+    def check_sweep(self, points: int, eval_limit: int | None) -> None:
+        """A sweep's size: at most `sweep_points` recipes, each evaluated within the question cap (a sweep
+        without a question limit means whole sets: refused in hosted mode)."""
+        if not self.hosted:
+            return
+        if points > self.limits.sweep_points:
+            raise UserError(f"This sweep has {points} recipes; this server runs up to {self.limits.sweep_points}.")
+        self.check_eval(eval_limit, largest_set=10**9)
 
     def scrub(self, text: str) -> str:
         """In hosted mode, absolute server paths become their last component."""
@@ -175,7 +201,8 @@ class DownloadPlan:
 
 def plan_download(ref: str, limits: Limits) -> DownloadPlan:
     """The files a Hub model needs and their sizes (from the Hub's metadata, no token), checked
-    against the download cap, free disk in the Hugging Face cache and available memory."""
+    against the download cap, free disk in the Hugging Face cache and available memory. Gated and
+    private repos are refused here, before any download or cache lookup."""
     from huggingface_hub import HfApi
     from huggingface_hub.constants import HF_HUB_CACHE
 
@@ -192,6 +219,10 @@ def plan_download(ref: str, limits: Limits) -> DownloadPlan:
         first = str(e).splitlines()[0] if str(e) else ""
         raise UserError(f"{ref}: cannot read its file list from the Hub ({type(e).__name__}: {first}). Only public, "
                         "non-gated models can be loaded here.") from None
+    if info.private or info.gated:
+        raise UserError(f"{ref} is {'private' if info.private else 'gated (its owner grants access per user)'}: this "
+                        "server loads only public, non-gated models, and never with its own token or a cached copy. "
+                        "Run layerswap on your own machine, logged in with your own account, to use it.")
     files = tuple((s.rfilename, int(s.size or 0)) for s in info.siblings or []
                   if any(fnmatch.fnmatch(s.rfilename, p) for p in HUB_PATTERNS))
     plan = DownloadPlan(repo, info.sha or revision or "main", files)

@@ -7,7 +7,8 @@ covers only attention or only the MLP. Zero-length slices at both ends pin the e
 (first slice) and the final norm / lm_head (last slice) to the plan's non-layer weights; both
 always list the two experts, because mergekit takes the number of inputs of the post-weights
 from the first slice. Layers a plan reverts are slices with the base model as their only source
-(weight 1), so the config then needs the base. layerswap's blend uses mergekit's linear arithmetic, so running mergekit
+(weight 1), so the config then needs the base. Which source each layer and non-layer tensor takes
+is the planner's answer (`layerswap.sources`), as for the merge itself. layerswap's blend uses mergekit's linear arithmetic, so running mergekit
 on this file reproduces layerswap's merge bit for bit (up to the sign of exact zeros).
 """
 
@@ -18,6 +19,7 @@ from .checkpoints import Checkpoint
 from .errors import UserError
 from .plans import Plan
 from .recipes import Recipe, as_recipe
+from .sources import Sources
 
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
@@ -72,31 +74,29 @@ def mergekit_config(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, b
             f"{method.spec.title} is implemented differently across tools, so layerswap does not claim a "
             "mergekit equivalent; use mergekit's own method config for it."
         )
-    lw = plan.layer_weights(L)
     arch = math.arch
-    reverted = plan.reverted()
-    if reverted and base is None:
+    src = Sources(plan, L, arch)
+    if src.reverted and base is None:
         raise UserError(f"{recipe.base_reason()}: the mergekit config takes those layers from the base model, "
                         "so pass --base (the model both experts were fine-tuned from).")
 
     def layer_key(i: int) -> tuple:  # attention, MLP, anything else in the layer; or the base
-        if i in reverted:
+        if src.source(i, arch.attention[0]).from_base:
             return ("base",)
-        return (plan.tensor_weight(i, arch.attention[0], lw, arch), plan.tensor_weight(i, arch.mlp[0], lw, arch),
-                plan.tensor_weight(i, "other", lw, arch))
+        return tuple(src.source(i, ptype).w_lang for ptype in (arch.attention[0], arch.mlp[0], "other"))
 
     def layer_sources(key: tuple, rng: tuple[int, int]) -> list[dict]:
         if key == ("base",):
             return [{"model": base_ref, "layer_range": list(rng), "parameters": {"weight": 1.0}}]
         return _sources(arch, m, lg, *key, rng)
 
-    slices = [{"sources": _sources(arch, m, lg, *[plan.non_layer_weight("embed", lw)] * 3, (0, 0), both=True)}]
+    slices = [{"sources": _sources(arch, m, lg, *[src.source(None, "embed").w_lang] * 3, (0, 0), both=True)}]
     start = 0
     for i in range(1, L + 1):
         if i == L or layer_key(i) != layer_key(start):
             slices.append({"sources": layer_sources(layer_key(start), (start, i))})
             start = i
-    wh = plan.non_layer_weight("lm_head", lw)
+    wh = src.source(None, "lm_head").w_lang
     slices.append({"sources": _sources(arch, m, lg, wh, wh, wh, (L, L), both=True)})
     return {
         "merge_method": "linear",

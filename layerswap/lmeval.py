@@ -1,10 +1,11 @@
 """Other metrics through lm-evaluation-harness: its own task definitions and its HF / vLLM backends, run on
-a model folder or on the export of a recipe; results printed, and appended as records to a sweep's results
-file, where `sweepreport.results_table` joins them to the same recipe's MGSM row.
+a model folder or on the export of a recipe. `layerswap lm-eval` prints them and can append them to a
+sweep's results file (`sweeps.records.lm_eval_record`), where `sweeps.report.results_table` joins them to
+the same recipe's MGSM row.
 
     cfg = LmEvalConfig(tasks=["belebele_swh_Latn"], limit=100)
-    metrics = evaluate_model("merged/", cfg)                     # {task: {metric: value}}
-    metrics, rec = evaluate_recipe(math, lang, base, recipe, cfg)  # exports the merge to a temporary folder
+    metrics = evaluate_model("merged/", cfg)                # {task: {metric: value}}
+    metrics = evaluate_recipe(math, lang, base, recipe, cfg)  # exports the merge to a temporary folder
 
 Local tasks (a YAML task file on a data file, as lm-eval defines them) are found through
 ``include_path``. Needs ``pip install lm-eval``.
@@ -19,9 +20,7 @@ from pathlib import Path
 
 from .checkpoints import Checkpoint
 from .errors import UserError
-from .presets import portable_ref
 from .recipes import Recipe
-from .sweeplog import point_key
 
 BACKENDS = ("hf", "vllm")
 
@@ -87,10 +86,9 @@ def evaluate_model(model: str | Path, cfg: LmEvalConfig) -> dict[str, dict[str, 
 
 
 def evaluate_recipe(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None, recipe: Recipe, cfg: LmEvalConfig,
-                    *, name: str | None = None, force: bool = False, keep: str | Path | None = None,
-                    ) -> tuple[dict[str, dict[str, float]], dict]:
-    """Export the recipe's merge (to `keep`, else a temporary folder), run lm-eval on it; the metrics and a
-    results-file record for it."""
+                    *, force: bool = False, keep: str | Path | None = None,
+                    ) -> dict[str, dict[str, float]]:
+    """Export the recipe's merge (to `keep`, else a temporary folder) and run lm-eval on it; its metrics."""
     from .merging import export_merge
 
     cfg.validate()
@@ -102,16 +100,4 @@ def evaluate_recipe(math: Checkpoint, lang: Checkpoint, base: Checkpoint | None,
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    experts = {r: {"ref": portable_ref(ck.ref), "fingerprint": ck.content_id()}  # as sweeps key their records
-               for r, ck in (("math", math), ("lang", lang), ("base", base)) if ck is not None}
-    return metrics, record(experts, recipe.to_dict(), name or recipe.title(), cfg, metrics, force)
-
-
-def record(experts: dict, recipe: dict | None, name: str, cfg: LmEvalConfig, metrics: dict, force: bool = False,
-           set_name: str = "experts") -> dict:
-    """A results-file record (kind ``lm-eval``) for a merge (`recipe`) or a model (`recipe` None)."""
-    ident = {"experts": {r: {"fingerprint": e["fingerprint"]} for r, e in experts.items()}, "force": force,
-             "recipe": recipe, "lm_eval": cfg.settings()}  # where the models are is not part of the key
-    return {"key": point_key(ident), "sweep": "lm-eval", "set": set_name, "kind": "lm-eval", "name": name,
-            "recipe": recipe, "experts": experts, "force": force, "lm_eval": cfg.settings(),
-            "metrics": {f"{task} {m}": v for task, ms in metrics.items() for m, v in ms.items()}}
+    return metrics

@@ -1,16 +1,17 @@
 """Merging: in-memory merges, and streaming export to an HF-format folder.
 
-Every output tensor gets a source (`TensorSource`) from the merge's `Recipe`. With layer swapping
-(and any per-layer map), a tensor with weight ``w == 0`` or ``w == 1`` is a copy of the math or
+Every output tensor gets its source (`TensorSource`) from the planner, `layerswap.sources`. With layer
+swapping (and any per-layer map), a tensor with weight ``w == 0`` or ``w == 1`` is a copy of the math or
 language expert's tensor, and a tensor of a reverted layer a copy of the base model's (in memory:
 the same tensor object; on disk: the same bytes, no dtype round trip). A tensor in between is
 ``(1-w)*math + w*lang`` in float32 (`methods.linear`, bit-identical to mergekit's ``linear``),
 cast back to the checkpoint dtype. Other methods (soup, task arithmetic, TIES, DARE) compute
 every tensor with their function from `methods`.
 
-Export streams: copies go file to file (``copy_file_range``); computed tensors are read with
-``pread`` in slices of `CHUNK_ELEMS` elements (whole tensors for TIES/DARE, whose trim or
-random mask needs the full tensor), merged on the chosen device, and written at once. Peak
+Export streams: copies go file to file (``copy_file_range``, all shards' copies in one background
+thread); computed tensors are read with ``pread`` into reused buffers in slices of `CHUNK_ELEMS`
+elements (whole tensors for TIES/DARE, whose trim or random mask needs the full tensor), merged on
+the chosen device (on CPU in steps of `CPU_STEP`, allocating nothing), and written at once. Peak
 memory is a few slices (or the largest tensor for TIES/DARE), whatever the model size.
 """
 
@@ -21,26 +22,33 @@ import os
 import shutil
 import threading
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from .architectures import Architecture, classify
-from .card import check_languages, provenance, write_card
-from .checkpoints import BASE_DISTANCE_THRESHOLD, Checkpoint, Pairing, TensorInfo, check_compatible, check_pairing
+from .architectures import Architecture
+from .card import check_languages, provenance, write_card, write_mark
+from .checkpoints import Checkpoint, TensorInfo
+from .pairing import BASE_DISTANCE_THRESHOLD, Pairing, check_mergeable
 from .errors import UserError
 from .methods import MethodConfig, linear
 from .outputs import EXPORT_MARK, check_output_folder, input_paths
-from .plans import BASE_LABEL, Plan, source_label
+from .plans import Plan
 from .recipes import Recipe, as_recipe
 from .runtime import Progress, resolve_device
-from .tensorfile import ITEMSIZE, ShardWriter
+from .scratch import check_disk
+from .sources import Sources, TensorSource
+from .tensorfile import ITEMSIZE, ShardWriter, torch_dtype
 
 if TYPE_CHECKING:  # torch loads only when a tensor is computed: copies and checks start without it
     import torch
 
 DEFAULT_SHARD_BYTES = 5 * 10**9
-CHUNK_ELEMS = 1 << 20  # elements per slice when merging a large tensor in pieces (cache-sized)
+CHUNK_ELEMS = 1 << 20  # elements per read when merging a large tensor in pieces
+# elements per blend step on CPU: under torch's parallel grain size (32768), so no worker threads
+# wake for it (on a busy 2-core machine they spun 10x the work) and the step stays in cache
+CPU_STEP = 1 << 15
 
 
 def blend(math: "torch.Tensor", lang: "torch.Tensor", w: float) -> "torch.Tensor":
@@ -52,44 +60,17 @@ def blend(math: "torch.Tensor", lang: "torch.Tensor", w: float) -> "torch.Tensor
     return linear([math, lang.to(math.device)], [1.0 - w, w]).to(math.dtype)
 
 
-@dataclass(frozen=True)
-class TensorSource:
-    """How one output tensor is made: ``copy`` (from `role`: math, lang or base), ``blend`` (weight `w`)
-    or ``method``."""
-
-    kind: str
-    role: str | None = None
-    w: float | None = None
-
-    def label(self, method: MethodConfig) -> str:
-        if self.kind == "copy":
-            return {"math": "math expert", "lang": "language expert", "base": BASE_LABEL}[self.role]
-        if self.kind == "blend":
-            return source_label(self.w)
-        return method.spec.title
-
-
-def _source(w: float) -> TensorSource:
-    if w == 0.0:
-        return TensorSource("copy", "math")
-    if w == 1.0:
-        return TensorSource("copy", "lang")
-    return TensorSource("blend", w=w)
-
-
-def tensor_sources(names: list[str], num_layers: int, recipe: Recipe | Plan,
-                   arch: Architecture | None = None) -> dict[str, TensorSource]:
-    """The source of every tensor name, from the recipe's plan (layer swapping) or its method."""
-    recipe = as_recipe(recipe)
-    recipe.validate(num_layers)
-    if recipe.plan is None:
-        return {n: TensorSource("method") for n in names}
-    plan = recipe.plan
-    lw, reverted = plan.layer_weights(num_layers), plan.reverted()
-    out = {}
-    for n in names:
-        layer, ptype = classify(n, num_layers)
-        out[n] = TensorSource("copy", "base") if layer in reverted else _source(plan.tensor_weight(layer, ptype, lw, arch))
+def blend_into(out: "torch.Tensor", math: "torch.Tensor", lang: "torch.Tensor", w: float, acc: "torch.Tensor",
+               scratch: "torch.Tensor") -> "torch.Tensor":
+    """`blend` of flat slices written into `out` (math's dtype, on the CPU) in steps of ``len(acc)``,
+    through the float32 buffers `acc` and `scratch` (on the computing device): allocates nothing,
+    and gives the same bits as `blend` wherever the steps fall."""
+    step = len(acc)
+    for s in range(0, len(out), step):
+        e = min(s + step, len(out))
+        res = linear([math[s:e].to(acc.device), lang[s:e].to(acc.device)], [1.0 - w, w], out=acc[:e - s],
+                     scratch=scratch[:e - s])
+        out[s:e].copy_(res)  # rounded to the checkpoint dtype exactly as .to() rounds
     return out
 
 
@@ -99,19 +80,13 @@ def _need_base(recipe: Recipe, have_base: bool, what: str = "pass --base (the mo
         raise UserError(f"{recipe.base_reason()}: {what}.")
 
 
-def tensor_weights(ck: Checkpoint, plan: Plan) -> dict[str, float]:
-    """The plan's ``w_lang`` for every tensor of `ck`, by the tensor's layer and type."""
-    lw = plan.layer_weights(ck.num_layers)
-    return {n: plan.tensor_weight(t.layer, t.ptype, lw, ck.arch) for n, t in ck.tensors.items()}
-
-
 def merge_in_memory(math: Mapping[str, "torch.Tensor"], lang: Mapping[str, "torch.Tensor"], num_layers: int,
                     recipe: Recipe | Plan, base: Callable[[str], "torch.Tensor"] | None = None,
                     progress: Progress | None = None, arch: Architecture | None = None) -> dict[str, "torch.Tensor"]:
     """Merge loaded state dicts with any recipe; `base(name)` supplies base tensors when needed."""
     recipe = as_recipe(recipe)
     method = recipe.method
-    recipes = tensor_sources(list(math), num_layers, recipe, arch)
+    recipes = Sources(recipe, num_layers, arch).of(math)
     _need_base(recipe, base is not None, "load the base model as well")
     out = {}
     for i, (name, r) in enumerate(recipes.items()):
@@ -144,12 +119,14 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
                  base: Checkpoint | None = None, device: str = "auto",
                  shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False, force: bool = False,
                  base_distance_threshold: float = BASE_DISTANCE_THRESHOLD, protect: tuple = (),
-                 languages: list[str] | None = None,
+                 languages: list[str] | None = None, card: bool = True,
                  progress: Progress | None = None) -> MergeSummary:
     """Stream the merge to an HF folder: config, tokenizer, safetensors shards, model card.
 
     The card (README.md, from layerswap.json: see `layerswap.card`) lists `languages` (ISO codes)
-    in its front matter; `layerswap.card.attach_eval` adds MGSM results later.
+    in its front matter; `layerswap.card.attach_eval` adds MGSM results later. With ``card=False``
+    (a scratch merge nobody publishes) only the ``layerswap.json`` mark is written, without the card
+    and the mergekit config.
 
     Checks run before any weights are read in bulk: headers (architecture, layers, names,
     shapes, dtypes), the plan, and sampled distances from the base (refused above the threshold
@@ -161,16 +138,22 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
     method = recipe.method
     method.validate()
     languages = check_languages(languages)
-    check_compatible(math, lang, base).raise_if_bad()
+    check = check_mergeable(math, lang, base, threshold=base_distance_threshold, force=force)
+    check.raise_if_bad()
+    pairing = check.pairing
     _need_base(recipe, base is not None)
-    recipes = tensor_sources(list(math.tensors), math.num_layers, recipe, math.arch)
+    sources = Sources(recipe, math.num_layers, math.arch)
+    recipes = sources.of(math.tensors)
     # torch (and a device) only matter when a tensor is computed: a copy-only merge never imports it
-    device = resolve_device(device, ("cpu", "cuda")) if any(r.kind != "copy" for r in recipes.values()) else "cpu"
+    if any(r.kind != "copy" for r in recipes.values()):
+        # an explicit device is checked now; "auto" asks torch for a GPU at the first computed tensor, so the
+        # copies start without waiting for torch's import (seconds)
+        device = device if (device or "auto").strip().lower() == "auto" else resolve_device(device, ("cpu", "cuda"))
+    else:
+        device = "cpu"
     out = check_output_folder(out, input_paths(math, lang, base, extra=protect), overwrite)
-    pairing = check_pairing(math, lang, base, base_distance_threshold)
-    if pairing.suspicious and not force:
-        raise UserError(pairing.message() + ".")
     out.parent.mkdir(parents=True, exist_ok=True)
+    check_disk(math.nbytes, out.parent, f"the merged model to {out.name}")  # before a byte is written
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -179,8 +162,10 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
         done, lock = 0, threading.Lock()
         names_to_file: dict[str, str] = {}
 
+        work = _Workspace(device)
+
         def compute(info: TensorInfo, write) -> None:
-            _write_computed(write, info, recipes[info.name], math, lang, base, method, device)
+            _write_computed(write, info, recipes[info.name], math, lang, base, method, work)
 
         def source(info: TensorInfo) -> TensorInfo | None:
             r = recipes[info.name]
@@ -193,83 +178,143 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
             with lock:
                 done += info.nbytes
                 if progress:
-                    progress(done / total, f"{info.name} ({recipes[info.name].label(method)})")
+                    progress(done / total, f"{info.name} ({recipes[info.name].label(sources.method_title)})")
 
+        files = []
         for i, shard in enumerate(shards):
             fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            _write_shard(tmp / fname, shard, source, compute, tick)
+            files.append((tmp / fname, shard))
             names_to_file.update({info.name: fname for info in shard})
+        _write_shards(files, source, compute, tick)
         if len(shards) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(names_to_file.items()))}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         _copy_side_files(math, tmp)
-        lw = recipe.layer_weights(math.num_layers)
-        non_layer = {n: (r.w if r.kind == "blend" else float(r.role == "lang")) for n, r in recipes.items()
-                     if math.tensors[n].layer is None and r.kind not in ("method", "base")}
-        write_card(tmp, provenance(math, lang, base, recipe, lw, non_layer, pairing,
-                                   bool(pairing.suspicious and force), languages))
+        if card:
+            write_card(tmp, provenance(math, lang, base, sources, pairing, bool(pairing.suspicious and force), languages))
+        else:
+            write_mark(tmp, sources.recipe)
         _atomic_replace(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     n_copied = sum(1 for r in recipes.values() if r.kind == "copy")
-    return MergeSummary(out, len(recipes), n_copied, len(recipes) - n_copied, total, len(shards), lw, pairing)
+    return MergeSummary(out, len(recipes), n_copied, len(recipes) - n_copied, total, len(shards),
+                        sources.layer_weights, pairing)
+
+
+class _Workspace:
+    """Buffers an export reuses for every computed slice: the inputs' bytes and the float32 working space."""
+
+    def __init__(self, device: str):
+        self._device_arg = device
+        self._device: "torch.device | None" = None
+        self._bufs: dict[str, "torch.Tensor"] = {}
+
+    @property
+    def device(self) -> "torch.device":
+        """The device, resolved (and torch imported) when the first tensor is computed."""
+        if self._device is None:
+            import torch
+
+            self._device = torch.device(resolve_device(self._device_arg, ("cpu", "cuda")))
+        return self._device
+
+    @property
+    def step(self) -> int | None:
+        """Elements per blend step: `CPU_STEP` on CPU; None (a whole slice per step) on a GPU."""
+        return CPU_STEP if self.device.type == "cpu" else None
+
+    def buffer(self, key: str, n: int, dtype: "torch.dtype", device: "torch.device | None" = None) -> "torch.Tensor":
+        """`n` elements of a buffer kept under `key` (grown when too small)."""
+        import torch
+
+        b = self._bufs.get(key)
+        if b is None or b.numel() < n or b.dtype != dtype:
+            b = self._bufs[key] = torch.empty(max(n, 1), dtype=dtype, device=device or "cpu")
+        return b[:n]
+
+    def read(self, key: str, ck: Checkpoint, info: TensorInfo, start: int, n: int) -> "torch.Tensor":
+        """Elements ``start .. start+n`` of `ck`'s copy of the tensor, read into the buffer `key` (on the CPU)."""
+        import torch
+
+        raw = self.buffer(key, n * ITEMSIZE[info.dtype], torch.uint8)
+        ck.read_into(info.name, start, memoryview(raw.numpy()))
+        return raw.view(torch_dtype(info.dtype))
+
+    def blend(self, m: "torch.Tensor", l: "torch.Tensor", w: float) -> memoryview:
+        """The bytes of ``(1-w)*m + w*l`` (`linear`, so bit-identical to mergekit) in m's dtype, step by step."""
+        import torch
+
+        n = m.numel()
+        step = min(self.step or n, max(n, 1))
+        acc = self.buffer("acc", step, torch.float32, self.device)
+        scratch = self.buffer("scratch", step, torch.float32, self.device)
+        return _tensor_bytes(blend_into(self.buffer("out", n, m.dtype), m, l, w, acc, scratch))
 
 
 def _write_computed(write: Callable[[memoryview], None], info: TensorInfo, r: TensorSource, math: Checkpoint,
-                    lang: Checkpoint, base: Checkpoint | None, method: MethodConfig, device: str) -> None:
+                    lang: Checkpoint, base: Checkpoint | None, method: MethodConfig, work: _Workspace) -> None:
     """Merge one tensor slice by slice (or whole, for TIES/DARE), passing its bytes to `write` in order."""
     spec = method.spec
-    whole = r.kind == "method" and not spec.chunkable
-    step = info.numel if whole else max(1, CHUNK_ELEMS)
-    for start in range(0, max(info.numel, 1), step):
-        n = min(step, info.numel - start)
-        if whole:
-            m, l = math.read(info.name), lang.read(info.name)
-        else:
-            m, l = math.read(info.name, start, n), lang.read(info.name, start, n)
-        m, l = m.to(device), l.to(device)
+    dev = work.device
+    if r.kind == "method" and not spec.chunkable:  # the trim / random mask needs the whole tensor
+        m, l = math.read(info.name).to(dev), lang.read(info.name).to(dev)
+        b = base.read(info.name).to(dev) if spec.needs_base else None
+        write(_tensor_bytes(spec.fn(method, info.name, b, [m, l]).to(m.dtype)))
+        return
+    for start in range(0, max(info.numel, 1), CHUNK_ELEMS):
+        n = min(CHUNK_ELEMS, info.numel - start)
+        m, l = work.read("math", math, info, start, n), work.read("lang", lang, info, start, n)
         if r.kind == "blend":
-            t = linear([m, l], [1.0 - r.w, r.w])
-        else:
-            b = None
-            if spec.needs_base:
-                b = (base.read(info.name) if whole else base.read(info.name, start, n)).to(device)
-            t = spec.fn(method, info.name, b, [m, l])
-        write(_tensor_bytes(t.to(m.dtype)))
+            write(work.blend(m, l, r.w))
+            continue
+        b = work.read("base", base, info, start, n).to(dev) if spec.needs_base else None
+        write(_tensor_bytes(spec.fn(method, info.name, b, [m.to(dev), l.to(dev)]).to(m.dtype)))
 
 
-def _write_shard(path: Path, shard: list[TensorInfo], source: Callable[[TensorInfo], TensorInfo | None],
-                 compute: Callable, tick: Callable[[TensorInfo], None]) -> None:
-    """Write one safetensors file. Every tensor's place is known from the header, so copies run
-    in a background thread (kernel-side `copy_file_range`) while computed tensors are produced
-    and written at their offsets here."""
+def _write_shards(files: list[tuple[Path, list[TensorInfo]]], source: Callable[[TensorInfo], TensorInfo | None],
+                  compute: Callable, tick: Callable[[TensorInfo], None]) -> None:
+    """Write the safetensors files. Every tensor's place is known from the headers, so the copies of
+    every shard run in one background thread (kernel-side `copy_file_range`) while computed tensors
+    are produced and written at their offsets here."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ShardWriter(path, [(t.name, t.dtype, t.shape) for t in shard]) as w:
+    with ExitStack() as stack:
+        writers = [stack.enter_context(ShardWriter(path, [(t.name, t.dtype, t.shape) for t in shard]))
+                   for path, shard in files]
         # every copy is queued first: the kernel copies while this thread computes (and, the
-        # first time, imports torch); one copier is as fast as several on one file
+        # first time, imports torch); one copier is as fast as several on one disk
         with ThreadPoolExecutor(max_workers=1) as pool:
             pending = []
-            for info in shard:
-                src = source(info)
-                if src is not None:
-                    fut = pool.submit(w.copy_from, src.file, src.start, src.nbytes, w.offsets[info.name], what=info.name)
-                    fut.add_done_callback(lambda f, info=info: f.exception() is None and tick(info))
-                    pending.append(fut)
-            for info in shard:
-                if source(info) is None:
-                    cursor = w.offsets[info.name]
+            try:
+                for w, (_, shard) in zip(writers, files):
+                    for info in shard:
+                        src = source(info)
+                        if src is not None:
+                            fut = pool.submit(w.copy_from, src.file, src.start, src.nbytes, w.offsets[info.name],
+                                              what=info.name)
+                            fut.add_done_callback(lambda f, info=info: not f.cancelled() and f.exception() is None
+                                                  and tick(info))
+                            pending.append(fut)
+                for w, (_, shard) in zip(writers, files):
+                    for info in shard:
+                        if source(info) is None:
+                            cursor = w.offsets[info.name]
 
-                    def write(buf: memoryview) -> None:
-                        nonlocal cursor
-                        w.write_at(cursor, buf)
-                        cursor += len(buf)
+                            def write(buf: memoryview, w=w) -> None:
+                                nonlocal cursor
+                                w.write_at(cursor, buf)
+                                cursor += len(buf)
 
-                    compute(info, write)
-                    tick(info)
-            for fut in pending:
-                fut.result()
+                            compute(info, write)
+                            tick(info)
+                for fut in pending:
+                    fut.result()
+            except BaseException:
+                for fut in pending:  # a failed merge stops at once: the copies still queued are dropped
+                    fut.cancel()
+                raise
 
 
 def _plan_shards(infos: list[TensorInfo], shard_bytes: int) -> list[list[TensorInfo]]:

@@ -24,6 +24,7 @@ import zlib
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from .bounds import UNIT, Range
 from .errors import UserError
 
 if TYPE_CHECKING:  # torch is imported by the functions, so the registry and configs load without it
@@ -33,21 +34,28 @@ if TYPE_CHECKING:  # torch is imported by the functions, so the registry and con
 
 # ---- pure tensor functions ------------------------------------------------------------------
 
-def linear(tensors: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
+def linear(tensors: Sequence[Tensor], weights: Sequence[float], out: Tensor | None = None,
+           scratch: Tensor | None = None) -> Tensor:
     """``sum_i weights[i] * tensors[i]`` in float32 (no normalisation).
 
     Bit-identical to mergekit's ``linear`` kernel, which starts from zeros and adds one fused
     multiply-add per input: the first product is exact-rounded either way, and ``+ 0.0`` turns a
     ``-0.0`` product into ``+0.0`` as adding it to a zero accumulator does. Inputs are widened to
-    float32 first (exact), which is faster than mixed-dtype kernels.
+    float32 first (exact), which is faster than mixed-dtype kernels. `out` and `scratch` (float32,
+    the inputs' size and device) make it allocate nothing: the same operations, in place.
     """
     import torch
 
     dev = tensors[0].device
-    out = tensors[0].to(torch.float32) * torch.tensor(weights[0], dtype=torch.float32, device=dev)
+
+    def widened(t: Tensor) -> Tensor:
+        return scratch.copy_(t) if scratch is not None else t.to(device=dev, dtype=torch.float32)
+
+    w0 = torch.tensor(weights[0], dtype=torch.float32, device=dev)
+    out = torch.mul(widened(tensors[0]), w0, out=out) if out is not None else widened(tensors[0]) * w0
     out.add_(0.0)
     for t, w in zip(tensors[1:], weights[1:]):
-        out.addcmul_(t.to(device=dev, dtype=torch.float32), torch.tensor([w], dtype=torch.float32, device=dev))
+        out.addcmul_(widened(t), torch.tensor([w], dtype=torch.float32, device=dev))
     return out
 
 
@@ -140,6 +148,10 @@ def tensor_generator(seed: int, name: str, index: int) -> torch.Generator:
 
 # ---- configuration and registry -------------------------------------------------------------
 
+# the range of each numeric parameter (expert_weights: of each of the two); the seed's is SEED_LIMIT's
+PARAM_RANGES = {"weight": UNIT, "lam": Range(-1000.0, 1000.0), "density": Range(0.0, 1.0, lo_open=True),
+                "drop_rate": Range(0.0, 1.0, hi_open=True), "expert_weights": Range(-1000.0, 1000.0)}
+
 @dataclass(frozen=True)
 class MethodConfig:
     """Which merge method, with its parameters. Only the parameters a method uses matter to it.
@@ -168,14 +180,12 @@ class MethodConfig:
 
     def validate(self) -> None:
         spec = self.spec
-        if "weight" in spec.params and not 0.0 <= self.weight <= 1.0:
-            raise UserError(f"weight must lie in [0, 1] (got {self.weight}).")
-        if "density" in spec.params and not 0.0 < self.density <= 1.0:
-            raise UserError(f"density must lie in (0, 1] (got {self.density}).")
-        if "drop_rate" in spec.params and not 0.0 <= self.drop_rate < 1.0:
-            raise UserError(f"drop_rate must lie in [0, 1) (got {self.drop_rate}).")
         if len(self.expert_weights) != 2:
             raise UserError("expert_weights takes two numbers: math, language.")
+        for key, bound in PARAM_RANGES.items():
+            if key in spec.params:
+                for x in self.expert_weights if key == "expert_weights" else (getattr(self, key),):
+                    bound.check(x, key)
 
     def to_dict(self) -> dict:
         spec = self.spec

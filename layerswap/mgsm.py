@@ -219,6 +219,55 @@ def build_prompt(question: str, lang: Language, *, mode: str = "native_cot",
     return "".join(parts)
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt to generate from: its text, its language (stop strings, strict answer pattern), the mode it is
+    scored in, and, for a question of the set, its index, text and gold answer (None for free text)."""
+
+    prompt: str
+    language: Language
+    gold: int | None  # None for a free-text question
+    index: int | None  # the question's index in its set, None for free text
+    question: str = ""
+    mode: str = "native_cot"
+
+    def score(self, output: str) -> "Scored":
+        return score(output, self.gold, self.language, self.mode)
+
+
+def prompts(lang_code: str, *, limit: int | None = None, shots: int = 0, mode: str = "native_cot",
+            source: str | os.PathLike | None = None) -> list[Prompt]:
+    """The set's test prompts of `lang_code` in file order (the first `limit`), as lm-eval builds them: one
+    exemplar sampler (``random.Random(FEWSHOT_SEED)``) shared across the set's questions. `source`: a
+    folder, else ``$LAYERSWAP_MGSM_DIR``, else the Hub."""
+    src = source if source is not None else default_data_dir()
+    items = load(lang_code, src)
+    lang = get_language(lang_code, src)
+    exemplars = load_exemplars(lang_code, src) if shots else None
+    rng = random.Random(FEWSHOT_SEED)
+    return [Prompt(build_prompt(it.question, lang, mode=mode, exemplars=exemplars, rng=rng, shots=shots), lang,
+                   it.answer, it.index, it.question, mode) for it in (items[:limit] if limit else items)]
+
+
+def prompt_for(lang_code: str, *, question: str | None = None, index: int | None = None,
+               source: str | os.PathLike | None = None, shots: int = 0, mode: str = "native_cot") -> Prompt:
+    """The prompt the app, the Workbench and the evaluation send for one question: question `index` of
+    `lang_code`'s MGSM set exactly as the evaluation builds it (`prompts`: the few-shot exemplars lm-eval's
+    shared sampler draws for that question), with its gold answer; or the free text `question` in that
+    language's format (with the exemplars the set's first question gets). An index outside the set, or one
+    that is not a whole number, is refused with the set's range."""
+    from .errors import whole_number
+
+    src = source if source is not None else default_data_dir()
+    if question is not None:
+        lang = get_language(lang_code, src)
+        exemplars = load_exemplars(lang_code, src) if shots else None
+        return Prompt(build_prompt(question.strip(), lang, mode=mode, exemplars=exemplars, shots=shots), lang, None,
+                      None, question.strip(), mode)
+    index = whole_number(index, f"The MGSM {lang_code} question", 0, len(load(lang_code, src)) - 1)
+    return prompts(lang_code, limit=index + 1, shots=shots, mode=mode, source=src)[index]
+
+
 # ---- scoring -------------------------------------------------------------------------------
 
 def extract_strict(text: str, lang: Language) -> str:

@@ -24,7 +24,7 @@ and mergekit YAML work for every one):
 ``revert`` names layers whose every tensor comes from the **base** model instead: the layer's
 fine-tuning update is reverted (Bandarkar & Peng 2025, arXiv 2505.18356: reverting less useful
 updates after training beats freezing them). It applies to any kind of map and overrides it for
-those layers; merging it needs the base.
+those layers (the planner, `layerswap.sources`, applies it for every view); merging it needs the base.
 
 ``modules`` applies a map to part of each layer only: ``attention`` (q, k, v, o and the
 attention norm) or ``mlp`` (gate, up, down and the MLP norm), as the architecture table
@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from .architectures import Architecture, architecture
+from .bounds import MAX_LAYERS, UNIT
 from .errors import UserError
 
 Transition = Literal["flat", "ramp"]
@@ -88,9 +89,8 @@ class Plan:
             if self.weights is None or len(self.weights) != num_layers:
                 n = "none" if self.weights is None else len(self.weights)
                 raise UserError(f"kind 'weights' needs one weight per layer: {num_layers} for this model (got {n}).")
-            bad = [w for w in self.weights if not 0.0 <= float(w) <= 1.0]
-            if bad:
-                raise UserError(f"layer weights must lie in [0, 1] (got {bad[0]}).")
+            for w in self.weights:
+                UNIT.check(w, "layer weights")
             return
         if self.kind in ("middle", "random"):
             if not isinstance(self.k, int) or not 0 <= self.k <= num_layers:
@@ -112,8 +112,7 @@ class Plan:
             )
         if self.transition not in TRANSITIONS:
             raise UserError(f"transition must be one of {', '.join(TRANSITIONS)} (got {self.transition!r}).")
-        if not (0.0 <= float(self.transition_weight) <= 1.0):
-            raise UserError(f"transition_weight must lie in [0, 1] (got {self.transition_weight}).")
+        UNIT.check(self.transition_weight, "transition_weight")
 
     def layer_weights(self, num_layers: int) -> list[float]:
         """``w_lang`` for every layer (1 = language expert, 0 = math expert)."""
@@ -174,23 +173,6 @@ class Plan:
         rev = f", revert {format_layers(self.revert)} to base" if self.revert else ""
         return f"{head}{mods}{rev}, non-layer={self.non_layer}"
 
-    def describe(self, num_layers: int) -> str:
-        """One line per contiguous run of equal weights, e.g. ``layers 0-4: language expert``."""
-        w: list = self.layer_weights(num_layers)
-        for i in self.revert:
-            w[i] = "base"
-        part = "" if self.modules == "all" else f" ({self.modules} only; the rest from the math expert)"
-        runs, start = [], 0
-        for i in range(1, num_layers + 1):
-            if i == num_layers or w[i] != w[start]:
-                runs.append((start, i - 1, w[start]))
-                start = i
-        return "\n".join(
-            (f"layers {a}-{b}: " if a != b else f"layer {a}: ")
-            + (BASE_LABEL if x == "base" else source_label(x) + (part if x else ""))
-            for a, b, x in runs
-        )
-
     def reverted(self) -> frozenset[int]:
         """The layers taken from the base model."""
         return frozenset(self.revert)
@@ -215,32 +197,42 @@ class Plan:
         return replace(self, **changes)
 
 
-BASE_LABEL = "base model (fine-tuning reverted)"
+def parse_layers(spec, num_layers: int | None = None) -> tuple[int, ...]:
+    """Layer numbers from a list of ints or a string like ``"0-2,7"`` (inclusive ranges), sorted, unique.
 
-
-def parse_layers(spec) -> tuple[int, ...]:
-    """Layer numbers from a list of ints or a string like ``"0-2,7"`` (inclusive ranges), sorted, unique."""
+    Every number must lie in [0, num_layers) (or [0, MAX_LAYERS) when the model is not known yet); a
+    range or list beyond that is refused from its bounds, before anything is built."""
     if spec is None:
         return ()
+    limit = num_layers or MAX_LAYERS
+    where = f"this model's {num_layers} layers (0 to {num_layers - 1})" if num_layers else f"{MAX_LAYERS} layers"
+
+    def check(i: int) -> int:
+        if not 0 <= i < limit:
+            raise UserError(f"Layer {i} is outside {where}.")
+        return i
+
     if isinstance(spec, int) and not isinstance(spec, bool):
-        return (spec,)
+        return (check(spec),)
     if isinstance(spec, str):
-        out: list[int] = []
+        if len(spec) > 16 * limit:
+            raise UserError(f"That layer list has {len(spec):,} characters; {where} need far fewer.")
+        out: set[int] = set()
         try:
             for part in spec.replace(" ", "").split(","):
                 if "-" in part[1:]:
-                    lo, hi = part.split("-")
-                    out += range(int(lo), int(hi) + 1)
+                    lo, hi = (check(int(x)) for x in part.split("-"))
+                    out.update(range(lo, hi + 1))
                 elif part:
-                    out.append(int(part))
+                    out.add(check(int(part)))
         except ValueError:
-            raise UserError(f"Layers are written like 0-2,7 (got {spec!r}).") from None
-        return tuple(sorted(set(out)))
+            raise UserError(f"Layers are written like 0-2,7 (got {spec[:40]!r}).") from None
+        return tuple(sorted(out))
     if isinstance(spec, (list, tuple, set, frozenset)):
-        if not all(isinstance(i, int) and not isinstance(i, bool) for i in spec):
-            raise UserError(f"Layers are whole numbers (got {list(spec)!r}).")
-        return tuple(sorted(set(spec)))
-    raise UserError(f"Layers are a list of numbers or a string like 0-2,7 (got {spec!r}).")
+        if len(spec) > limit or not all(isinstance(i, int) and not isinstance(i, bool) for i in spec):
+            raise UserError(f"Layers are whole numbers from {where} (got {str(list(spec))[:60]}).")
+        return tuple(sorted({check(i) for i in spec}))
+    raise UserError(f"Layers are a list of numbers or a string like 0-2,7 (got {str(spec)[:40]!r}).")
 
 
 def format_layers(layers) -> str:
@@ -252,14 +244,6 @@ def format_layers(layers) -> str:
         else:
             runs.append([i, i])
     return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
-
-
-def source_label(w: float) -> str:
-    if w == 1.0:
-        return "language expert"
-    if w == 0.0:
-        return "math expert"
-    return f"blend {w:.2f} lang / {1 - w:.2f} math"
 
 
 def default_plan(num_layers: int) -> Plan:

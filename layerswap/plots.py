@@ -11,7 +11,9 @@ import plotly.graph_objects as go
 
 from .analysis import METRICS, PANEL_METRICS, PANELS, Analysis, MergedStats, format_value
 from .errors import UserError
-from .plans import BASE_LABEL, Plan, source_label
+from .plans import Plan
+from .recipes import Recipe
+from .sources import BASE_LABEL, Sources
 
 LANG_COLOR = "#d95f02"
 MATH_COLOR = "#1b9e77"
@@ -23,37 +25,39 @@ def _z(values: np.ndarray) -> list[list[float | None]]:
     return [[None if np.isnan(v) else float(v) for v in row] for row in np.asarray(values, dtype=float)]
 
 
-def layer_strip(layer_weights: list[float], height: int = 190, reverted: Sequence[int] = ()) -> go.Figure:
-    """One cell per layer coloured from math expert (green) to language expert (orange); layers in
-    `reverted` (taken from the base model) in blue, marked B."""
-    rev = set(reverted)
-    w = [[None if i in rev else float(x) for i, x in enumerate(layer_weights)]]
-    labels = [[BASE_LABEL if i in rev else source_label(x) for i, x in enumerate(layer_weights)]]
+def layer_strip(recipe: Recipe | Plan, num_layers: int, height: int = 190) -> go.Figure:
+    """One cell per layer coloured from math expert (green) to language expert (orange), as the planner
+    (`layerswap.sources`) says; layers taken from the base model in blue, marked B. Methods without a layer
+    map touch every layer alike (shown mid-scale)."""
+    src = Sources(recipe, num_layers)
+    layers = src.layers()
+    x = list(range(num_layers))
+    w = [[None if s.from_base else 0.5 if s.w_lang is None else s.w_lang for s in layers]]
     fig = go.Figure(
         go.Heatmap(
             z=w,
-            x=list(range(len(layer_weights))),
+            x=x,
             y=["source"],
             zmin=0,
             zmax=1,
-            customdata=labels,
+            customdata=[[s.label(src.method_title) for s in layers]],
             colorscale=[[0, MATH_COLOR], [1, LANG_COLOR]],
             colorbar={"title": {"text": "w lang"}, "tickvals": [0, 0.5, 1], "ticktext": ["math", "blend", "lang"]},
             hovertemplate="layer %{x}: %{customdata} (w=%{z:.2f})<extra></extra>",
             xgap=2,
-            text=[["" if i in rev else "L" if x == 1 else "M" if x == 0 else f"{x:.2f}"
-                   for i, x in enumerate(layer_weights)]],
+            text=[["" if s.w_lang is None else "L" if s.w_lang == 1 else "M" if s.w_lang == 0 else f"{s.w_lang:.2f}"
+                   for s in layers]],
             texttemplate="%{text}",
         )
     )
-    if rev:
+    if src.reverted:
         fig.add_trace(go.Heatmap(
-            z=[[1.0 if i in rev else None for i in range(len(layer_weights))]], x=list(range(len(layer_weights))),
+            z=[[1.0 if s.from_base else None for s in layers]], x=x,
             y=["source"], colorscale=[[0, BASE_COLOR], [1, BASE_COLOR]], showscale=False, xgap=2,
-            text=[["B" if i in rev else "" for i in range(len(layer_weights))]], texttemplate="%{text}",
+            text=[["B" if s.from_base else "" for s in layers]], texttemplate="%{text}",
             hovertemplate=f"layer %{{x}}: {BASE_LABEL}<extra></extra>", name="base"))
     fig.update_layout(
-        xaxis={"title": "layer", "dtick": 1 if len(layer_weights) <= 40 else 4},
+        xaxis={"title": "layer", "dtick": 1 if num_layers <= 40 else 4},
         yaxis={"showticklabels": False},
         height=height,
         margin={"l": 30, "r": 20, "t": 20, "b": 50},
@@ -147,7 +151,8 @@ def _hover(an: Analysis, k: float | None, merged: MergedStats | None) -> list[st
         lines.append(f"math vs language: rel {format_value('relative', r['relative_math_vs_lang'])}")
         if merged is not None:
             t = f" · top-{kk:g}% share ≈{format_value('topk', r.get('topk_share_merged'))}" if kk is not None else ""
-            lines.append(f"merged (w_lang {r['w_lang']:.3g}) vs base: "
+            src = f"w_lang {r['w_lang']:.3g}" if r["w_lang"] is not None else r["merged_source"]
+            lines.append(f"merged ({src}) vs base: "
                          f"rel {format_value('relative', r['relative_merged'])}{t}")
             lines.append(f"merged vs math: rel {format_value('relative', r['relative_merged_vs_math'])} · "
                          f"vs language: rel {format_value('relative', r['relative_merged_vs_lang'])}")
@@ -178,10 +183,10 @@ def normalise(grids: dict[str, np.ndarray], norm: str) -> tuple[dict[str, np.nda
 
 
 def plan_cell_weights(an: Analysis, plan: Plan) -> np.ndarray:
-    """w_lang per (parameter type, layer) cell, through Plan.tensor_weight (per-module plans included)."""
-    lw = plan.layer_weights(an.num_layers)
-    rev = plan.reverted()  # from the base: neither expert (NaN), drawn by the overlay on its own
-    return np.asarray([[np.nan if layer in rev else plan.tensor_weight(layer, p, lw, an.arch)
+    """w_lang per (parameter type, layer) cell, from the planner (per-module plans included); NaN for cells
+    taken from the base (neither expert: the overlay draws them on their own)."""
+    src = Sources(plan, an.num_layers, an.arch)
+    return np.asarray([[np.nan if (w := src.source(layer, p).w_lang) is None else w
                         for layer in range(an.num_layers)] for p in an.ptypes])
 
 
@@ -199,7 +204,7 @@ def _runs(flags: list[bool]) -> list[tuple[int, int]]:
 def add_plan_overlay(fig: go.Figure, an: Analysis, plan: Plan, row: int, labels: list[str]) -> None:
     """Outline the cells taken from the language expert; shade the blended (transition) cells; hatch
     (dashed blue outline, blue tint) the layers reverted to the base model."""
-    for a, b in _runs([i in plan.reverted() for i in range(an.num_layers)]):
+    for a, b in _runs([s.from_base for s in Sources(plan, an.num_layers, an.arch).layers()]):
         fig.add_vrect(x0=a - 0.5, x1=b + 0.5, row=row, col=1, layer="above", fillcolor="rgba(56,108,176,0.25)",
                       line={"color": BASE_COLOR, "width": 2.5, "dash": "dash"})
     w = plan_cell_weights(an, plan)
@@ -338,12 +343,12 @@ def layer_profile(an: Analysis, metric: str = "relative", k: float | None = None
                                  mode="lines+markers", line={"color": color, "dash": dash, "width": 2.5},
                                  hovertemplate=f"{name} · layer %{{x}}: %{{y:.4g}}<extra></extra>"))
     if plan is not None:
-        lw = plan.layer_weights(an.num_layers)
-        for a, b in _runs([w == 1.0 for w in lw]):
+        layers = Sources(plan, an.num_layers, an.arch).layers()
+        for a, b in _runs([s.w_lang == 1.0 for s in layers]):
             fig.add_vrect(x0=a - 0.5, x1=b + 0.5, fillcolor=LANG_COLOR, opacity=0.10, line_width=0)
-        for a, b in _runs([0.0 < w < 1.0 for w in lw]):
+        for a, b in _runs([s.kind == "blend" for s in layers]):
             fig.add_vrect(x0=a - 0.5, x1=b + 0.5, fillcolor="rgb(120,120,120)", opacity=0.18, line_width=0)
-        for a, b in _runs([i in plan.reverted() for i in range(an.num_layers)]):
+        for a, b in _runs([s.from_base for s in layers]):
             fig.add_vrect(x0=a - 0.5, x1=b + 0.5, fillcolor=BASE_COLOR, opacity=0.18, line_width=0)
     kk = an.topk_at(k).k if metric == "topk" else None
     label = METRICS[metric].replace("top-k%", f"top-{kk:g}%") if kk is not None else METRICS[metric]

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import UserError
+from .fields import FIELDS, PLAN_FILE_KEYS, read_values
 from .methods import METHODS, MethodConfig
-from .plans import Plan, default_plan, format_layers, parse_layers
-
-PLAN_KEYS = tuple(f.name for f in fields(Plan))
+from .plans import Plan, default_plan, format_layers
 
 
 @dataclass(frozen=True)
@@ -77,11 +76,6 @@ class Recipe:
     def title(self) -> str:
         return self.plan.title() if self.plan is not None else self.method.describe()
 
-    def describe(self, num_layers: int) -> str:
-        if self.plan is None:
-            return f"{self.method.describe()} on every tensor: {self.method.spec.description}"
-        return self.plan.describe(num_layers)
-
     # ---- dicts and files ------------------------------------------------------------------------
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"method": self.method.to_dict()}
@@ -122,38 +116,25 @@ class Recipe:
 
     # ---- from loose values (CLI flags, app controls) ------------------------------------------------
     @classmethod
-    def from_values(cls, *, num_layers: int | None = None, method: str | None = None, b=None, u=None, tb=None,
-                    tu=None, transition=None, transition_weight=None, non_layer=None, kind=None, layer_weights=None,
-                    k=None, seed=None, offset=None, modules=None, revert=None, weight=None, expert_weights=None,
-                    lam=None, density=None, drop_rate=None) -> "Recipe":
+    def from_values(cls, *, num_layers: int | None = None, **values: Any) -> "Recipe":
         """A recipe from loose values as the CLI and the app hold them (strings, floats from sliders, None
-        for "not given"). Missing b/u/tb/tu take `default_plan(num_layers)` (the literature's setting,
-        scaled); `layer_weights` and `expert_weights` may be comma-separated strings. Parameters of the
-        other part (plan values for a soup) are ignored, as the app keeps every control."""
-        name = method or "layer_swap"
-        if name not in METHODS:
-            raise UserError(f"Unknown merge method {name!r}; choose one of: {', '.join(METHODS)}.")
-        mc = MethodConfig(
-            name=name, weight=_num(weight, 0.5, "weight"), lam=_num(lam, 1.0, "lambda"),
-            expert_weights=_floats(expert_weights, "expert weights") if expert_weights not in (None, "") else (1.0, 1.0),
-            density=_num(density, 0.2, "density"), drop_rate=_num(drop_rate, 0.9, "drop rate"),
-            seed=int(_num(seed, 0, "seed")))
-        if len(mc.expert_weights) != 2:
-            raise UserError("expert weights take two numbers: math, language (e.g. 1,1).")
+        for "not given"), by `layerswap.fields` name (b, u, tb, tu, transition, transition_weight, non_layer,
+        kind, layer_weights, k, seed, offset, modules, revert, method, weight, lam, density, drop_rate,
+        expert_weights), each read and bounded by its field. Missing b/u/tb/tu take `default_plan(num_layers)`
+        (the literature's setting, scaled); layer weights alone imply ``kind: weights``; the seed serves the
+        random map and DARE alike. Parameters of the other part (plan values for a soup) are ignored, as the
+        app keeps every control."""
+        v = read_values(values, num_layers)
+        name = v.get("method") or "layer_swap"
+        mc = MethodConfig(name=name, **{f.method: v[f.name] for f in FIELDS if f.method and v.get(f.name) is not None})
         mc.validate()
         if not mc.spec.uses_plan:
             return cls(mc)
         d = default_plan(num_layers) if num_layers else Plan()
-        counts = {"b": b, "u": u, "tb": tb, "tu": tu}
-        given = {key: v for key, v in counts.items() if v is not None}
-        counts = {key: int(given.get(key, getattr(d, key))) for key in counts}
-        kind = kind or ("weights" if layer_weights not in (None, "") else "swap")  # weights alone imply the kind
-        weights = _floats(layer_weights, "layer weights") if kind == "weights" and layer_weights not in (None, "") else None
-        plan = Plan(**counts, transition=transition or "flat",
-                    transition_weight=_num(transition_weight, 0.5, "transition weight"),
-                    non_layer=non_layer or "neighbour", kind=kind, weights=weights if kind == "weights" else None,
-                    k=int(_num(k, 0, "k")), seed=int(_num(seed, 0, "seed")), offset=int(_num(offset, 0, "offset")),
-                    modules=modules or "all", revert=parse_layers(revert) if revert not in (None, "") else ())
+        kind = v.get("kind") or ("weights" if v.get("layer_weights") is not None else "swap")
+        given = {f.plan: v[f.name] for f in FIELDS if f.plan and v.get(f.name) is not None}
+        given.update(kind=kind, weights=given.get("weights") if kind == "weights" else None)
+        plan = Plan(**{**{c: getattr(d, c) for c in ("b", "u", "tb", "tu")}, **given})
         r = cls(mc, plan)
         if num_layers:
             r.validate(num_layers)
@@ -202,17 +183,8 @@ def _method_from(m: Any, where: str) -> MethodConfig:
     if extra:
         takes = ", ".join(params) if params else "no parameters (its plan says everything)"
         raise UserError(f"{where}: {m['name']} does not use {', '.join(extra)}; it takes {takes}.")
-    kw = dict(m)
-    for key in params:
-        if key == "expert_weights" and key in kw:
-            kw[key] = _floats(kw[key], f"{where}: expert_weights")
-        elif key == "seed" and key in kw:
-            kw[key] = int(_num(kw[key], 0, f"{where}: seed"))
-        elif key in kw:
-            kw[key] = _num(kw[key], 0.0, f"{where}: {key}")
+    kw = {"name": m["name"], **_read_all({k: v for k, v in m.items() if k != "name"}, where, "method")}
     mc = MethodConfig.from_dict(kw)
-    if len(mc.expert_weights) != 2:
-        raise UserError(f"{where}: expert_weights takes two numbers: math, language.")
     mc.validate()
     return mc
 
@@ -226,31 +198,28 @@ def refuse_unknown(d: dict, allowed, where: str, has: str, kind: str = "key") ->
 
 def _plan_from(p: Any, where: str) -> Plan:
     if not isinstance(p, dict):
-        raise UserError(f"{where}: plan is a mapping of {', '.join(PLAN_KEYS)}.")
-    refuse_unknown(p, PLAN_KEYS, where, f"a plan has {', '.join(PLAN_KEYS)}", kind="plan key")
-    for key in ("b", "u", "tb", "tu", "k", "seed", "offset"):
-        if key in p and (not isinstance(p[key], int) or isinstance(p[key], bool)):
-            raise UserError(f"{where}: plan {key} is a whole number (got {p[key]!r}).")
+        raise UserError(f"{where}: plan is a mapping of {', '.join(PLAN_FILE_KEYS)}.")
+    refuse_unknown(p, PLAN_FILE_KEYS, where, f"a plan has {', '.join(PLAN_FILE_KEYS)}", kind="plan key")
     try:
-        return Plan.from_dict(p)
+        return Plan(**_read_all(p, where, "plan"))
     except (TypeError, ValueError) as e:
         raise UserError(f"{where}: cannot read the plan ({e}).") from None
 
 
-def _num(v: Any, default: float, what: str) -> float:
-    if v is None or v == "":
-        return default
-    if isinstance(v, bool):
-        raise UserError(f"{what} is a number (got {v!r}).")
+_FILE_FIELDS = {part: {getattr(f, part): f for f in FIELDS if getattr(f, part)} for part in ("plan", "method")}
+
+
+def _read_all(d: dict, where: str, part: str) -> dict:
+    """The given (not None, not empty) values of a file's plan or method mapping, each read by its field."""
+    return {k: r for k, v in d.items() if (r := _read(k, v, where, part)) is not None}
+
+
+def _read(key: str, value: Any, where: str, part: str) -> Any:
+    """A recipe file's plan key or method parameter, read by its field (whole numbers must be written as such)."""
+    f = _FILE_FIELDS[part][key]
+    if f.kind == "int" and (not isinstance(value, int) or isinstance(value, bool)):
+        raise UserError(f"{where}: {part} {key} is a whole number (got {value!r:.40}).")
     try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise UserError(f"{what} is a number (got {v!r}).") from None
-
-
-def _floats(v: Any, what: str) -> tuple[float, ...]:
-    if isinstance(v, str):
-        v = [x for x in v.replace(" ", "").split(",") if x]
-    if not isinstance(v, Sequence):
-        raise UserError(f"{what}: comma-separated numbers, e.g. 1,1 (got {v!r}).")
-    return tuple(_num(x, 0.0, what) for x in v)
+        return f.read(value)
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from None

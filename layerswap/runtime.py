@@ -1,4 +1,4 @@
-"""Where work runs and how long work reports on itself: device choice and progress callbacks."""
+"""Where work runs and how long work reports on itself: device choice, available RAM, progress callbacks."""
 
 from __future__ import annotations
 
@@ -33,3 +33,19 @@ def resolve_device(device: str | None, allowed: Sequence[str] = ("cpu", "cuda", 
         if not torch.cuda.is_available():
             raise UserError(f"device {device!r} was asked for, but torch sees no CUDA GPU; use cpu (or auto).")
     return device
+
+
+def ram_available() -> int | None:
+    """Bytes of RAM available to new work (Linux's MemAvailable, else psutil); None when neither can say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available)

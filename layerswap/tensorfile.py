@@ -7,12 +7,14 @@ other module reads and writes weights through this one:
     entries = read_header(path)                    # name -> Entry (dtype, shape, absolute byte range)
     with Files() as files:
         buf = files.read(path, entry.start, entry.nbytes, what=entry.name)
+        delta = files.read_aligned(path, aligned_view, entry.start, entry.nbytes, what=entry.name)  # O_DIRECT-ready
     with ShardWriter(out, [(name, dtype, shape), ...]) as w:
         w.copy_from(src_path, src_start, nbytes, w.offsets[name])   # or w.write_at(offset, bytes)
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -134,19 +136,56 @@ def pread_into(fd: int, view: memoryview, offset: int, *, file: str | os.PathLik
         got += k
 
 
-class Files:
-    """Read-only descriptors, one per file, opened on first use and shared by every reader."""
+ALIGN = 4096  # O_DIRECT reads: buffer address, file offset and length in whole blocks of this size
 
-    def __init__(self) -> None:
+
+class Files:
+    """Read-only descriptors, one per file, opened on first use and shared by every reader.
+
+    ``direct=True`` opens them with ``O_DIRECT`` where the platform and file system allow it (else
+    as usual): reads then bypass the page cache, for data that cannot stay cached anyway; use
+    `read_aligned` with such descriptors."""
+
+    def __init__(self, direct: bool = False) -> None:
         self.fds: dict[str, int] = {}
+        self.direct = direct and hasattr(os, "O_DIRECT")
 
     def fd(self, path: str | os.PathLike) -> int:
         key = str(path)
         if key not in self.fds:
             # no POSIX_FADV_SEQUENTIAL: with three files read in turn, its doubled readahead window
             # thrashes (measured: 3x the system time of the default on the benchmark trio)
-            self.fds[key] = os.open(key, os.O_RDONLY)
+            fd = -1
+            if self.direct:
+                try:
+                    fd = os.open(key, os.O_RDONLY | os.O_DIRECT)
+                except OSError:  # a file system without direct I/O (tmpfs, some network mounts)
+                    fd = -1
+            self.fds[key] = fd if fd >= 0 else os.open(key, os.O_RDONLY)
         return self.fds[key]
+
+    def read_aligned(self, path: str | os.PathLike, view: memoryview, offset: int, nbytes: int, *, what: str) -> int:
+        """Read bytes ``offset .. offset+nbytes`` into `view` (at an `ALIGN`-aligned address, at least
+        ``nbytes + 2*ALIGN`` long) as whole aligned blocks, so a direct descriptor can serve it; returns
+        where the bytes start in `view`. A file system that refuses the direct read is read as usual."""
+        delta = offset % ALIGN
+        need = delta + nbytes
+        length = min(len(view), -(-need // ALIGN) * ALIGN)
+        got = 0
+        while got < need:
+            try:
+                k = os.preadv(self.fd(path), [view[got:length]], offset - delta + got)
+            except OSError as e:
+                if e.errno != errno.EINVAL or not self.direct:
+                    raise
+                os.close(self.fds.pop(str(path)))  # direct I/O refused here: reopen as usual and go on
+                self.fds[str(path)] = os.open(str(path), os.O_RDONLY)
+                continue
+            if k <= 0:
+                raise UserError(f"{path} ended early while reading {what}: the file is truncated; "
+                                "re-download or re-export it.")
+            got += k
+        return delta
 
     def read(self, path: str | os.PathLike, offset: int, nbytes: int, *, what: str) -> bytearray:
         """`nbytes` fresh bytes from `offset` (nothing mapped: memory is what is read)."""

@@ -14,30 +14,47 @@ engines sized from the available memory (`layerswap.engines.serving`): three eng
 one engine whose weights are swapped per model when three do not fit. A build then streams the
 merge to a scratch folder and reloads the merged engine's weights in place (no new engine).
 `engine_note` says which engine answers, and why when vLLM was not used.
+
+`check` reads headers only (seconds at any size) and makes `engine_plan` (`engines.planning`): what
+answering needs and whether it fits. The analysis, export and card need no engine; `start` loads the
+engines when answers are wanted. `start(engine="transformers")` then `prepare_vllm`/`switch` answer at
+once with transformers while vLLM starts, then move to vLLM.
 """
 
 from __future__ import annotations
 
 import shutil
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import mgsm
 from .adapters import open_expert
 from .analysis import Analysis, MergedStats, analyze
-from .checkpoints import Checkpoint, CompatReport, Pairing, check_compatible, check_pairing
-from .engines import (EngineStartError, check_memory, SwappedEngine, TransformersEngine, VLLMEngine, VLLMSettings, load_model,
-                      load_tokenizer, model_from_state_dict, plan_serving, resolve_engine_choice, vllm_device,
-                      vllm_status)
+from .checkpoints import Checkpoint, CompatReport
+from .pairing import Pairing, check_mergeable
+from .engines import (EngineSettings, EngineStartError, SwappedEngine, TransformersEngine, VLLMEngine, VLLMSettings,
+                      check_memory, load_model, load_tokenizer, model_from_state_dict, plan_serving,
+                      resolve_engine_choice, try_vllm, vllm_device)
+from .engines.planning import EnginePlan, plan_engines
 from .errors import UserError
 from .merging import MergeSummary, export_merge, merge_in_memory
 from .plans import Plan
 from .recipes import Recipe, as_recipe
 from .roles import ANSWERING, EXPERTS, ROLE_NAMES
 from .runtime import Progress, no_progress, resolve_device
+from .sources import Sources
+
+
+@dataclass
+class Served:
+    """vLLM engines started for the experts (`Workbench.prepare_vllm`), not yet answering."""
+
+    plan: object  # engines.ServingPlan
+    engines: dict = field(default_factory=dict)
+    vllm: list = field(default_factory=list)
+    note: str = ""
 
 
 @dataclass
@@ -76,6 +93,14 @@ class Workbench:
         self.recipe: Recipe | None = None  # the built merge's recipe
         self.layer_weights: list[float] | None = None
         self._analysis: Analysis | None = None
+        self.engine_plan: EnginePlan | None = None  # made by `check`: what answering needs, whether it fits
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings) -> "Workbench":
+        """The one way the CLI, the app and sweeps make a workbench: from their engine settings."""
+        s = settings
+        return cls(device=s.device, batch_size=s.batch_size, engine=s.engine, serving=s.serving, vllm=s.vllm(),
+                   chat_template=s.chat_template)
 
     # ---- loading ----------------------------------------------------------------------
     def load(self, math: str, lang: str, base: str | None = None, progress: Progress | None = None,
@@ -99,71 +124,99 @@ class Workbench:
         cks = {"math": open_expert(math, base or None), "lang": open_expert(lang, base or None)}
         if base:
             cks["base"] = Checkpoint.open(base)
-        report = check_compatible(cks["math"], cks["lang"], cks.get("base"))
-        self.report = report
-        if not report.ok:
-            raise UserError(report.summary().replace("\n", " | "))
-        pairing = check_pairing(cks["math"], cks["lang"], cks.get("base"))
-        if pairing.suspicious and not force:
-            raise UserError(pairing.message() + ".")
-        if self.engine_choice == "transformers":
-            need = sum(cks[r].nbytes for r in EXPERTS)
-            check_memory(need, self.device, "the two experts")
+        check = check_mergeable(cks["math"], cks["lang"], cks.get("base"), force=force)
+        self.report = report = check.report
+        check.raise_if_bad()
+        pairing = check.pairing
+        from .scratch import root
+
+        plan = plan_engines(cks, engine=self.engine_choice, serving=self.serving, settings=self.vllm_settings,
+                            device=self.device, scratch_dir=root())
         self.close()
-        self.checkpoints, self.report, self.pairing = cks, report, pairing
+        self.checkpoints, self.report, self.pairing, self.engine_plan = cks, report, pairing, plan
         return report
 
-    def start(self, progress: Progress | None = None) -> None:
-        """Load the checked experts into engines (vLLM when chosen and it fits, else transformers)."""
+    @property
+    def answering(self) -> bool:
+        """Are the experts loaded into engines (answers possible)?"""
+        return all(r in self.engines for r in EXPERTS)
+
+    def start(self, progress: Progress | None = None, engine: str | None = None) -> None:
+        """Load the checked experts into engines as `engine_plan` says (vLLM when chosen and it fits, else
+        transformers); `engine="transformers"` loads transformers whatever the plan. Refused, with the plan's
+        numbers, when they do not fit."""
         p = progress or no_progress
+        plan = self.engine_plan
+        if plan is not None and not plan.fits:
+            raise UserError(plan.describe().replace("**", ""))
         cks = self.checkpoints
         tok = load_tokenizer(cks["math"].path)
-        if self._start_vllm(tok, p):
+        served = self._start_vllm(tok, p) if engine != "transformers" and (plan is None or plan.engine == "vllm") \
+            else None
+        if served is not None:
+            self.switch(served)
             p(1.0, "loaded")
             return
+        self.serving_mode = "transformers"
+        if plan is not None and plan.engine == "transformers":
+            self.engine_note = f"transformers engine ({plan.why})"
+        check_memory(sum(cks[r].nbytes for r in EXPERTS), self.device, "the two experts")
         for i, role in enumerate(EXPERTS):
             p(0.1 + 0.4 * i, f"loading the {ROLE_NAMES[role]}")
             self.engines[role] = TransformersEngine(load_model(cks[role].path, self.device), tok,
                                                     batch_size=self.batch_size, use_chat_template=self.chat_template)
+        if engine == "transformers":
+            self.engine_note = "transformers engine (answering while vLLM starts)"
         p(1.0, "loaded")
 
-    def _start_vllm(self, tok, p: Progress) -> bool:
-        """Serve the experts with vLLM if chosen/available; False (with a note) means use transformers."""
-        if self.engine_choice == "transformers":
-            self.engine_note = "transformers engine (chosen)"
-            self.serving_mode = "transformers"
-            return False
-        ok, why = vllm_status()
+    def prepare_vllm(self, progress: Progress | None = None) -> "Served | None":
+        """vLLM engines for the experts, started beside the engines answering now (nothing is switched yet);
+        None, with `engine_note` saying why, when vLLM cannot serve them. Hand the result to `switch`."""
+        return self._start_vllm(load_tokenizer(self.checkpoints["math"].path), progress or no_progress)
+
+    def switch(self, served: "Served") -> None:
+        """Answer with vLLM engines from `prepare_vllm` (the caller holds the lane); the transformers engines
+        go, and the merge is rebuilt in the new engines by the next build."""
+        self.engines = dict(served.engines)
+        self._vllm = list(served.vllm)
+        self.engine_note, self.serving_mode, self._serving_plan = served.note, served.plan.mode, served.plan
+        self.recipe = self.layer_weights = None
+
+    def _start_vllm(self, tok, p: Progress) -> "Served | None":
+        """vLLM engines for the experts if chosen/available (`engines.try_vllm`), not yet in use; None (with
+        `engine_note` saying why) means use transformers."""
+        served, why = try_vllm(self.engine_choice, lambda: self._serve_vllm(tok, p))
+        if served is None:
+            self.engine_note = "transformers engine (chosen)" if why == "chosen" else f"transformers engine: {why}"
+            return None
+        served.note = f"vLLM: {served.plan.note} ({why})"
+        return served
+
+    def _serve_vllm(self, tok, p: Progress) -> "Served":
+        """The experts in vLLM engines: three, or one whose weights are swapped (`engines.plan_serving`)."""
+        math_ck = self.checkpoints["math"]
+        reusable = VLLMEngine.idle_for(math_ck.path)  # stops idle engines of another shape
+        plan = plan_serving(math_ck, self.serving, self.vllm_settings, vllm_device(), running=reusable)
+        p(0.1, f"starting vLLM: {plan.note} (the first start takes about a minute)")
+        served = Served(plan)
         try:
-            if not ok:
-                raise EngineStartError(why)
-            math_ck = self.checkpoints["math"]
-            reusable = VLLMEngine.idle_for(math_ck.path)  # stops idle engines of another shape
-            plan = plan_serving(math_ck, self.serving, self.vllm_settings, vllm_device(), running=reusable)
-            p(0.1, f"starting vLLM: {plan.note} (the first start takes about a minute)")
             if plan.mode == "three":
                 for role in EXPERTS:
                     eng = VLLMEngine.acquire(self.checkpoints[role].path, plan.settings, tokenizer=tok,
                                               use_chat_template=self.chat_template)
-                    self._vllm.append(eng)
-                    self.engines[role] = eng
+                    served.vllm.append(eng)
+                    served.engines[role] = eng
             else:
                 shared = VLLMEngine.acquire(math_ck.path, plan.settings, tokenizer=tok,
                                             use_chat_template=self.chat_template)
-                self._vllm.append(shared)
+                served.vllm.append(shared)
                 for role in EXPERTS:
-                    self.engines[role] = SwappedEngine(shared, self.checkpoints[role].path)
-            self.serving_mode = plan.mode
-            self._serving_plan = plan
-            self.engine_note = f"vLLM: {plan.note} ({why})"
-            return True
-        except EngineStartError as e:
-            self._release_vllm()
-            if self.engine_choice == "vllm":
-                raise
-            self.engine_note = f"transformers engine: {e}"
-            self.serving_mode = "transformers"
-            return False
+                    served.engines[role] = SwappedEngine(shared, self.checkpoints[role].path)
+        except EngineStartError:
+            for e in served.vllm:
+                e.release()
+            raise
+        return served
 
     def _release_vllm(self) -> None:
         for e in self._vllm:
@@ -174,13 +227,21 @@ class Workbench:
             self._merge_dir = None
 
     def _build_vllm(self, recipe: Recipe, p: Progress) -> None:
-        """Stream the merge to a scratch folder and load it into the serving engine (no new engine)."""
+        """Stream the merge to a scratch folder (its disk checked first) and load it into the serving engine."""
+        from . import scratch
+
         if self._merge_dir is None:
-            self._merge_dir = Path(tempfile.mkdtemp(prefix="layerswap-serving-")) / "merged"
+            d = scratch.make("serving")
+            try:
+                scratch.check_disk(self.checkpoints["math"].nbytes, d, "the merged model for vLLM")
+            except UserError:
+                shutil.rmtree(d, ignore_errors=True)
+                raise
+            self._merge_dir = d / "merged"
         p(0.2, "writing the merged weights for vLLM")
         export_merge(self.checkpoints["math"], self.checkpoints["lang"], recipe, self._merge_dir,
                      base=self.checkpoints.get("base"), device=self.device, overwrite=True,
-                     force=bool(self.pairing and self.pairing.suspicious))
+                     force=bool(self.pairing and self.pairing.suspicious), card=False)
         p(0.7, "loading them into the engine")
         if self.serving_mode == "one":
             self.engines["merged"] = SwappedEngine(self._vllm[0], self._merge_dir)
@@ -191,6 +252,11 @@ class Workbench:
                                      use_chat_template=self.chat_template)
             self._vllm.append(eng)
             self.engines["merged"] = eng
+
+    def drop_scratch(self) -> None:
+        """Remove the scratch merge from disk now (on exit: even while a job still holds the models)."""
+        if self._merge_dir is not None:
+            shutil.rmtree(self._merge_dir.parent, ignore_errors=True)
 
     def close(self) -> None:
         """Release engines, scratch merges and open checkpoint files (when the models are replaced)."""
@@ -213,7 +279,8 @@ class Workbench:
 
     @property
     def num_layers(self) -> int:
-        self._need("math")
+        if "math" not in self.checkpoints:
+            raise UserError("Load the two experts first.")
         return self.checkpoints["math"].num_layers
 
     # ---- merging ----------------------------------------------------------------------
@@ -237,15 +304,16 @@ class Workbench:
             p(1.0, "built")
             return lw
         ck = self.checkpoints["math"]
-        new = ck.nbytes if lw is None else sum(  # copies share the experts' tensors
-            t.nbytes for t in ck.tensors.values() if t.layer is not None and 0.0 < lw[t.layer] < 1.0)
+        sources = Sources(recipe, L, ck.arch).of(ck.tensors)
+        new = sum(t.nbytes for n, t in ck.tensors.items()  # copies of an expert share its tensors
+                  if sources[n].kind != "copy" or sources[n].from_base)
         check_memory(new, self.device, f"the merged model ({recipe.method.spec.title})")
         p(0.1, "merging")
         math_sd, lang_sd = self.engines["math"].state_dict(), self.engines["lang"].state_dict()
         base = self.checkpoints.get("base")
         merged = merge_in_memory(math_sd, lang_sd, L, recipe,
                                  base=(lambda n: base.get(n)) if base is not None else None,
-                                 progress=lambda f, d: p(0.1 + 0.6 * f, d))
+                                 progress=lambda f, d: p(0.1 + 0.6 * f, d), arch=ck.arch)
         p(0.7, "refreshing the merged model")
         if "merged" in self.engines:
             self.engines["merged"].load_state_dict(merged)
@@ -264,7 +332,7 @@ class Workbench:
         """Write a merge (`recipe`, default: the built one) to an HF folder, streamed from disk; the
         output may not touch the inputs nor the folders in `protect` (`layerswap.outputs`);
         `languages` (ISO codes) go into the model card's front matter."""
-        self._need(*EXPERTS)
+        self.num_layers  # the checkpoints (no engine needed: the export streams from disk)
         recipe = recipe or self.recipe
         if recipe is None:
             raise UserError("Build the merge first, then export it.")
@@ -300,8 +368,8 @@ class Workbench:
     # ---- answering --------------------------------------------------------------------
     def ask(self, prompt: str, lang: mgsm.Language, gold: int | None = None,
             roles: tuple[str, ...] = ANSWERING, max_new_tokens: int = mgsm.MAX_NEW_TOKENS,
-            progress: Progress | None = None) -> list[Answer]:
-        """The same prompt to each model; outputs scored with MGSM's strict and flexible rules."""
+            progress: Progress | None = None, mode: str = "native_cot") -> list[Answer]:
+        """The same prompt to each model; outputs scored with MGSM's strict and flexible rules (of `mode`)."""
         self._need(*roles)
         answers = []
         for i, role in enumerate(roles):
@@ -310,25 +378,23 @@ class Workbench:
             eng = self.engines[role]
             t = time.perf_counter()
             out = eng.generate([prompt], max_new_tokens=max_new_tokens, stop=lang.stop)[0]
-            answers.append(Answer(role, prompt, mgsm.score(out, gold, lang), gold, eng.name, time.perf_counter() - t))
+            answers.append(Answer(role, prompt, mgsm.score(out, gold, lang, mode), gold, eng.name,
+                                  time.perf_counter() - t))
         return answers
 
     def ask_question(self, question: str, lang_code: str = "en", *, source=None, shots: int = 0,
                      mode: str = "native_cot", gold: int | None = None, **kw) -> list[Answer]:
-        """A free-text question in MGSM's prompt format for `lang_code`."""
-        lang = mgsm.get_language(lang_code, source)
-        ex = mgsm.load_exemplars(lang_code, source) if shots else None
-        prompt = mgsm.build_prompt(question.strip(), lang, mode=mode, exemplars=ex, shots=shots)
-        return self.ask(prompt, lang, gold, **kw)
+        """A free-text question in MGSM's prompt format for `lang_code` (`mgsm.prompt_for`), scored against
+        `gold` when given."""
+        p = mgsm.prompt_for(lang_code, question=question, source=source, shots=shots, mode=mode)
+        return self.ask(p.prompt, p.language, gold, mode=p.mode, **kw)
 
     def ask_mgsm(self, lang_code: str, index: int, *, source=None, shots: int = 0, mode: str = "native_cot",
                  **kw) -> list[Answer]:
-        """MGSM question `index` of `lang_code`, with its gold answer."""
-        items = mgsm.load(lang_code, source)
-        if not 0 <= index < len(items):
-            raise UserError(f"MGSM {lang_code} has questions 0..{len(items) - 1}; {index} is out of range.")
-        item = items[index]
-        return self.ask_question(item.question, lang_code, source=source, shots=shots, mode=mode, gold=item.answer, **kw)
+        """MGSM question `index` of `lang_code`, prompted as the evaluation prompts it, with its gold answer
+        (`mgsm.prompt_for`)."""
+        p = mgsm.prompt_for(lang_code, index=index, source=source, shots=shots, mode=mode)
+        return self.ask(p.prompt, p.language, p.gold, mode=p.mode, **kw)
 
     # ---- evaluation -------------------------------------------------------------------
     def evaluate(self, config, roles: tuple[str, ...] = ANSWERING, progress: Progress | None = None,

@@ -1,23 +1,27 @@
 #!/usr/bin/env python3
 """Benchmark: the streaming analysis against a naive full-load implementation and the read floor.
 
-    python3 scripts/bench_analysis.py [--root /work/bench-cache] [--k 1] [--repeat 1] [--no-naive]
-                                      [--device cpu|cuda] [--markdown]
+    python3 scripts/bench_analysis.py [--size 1b|8b] [--root DIR] [--k 1] [--repeat 1] [--no-naive]
+                                      [--no-torch] [--runs A,B] [--device cpu|cuda] [--markdown]
 
-Runs on the ~1.1B-parameter Llama-shape trio of `bench_common.build_trio` (built on first use,
-6.6 GB). Every measurement is its own process, so peak RSS is clean; all run in one invocation:
+Runs on a Llama-shape trio of `bench_common.build_trio` (``1b``: ~1.1B parameters, 6.6 GB, under
+/work/bench-cache; ``8b``: Llama 3.1 8B dimensions, 48 GB, under /work/bench8b; built on first
+use). Every measurement is its own process, so peak RSS is clean; all run in one invocation:
 
   read floor (reader)      every tensor of base, math and language expert read once, through the
                            same pread reader the analysis uses, no arithmetic
   read floor (sequential)  the three files read front to back in 16 MiB blocks
   streaming                layerswap.analysis.analyze(base, math, lang, ks=(k,), cache=False)
   streaming-2w             the same with workers=2 (two threads, each streaming half the tensors)
+  streaming-torch          streaming with the torch kernels on CPU (LAYERSWAP_ANALYSIS_KERNEL=torch: the
+                           main pass before the compiled loop; what runs without numba)
   naive                    safetensors.load_file of all three models, whole-tensor float32 arithmetic,
                            exact top-k% by np.partition over an expert's |Δ| of every entry
 
 "cold" runs drop the files from the page cache first (posix_fadvise DONTNEED, no privileges
-needed); "warm" runs read them from the page cache. The naive run also checks the streaming
-result: thresholds, shares, overlaps and relative changes must agree.
+needed); "warm" runs read them from the page cache (not at 8b: 48 GB do not fit in memory, nor
+does the naive run). The naive run, and the torch-kernel run, also check the streaming result:
+thresholds, shares, overlaps and relative changes must agree.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from bench_common import build_trio, drop_page_cache, tensor_specs  # noqa: E402
+from bench_common import SIZES, build_trio, drop_page_cache, tensor_specs  # noqa: E402
 
 ROLES = ("base", "math", "lang")
 
@@ -74,15 +78,16 @@ def work_floor_sequential(paths, args) -> dict:
     view = memoryview(buf)
     total = 0
     for r in ROLES:
-        fd = os.open(paths[r] / "model.safetensors", os.O_RDONLY)
-        try:
-            while True:
-                n = os.readv(fd, [view])
-                if n <= 0:
-                    break
-                total += n
-        finally:
-            os.close(fd)
+        for f in sorted(paths[r].glob("*.safetensors")):
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                while True:
+                    n = os.readv(fd, [view])
+                    if n <= 0:
+                        break
+                    total += n
+            finally:
+                os.close(fd)
     return {"bytes": total}
 
 
@@ -116,7 +121,7 @@ def work_naive(paths, args) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    sd = {r: load_file(paths[r] / "model.safetensors") for r in ROLES}
+    sd = {r: {k: v for f in sorted(paths[r].glob("*.safetensors")) for k, v in load_file(f).items()} for r in ROLES}
     names = list(sd["base"])
     T = len(names)
     rel = {r: np.zeros(T) for r in ("math", "lang")}
@@ -160,7 +165,8 @@ def work_naive(paths, args) -> dict:
 
 
 WORKERS = {"floor-reader": work_floor_reader, "floor-sequential": work_floor_sequential,
-           "streaming": work_streaming, "streaming-2w": work_streaming, "naive": work_naive}
+           "streaming": work_streaming, "streaming-2w": work_streaming, "streaming-torch": work_streaming,
+           "naive": work_naive}
 
 
 def worker_main(args) -> None:
@@ -187,7 +193,8 @@ def run_worker(name: str, paths: dict, args, cold: bool, result: str) -> dict:
     cmd = [sys.executable, __file__, "--worker", name, "--paths", json.dumps({r: str(p) for r, p in paths.items()}),
            "--k", str(args.k), "--device", args.device, "--threads", str(args.threads), "--result", result,
            "--workers", "2" if name == "streaming-2w" else "1"]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
+               LAYERSWAP_ANALYSIS_KERNEL="torch" if name == "streaming-torch" else "auto")
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise SystemExit(f"{name} failed:\n{p.stderr[-3000:]}")
@@ -223,8 +230,8 @@ def machine() -> str:
             f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at start, CPU pressure {pressure}")
 
 
-def two_layers_bytes() -> int:
-    return sum(2 * __import__("math").prod(s) for n, s in tensor_specs() if ".layers.0." in n or ".layers.1." in n)
+def two_layers_bytes(spec: dict) -> int:
+    return sum(2 * __import__("math").prod(s) for n, s in tensor_specs(spec) if ".layers.0." in n or ".layers.1." in n)
 
 
 def compare(a_file: str, b_file: str) -> dict:
@@ -245,13 +252,18 @@ def compare(a_file: str, b_file: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", default=os.environ.get("LAYERSWAP_BENCH_CACHE", "/work/bench-cache"))
+    ap.add_argument("--size", choices=sorted(SIZES), default="1b")
+    ap.add_argument("--root", default=None, help="where the trio lives (default: $LAYERSWAP_BENCH_CACHE or "
+                                                  "/work/bench-cache for 1b, /work/bench8b for 8b)")
     ap.add_argument("--k", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch threads in every worker (default 1)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--no-naive", action="store_true")
+    ap.add_argument("--no-torch", action="store_true", help="skip the torch-kernel run")
+    ap.add_argument("--runs", help="only these measurements, comma-separated (streaming always; e.g. "
+                                   "floor-sequential,streaming with --repeat 3 for paired ratios)")
     ap.add_argument("--no-warm", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="print the docs/benchmarks.md section")
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
@@ -262,25 +274,36 @@ def main() -> None:
         worker_main(args)
         return
 
-    paths = build_trio(args.root)
+    big = args.size == "8b"
+    root = args.root or ("/work/bench8b" if big else os.environ.get("LAYERSWAP_BENCH_CACHE", "/work/bench-cache"))
+    paths = build_trio(root, size=args.size)
     info = json.loads((paths["base"].parent / "trio.json").read_text())
     started = dt.datetime.now().astimezone().isoformat(timespec="minutes")
     where = machine()
     tmp = Path(tempfile.mkdtemp(prefix="bench-analysis-"))
     plan = [("cold", "floor-reader"), ("cold", "floor-sequential"), ("cold", "streaming"), ("cold", "streaming-2w")]
-    naive_ok = not args.no_naive and mem_available() > 14 * 2**30
-    if not args.no_naive and not naive_ok:
+    if not args.no_torch:
+        plan.append(("cold", "streaming-torch"))
+    naive_ok = not args.no_naive and not big and mem_available() > 14 * 2**30
+    if not args.no_naive and not naive_ok and not big:
         print(f"skipping naive: it holds ~12 GB, only {mem_available() / 2**30:.1f} GiB available")
     if naive_ok:
         plan.append(("cold", "naive"))
-    if not args.no_warm:
+    if not args.no_warm and not big:
         plan += [("warm", "floor-reader"), ("warm", "floor-sequential"), ("warm", "streaming"),
                  ("warm", "streaming-2w")]
+    if args.runs:
+        keep = set(args.runs.split(","))
+        unknown = keep - set(WORKERS)
+        if unknown or "streaming" not in keep:
+            raise SystemExit(f"--runs: choose from {', '.join(WORKERS)}, streaming included (got {args.runs})")
+        plan = [(mode, name) for mode, name in plan if name in keep]
     results: dict[tuple[str, str], list[dict]] = {}
     for rep in range(args.repeat):
         # an unmeasured cold read first: the first cold read after other activity pays for reclaiming
         # memory (measured: up to 3x its usual system time), which would land on whichever run came first
-        run_worker("floor-sequential", paths, args, True, str(tmp / "x.npz"))
+        if not big:  # at 8b every read reclaims memory alike (the trio is twice the RAM)
+            run_worker("floor-sequential", paths, args, True, str(tmp / "x.npz"))
         for mode, name in plan:
             if name == "naive" and rep > 0:  # minutes and ~16 GB: once is enough
                 continue
@@ -292,6 +315,10 @@ def main() -> None:
                   f"peak RSS {r['peak_rss'] / 2**20:7.0f} MiB (+{(r['peak_rss'] - r['base_rss']) / 2**20:.0f})",
                   flush=True)
     agree = compare(str(tmp / "streaming.npz"), str(tmp / "naive.npz")) if naive_ok else None
+    if ("cold", "streaming-torch") in results:
+        t, c = results[("cold", "streaming-torch")][-1], results[("cold", "streaming")][-1]
+        print(f"compiled vs torch kernels: thresholds {'equal' if t['threshold'] == c['threshold'] else 'DIFFER'}; "
+              f"max differences {compare(str(tmp / 'streaming.npz'), str(tmp / 'streaming-torch.npz'))}")
     if naive_ok:
         s, n = results[("cold", "streaming")][-1], results[("cold", "naive")][-1]
         same = s["threshold"] == n["threshold"]
@@ -299,14 +326,15 @@ def main() -> None:
               f"max differences {agree}")
     med = {key: {f: statistics.median(x[f] for x in v) for f in ("wall", "cpu", "peak_rss", "base_rss")}
            for key, v in results.items()}
-    two = two_layers_bytes()
+    two = two_layers_bytes(SIZES[args.size])
     lines = []
     for mode in ("cold", "warm"):
         if (mode, "streaming") not in med:
             continue
-        floor = min(med[(mode, f)]["wall"] for f in ("floor-reader", "floor-sequential"))
+        floor = min((med[(mode, f)]["wall"] for f in ("floor-reader", "floor-sequential") if (mode, f) in med),
+                    default=float("nan"))
         lines.append(f"| **{mode}** page cache | | | | | |")
-        for name in ("floor-sequential", "floor-reader", "streaming", "streaming-2w", "naive"):
+        for name in ("floor-sequential", "floor-reader", "streaming", "streaming-2w", "streaming-torch", "naive"):
             if (mode, name) not in med:
                 continue
             m = med[(mode, name)]
@@ -318,12 +346,20 @@ def main() -> None:
     s = results[("cold", "streaming")][-1]
     print()
     print(table)
+    for name in ("streaming", "streaming-2w"):
+        for floor_name in ("floor-sequential", "floor-reader"):
+            if ("cold", floor_name) in results and ("cold", name) in results and args.repeat > 1:
+                pairs = [x["wall"] / f["wall"] for x, f in zip(results[("cold", name)], results[("cold", floor_name)])]
+                print(f"cold {name} / {floor_name}, each repeat (run back to back): "
+                      f"{', '.join(f'{r:.2f}x' for r in pairs)}; median {statistics.median(pairs):.2f}x")
     print(f"\ntwo layers of one model = {two / 2**20:.0f} MiB; streaming made {s['passes']} pass(es), sampled "
           f"{s['sample_entries']:,} entries first, read {s['bytes'] / 1e9:.2f} GB")
     if args.markdown:
         print("\n---\n")
-        print(f"Run {started} on {where}. torch {info['torch']}, k = {args.k:g}%, {args.threads} torch thread(s), "
-              f"device {args.device}, median of {args.repeat} (naive: 1 run).")
+        load = os.getloadavg()
+        print(f"Run {started} on {where}; {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end. torch "
+              f"{info['torch']}, k = {args.k:g}%, {args.threads} torch thread(s), device {args.device}, median of "
+              f"{args.repeat} (naive: 1 run). Trio: {paths['base'].parent} ({args.size}).")
         if agree is not None:
             print(f"Streaming and naive agree: thresholds {'identical' if same else 'DIFFERENT'}; largest differences "
                   + ", ".join(f"{k} {v:.1e}" for k, v in agree.items()) + ".")

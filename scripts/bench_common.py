@@ -1,23 +1,34 @@
 #!/usr/bin/env python3
-"""Shared by the benchmarks: a ~1.1B-parameter Llama-shape trio (base, math expert, language
-expert) with random values written straight to safetensors, built once and cached on disk.
+"""Shared by the benchmarks: a Llama-shape trio (base, math expert, language expert) with random
+values written straight to safetensors, tensor by tensor, built once and cached on disk.
 
     import sys; sys.path.insert(0, "scripts")
     from bench_common import build_trio
-    paths = build_trio("/work/bench-cache")       # {"base": Path, "math": Path, "lang": Path}
+    paths = build_trio("/work/bench-cache")              # ~1.1B: {"base": Path, "math": Path, "lang": Path}
+    paths = build_trio("/work/bench8b", size="8b")       # Llama 3.1 8B dimensions, 48 GB
 
-    python3 scripts/bench_common.py /work/bench-cache     # build (or find) it from the shell
+    python3 scripts/bench_common.py /work/bench-cache              # build (or find) it from the shell
+    python3 scripts/bench_common.py /work/bench8b --size 8b
 
-Shape: TinyLlama-1.1B (22 layers, hidden 2048, intermediate 5632, 32 heads, 4 KV heads, vocab
-32000, untied lm_head), bfloat16, one ``model.safetensors`` per model (2.2 GB each, 6.6 GB in
-all). Values are deterministic: every tensor comes from its own ``torch.Generator`` seeded from
-the spec's seed and the tensor's name, so two builds with one torch version are byte-identical
-(`trio.json` records a checksum of sampled bytes to check that).
+Sizes (`SIZES`), both untied lm_head, bfloat16:
 
-The experts are the base plus Gaussian changes whose size follows the paper's picture: the
-language expert changes most in the bottom and top layers (and the embeddings / lm_head), the
-math expert in the middle layers. Changes are 0.2%-2.2% of the weight scale per entry, so in
-bf16 many round to zero or to a few units in the last place, like real light fine-tunes.
+* ``1b``: TinyLlama-1.1B (22 layers, hidden 2048, intermediate 5632, 32 heads, 4 KV heads, vocab
+  32000); one ``model.safetensors`` per model (2.2 GB each, 6.6 GB in all).
+* ``8b``: Llama 3.1 8B (32 layers, hidden 4096, intermediate 14336, 32 heads, 8 KV heads, vocab
+  128256); four shards of at most 5 GB per model with ``model.safetensors.index.json``, like the
+  published checkpoint (16.1 GB each, 48.2 GB in all), and a tiny byte-level BPE tokenizer so
+  other tools (transformers, the app) can open the folders.
+
+Values are deterministic: every tensor comes from its own ``torch.Generator`` seeded from the
+spec's seed and the tensor's name, so two builds with one torch version are byte-identical
+(`trio.json` records a checksum of sampled bytes to check that). Large tensors are generated in
+row blocks (``gen_block`` elements), so building holds a few hundred MB whatever the size.
+
+The experts are the base plus Gaussian changes whose size follows the paper's picture of real
+fine-tunes: the language expert changes most in the bottom and top layers (and the embeddings /
+lm_head), the math expert in the middle layers. Changes are 0.2%-2.2% of the weight scale per
+entry, so in bf16 many round to zero or to a few units in the last place, like real light
+fine-tunes.
 """
 
 from __future__ import annotations
@@ -47,6 +58,25 @@ SPEC = {
     "seed": 20250101,
     "weight_std": 0.02,
 }
+SPEC_8B = {
+    "version": 1,
+    "name": "llama-8b",
+    "layers": 32,
+    "hidden": 4096,
+    "intermediate": 14336,
+    "heads": 32,
+    "kv_heads": 8,
+    "vocab": 128256,
+    "dtype": "BF16",
+    "seed": 20250108,
+    "weight_std": 0.02,
+    "shard_bytes": 5 * 10**9,
+    "gen_block": 1 << 25,
+    "rope_theta": 500000.0,
+    "max_positions": 8192,
+    "tokenizer": True,
+}
+SIZES = {"1b": SPEC, "8b": SPEC_8B}
 ROLES = ("base", "math", "lang")
 
 
@@ -89,17 +119,22 @@ def _gen(seed: int, key: str) -> torch.Generator:
     return torch.Generator().manual_seed(seed ^ zlib.crc32(key.encode()))
 
 
-def base_tensor(name: str, shape: tuple[int, ...], spec: dict = SPEC) -> torch.Tensor:
-    g = _gen(spec["seed"], "base:" + name)
-    if len(shape) == 1:  # norms around 1
-        return (1.0 + 0.02 * torch.randn(shape, generator=g)).to(torch.bfloat16)
-    return (spec["weight_std"] * torch.randn(shape, generator=g)).to(torch.bfloat16)
-
-
-def expert_tensor(role: str, name: str, base: torch.Tensor, spec: dict = SPEC) -> torch.Tensor:
-    g = _gen(spec["seed"], f"{role}:{name}")
-    scale = change_scale(role, name, spec) * (0.02 if base.dim() == 1 else spec["weight_std"])
-    return (base.float() + scale * torch.randn(base.shape, generator=g)).to(torch.bfloat16)
+def tensor_blocks(name: str, shape: tuple[int, ...], spec: dict = SPEC):
+    """The tensor's flattened values in blocks of ``spec["gen_block"]`` elements (default: one block):
+    yields ``{"base": bf16, "math": bf16, "lang": bf16}`` per block."""
+    numel = math.prod(shape)
+    step = spec.get("gen_block") or numel
+    gens = {"base": _gen(spec["seed"], "base:" + name), **{r: _gen(spec["seed"], f"{r}:{name}") for r in ("math", "lang")}}
+    one_d = len(shape) == 1
+    for start in range(0, numel, step):
+        n = min(step, numel - start)
+        x = torch.randn(n, generator=gens["base"])
+        base = ((1.0 + 0.02 * x) if one_d else (spec["weight_std"] * x)).to(torch.bfloat16)
+        out = {"base": base}
+        for r in ("math", "lang"):
+            scale = change_scale(r, name, spec) * (0.02 if one_d else spec["weight_std"])
+            out[r] = (base.float() + scale * torch.randn(n, generator=gens[r])).to(torch.bfloat16)
+        yield out
 
 
 def config(spec: dict = SPEC) -> dict:
@@ -107,9 +142,9 @@ def config(spec: dict = SPEC) -> dict:
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": spec["hidden"],
         "intermediate_size": spec["intermediate"], "num_hidden_layers": spec["layers"],
         "num_attention_heads": spec["heads"], "num_key_value_heads": spec["kv_heads"],
-        "vocab_size": spec["vocab"], "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        "bos_token_id": 1, "eos_token_id": 2,
+        "vocab_size": spec["vocab"], "max_position_embeddings": spec.get("max_positions", 2048), "rms_norm_eps": 1e-5,
+        "rope_theta": spec.get("rope_theta", 10000.0), "hidden_act": "silu", "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
     }
 
 
@@ -125,8 +160,27 @@ def _header(specs: list[tuple[str, tuple[int, ...]]]) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
+def shards(spec: dict = SPEC) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
+    """(file name, tensors in file order) per shard: one ``model.safetensors``, or HF-named shards of at
+    most ``spec["shard_bytes"]``."""
+    limit = spec.get("shard_bytes")
+    groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shape in tensor_specs(spec):
+        n = math.prod(shape) * 2
+        if limit and groups[-1] and size + n > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append((name, shape))
+        size += n
+    if len(groups) == 1:
+        return [("model.safetensors", groups[0])]
+    return [(f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors", g) for i, g in enumerate(groups)]
+
+
 def expected_bytes(spec: dict = SPEC) -> int:
-    return len(_header(tensor_specs(spec))) + sum(math.prod(s) * 2 for _, s in tensor_specs(spec))
+    """Bytes of one model's safetensors files."""
+    return sum(len(_header(g)) + sum(math.prod(s) * 2 for _, s in g) for _, g in shards(spec))
 
 
 def _checksum(path: Path) -> str:
@@ -141,53 +195,77 @@ def _checksum(path: Path) -> str:
 
 
 def trio_dir(root: str | os.PathLike, spec: dict = SPEC) -> Path:
-    return Path(root) / f"llama-1.1b-trio-v{spec['version']}"
+    return Path(root) / f"{spec.get('name', 'llama-1.1b')}-trio-v{spec['version']}"
 
 
-def build_trio(root: str | os.PathLike, spec: dict = SPEC, log=print) -> dict[str, Path]:
-    """Build (or reuse) the trio under ``root``; returns ``{"base", "math", "lang"}`` folders."""
+def _files_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+
+
+def _write_tokenizer(folder: Path) -> None:
+    """A tiny byte-level BPE tokenizer (ids 0-2: <pad>, <s>, </s>, like the config), for tools that need one."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from layerswap.demo import build_tokenizer
+
+    build_tokenizer().save_pretrained(folder)
+
+
+def build_trio(root: str | os.PathLike, spec: dict | None = None, log=print, *, size: str = "1b") -> dict[str, Path]:
+    """Build (or reuse) the trio of `size` (or `spec`) under ``root``; returns ``{"base", "math", "lang"}`` folders."""
+    spec = spec or SIZES[size]
     out = trio_dir(root, spec)
     marker = out / "trio.json"
     paths = {r: out / r for r in ROLES}
     if marker.exists():
         info = json.loads(marker.read_text())
-        ok = info.get("spec") == spec and all(
-            (paths[r] / "model.safetensors").exists()
-            and (paths[r] / "model.safetensors").stat().st_size == info["bytes"] for r in ROLES)
+        ok = info.get("spec") == spec and all(paths[r].is_dir() and _files_bytes(paths[r]) == info["bytes"]
+                                             for r in ROLES)
         if ok:
             return paths
         log(f"{out}: stale or incomplete, rebuilding")
     Path(root).mkdir(parents=True, exist_ok=True)
+    for stale in Path(root).glob(f".{out.name}.building-*"):  # an interrupted build
+        shutil.rmtree(stale, ignore_errors=True)
     need = 3 * expected_bytes(spec)
     free = shutil.disk_usage(root).free
     if free < need * 1.05:
         raise SystemExit(f"{root}: the trio needs {need / 1e9:.1f} GB of disk, only {free / 1e9:.1f} GB free.")
     tmp = Path(root) / f".{out.name}.building-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    specs = tensor_specs(spec)
+    layout = shards(spec)
     t0 = time.perf_counter()
-    files = {}
     for r in ROLES:
         (tmp / r).mkdir(parents=True)
         (tmp / r / "config.json").write_text(json.dumps(config(spec), indent=2))
-        files[r] = open(tmp / r / "model.safetensors", "wb")
-        files[r].write(_header(specs))
-    try:
-        for j, (name, shape) in enumerate(specs):
-            b = base_tensor(name, shape, spec)
-            files["base"].write(memoryview(b.view(torch.uint8).reshape(-1).numpy()))
-            for r in ("math", "lang"):
-                e = expert_tensor(r, name, b, spec)
-                files[r].write(memoryview(e.view(torch.uint8).reshape(-1).numpy()))
-            if j % 20 == 0:
-                log(f"  trio: {j + 1}/{len(specs)} tensors ({time.perf_counter() - t0:.0f} s)")
-    finally:
-        for f in files.values():
-            f.flush()
-            os.fsync(f.fileno())
-            f.close()
+        if spec.get("tokenizer"):
+            _write_tokenizer(tmp / r)
+        if len(layout) > 1:
+            weight_map = {n: fname for fname, g in layout for n, _ in g}
+            index = {"metadata": {"total_size": sum(math.prod(s) * 2 for _, g in layout for _, s in g)},
+                     "weight_map": dict(sorted(weight_map.items()))}
+            (tmp / r / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    total = sum(math.prod(s) for _, g in layout for _, s in g)
+    done = 0
+    last_log = t0
+    for fname, group in layout:
+        files = {r: open(tmp / r / fname, "wb") for r in ROLES}
+        try:
+            for r in ROLES:
+                files[r].write(_header(group))
+            for name, shape in group:
+                for block in tensor_blocks(name, shape, spec):
+                    for r in ROLES:
+                        files[r].write(memoryview(block[r].view(torch.uint8).numpy()))
+                done += math.prod(shape)
+                if time.perf_counter() - last_log > 30:
+                    last_log = time.perf_counter()
+                    log(f"  trio: {done / total:.0%} ({name}, {last_log - t0:.0f} s)")
+        finally:
+            for f in files.values():
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
     info = {"spec": spec, "bytes": expected_bytes(spec), "torch": torch.__version__,
-            "checksums": {r: _checksum(tmp / r / "model.safetensors") for r in ROLES},
+            "checksums": {r: {f.name: _checksum(f) for f in sorted((tmp / r).glob("*.safetensors"))} for r in ROLES},
             "seconds_to_build": round(time.perf_counter() - t0, 1)}
     (tmp / "trio.json").write_text(json.dumps(info, indent=2))
     shutil.rmtree(out, ignore_errors=True)
@@ -207,7 +285,17 @@ def drop_page_cache(paths) -> None:
                 os.close(fd)
 
 
-if __name__ == "__main__":
-    root = sys.argv[1] if len(sys.argv) > 1 else "/work/bench-cache"
-    for role, p in build_trio(root).items():
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Build (or find) the benchmark trio.")
+    ap.add_argument("root", nargs="?", default=None, help="folder (default: /work/bench-cache, or /work/bench8b for 8b)")
+    ap.add_argument("--size", choices=sorted(SIZES), default="1b")
+    args = ap.parse_args()
+    root = args.root or ("/work/bench8b" if args.size == "8b" else "/work/bench-cache")
+    for role, p in build_trio(root, size=args.size).items():
         print(role, p)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
-"""Screenshots of each tab of the app on first visit, for the README (docs/screenshots/*.png).
+"""Screenshots of each tab of the app on first visit, and of the lens panel, for the README (docs/screenshots/*.png).
 
     python3 scripts/screenshots.py [--out docs/screenshots] [--engine transformers]
 
@@ -64,6 +64,12 @@ def main() -> int:
                 path = out / f"{name}.png"
                 page.screenshot(path=str(path), full_page=True)
                 print(f"wrote {path}")
+                if name == "analysis":  # the lens panel, run once on the opening plan
+                    page.locator("#lens-run").click()
+                    expect(page.locator("#lens-grid .js-plotly-plot")).to_be_visible(timeout=600_000)
+                    page.wait_for_timeout(1500)
+                    page.locator("#lens-panel").screenshot(path=str(out / "lens.png"))
+                    print(f"wrote {out / 'lens.png'}")
             browser.close()
     finally:
         app.terminate()

@@ -19,6 +19,15 @@ torch.set_num_threads(1)  # tiny models: threads only add overhead
 os.environ.setdefault("LAYERSWAP_ENGINE", "transformers")
 
 
+@pytest.fixture(params=["compiled", "torch"])
+def analysis_kernel(request, monkeypatch) -> str:
+    """Runs a test with each CPU analysis kernel (layerswap.analysis.compiled.use_compiled)."""
+    if request.param == "compiled":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", request.param)
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_tokenizer()

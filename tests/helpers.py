@@ -167,11 +167,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+APPS: dict[str, subprocess.Popen] = {}  # URL -> the running app's process (its memory, its files)
+
+
 def launch_app(workdir: Path, *, mgsm_dir: Path | None, extra: list[str] = (), timeout: float = 240,
                env_extra: dict[str, str] | None = None):
     """`python app.py` exactly as a user starts it (no model flags: the default demo), on a free port.
 
-    A generator for fixtures: yields the URL, stops the app afterwards.
+    A generator for fixtures: yields the URL (its process in `APPS`), stops the app afterwards.
     """
     port = free_port()
     env = dict(os.environ, LAYERSWAP_CACHE=str(workdir / "cache"), OMP_NUM_THREADS="1",
@@ -196,12 +199,16 @@ def launch_app(workdir: Path, *, mgsm_dir: Path | None, extra: list[str] = (), t
     else:
         proc.kill()
         pytest.fail(f"app.py did not start within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
-    yield url
-    proc.terminate()
+    APPS[url] = proc
     try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        yield url
+    finally:  # also when the generator is closed early (a test's own `app.close()`)
+        APPS.pop(url, None)
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def shown(x):

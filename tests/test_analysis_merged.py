@@ -1,4 +1,5 @@
-"""layerswap.analysis.merged: the merged model's statistics against the merge `export_merge` writes."""
+"""layerswap.analysis.merged: the merged model's statistics against the merge `export_merge` writes, with
+each CPU kernel (the compiled loop and the torch operations)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from safetensors.torch import load_file
 
 from layerswap import Checkpoint, Plan, UserError, export_merge
 from layerswap.analysis import analyze
+
+pytestmark = pytest.mark.usefixtures("analysis_kernel")  # each CPU kernel (tests/conftest.py)
 
 
 def merged_reference(paths: dict[str, Path], merged_dir: Path, ks) -> dict:

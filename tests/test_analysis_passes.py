@@ -1,5 +1,6 @@
 """layerswap.analysis.passes (and kernels): every statistic against a direct computation on whole tensors
-(float64 sums, sort-based top-k%), on every computation path: sampled window, exact passes, workers."""
+(float64 sums, sort-based top-k%), on every computation path: sampled window, exact passes, workers,
+and both main-pass kernels on CPU (the compiled loop and the torch operations)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from layerswap.analysis import Analysis, analyze
 from tests.helpers import read_dir
 
 ROLES = ("math", "lang")
+
+pytestmark = pytest.mark.usefixtures("analysis_kernel")  # each CPU kernel (tests/conftest.py)
 
 
 # ---- an independent reference ----------------------------------------------------------------

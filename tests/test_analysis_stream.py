@@ -33,3 +33,32 @@ def test_chunk_stream_reads_every_byte(trio_bf16, chunk):
 def test_chunk_size_must_be_positive(trio):
     with pytest.raises(ValueError, match="positive"):
         ChunkStream([Checkpoint.open(trio["base"])], ["model.embed_tokens.weight"], chunk_elems=0)
+
+
+@pytest.mark.parametrize("chunk", [1000, 1 << 20])
+def test_direct_reads_hand_over_the_same_bytes(trio_bf16, chunk, monkeypatch):
+    """With LAYERSWAP_DIRECT_IO=1 (O_DIRECT, whole aligned blocks) every slice is what buffered reads give."""
+    c = [Checkpoint.open(trio_bf16[r]) for r in ("base", "math", "lang")]
+    names = sorted(c[0].tensors, key=lambda n: c[0].tensors[n].start)
+    got = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("LAYERSWAP_DIRECT_IO", mode)
+        with ChunkStream(c, names, chunk_elems=chunk, read_bytes=1 << 16) as s:
+            assert s.direct == (mode == "1")
+            got[mode] = [(ch.name, ch.start, [t.clone() for t in ch.tensors]) for ch in s]
+    assert len(got["0"]) == len(got["1"]) >= len(names)
+    for (n0, s0, t0), (n1, s1, t1) in zip(got["0"], got["1"]):
+        assert (n0, s0) == (n1, s1) and all(torch.equal(a, b) for a, b in zip(t0, t1))
+
+
+def test_direct_reads_are_chosen_for_more_than_the_memory(monkeypatch):
+    from layerswap.analysis import stream
+
+    monkeypatch.setenv("LAYERSWAP_DIRECT_IO", "auto")
+    monkeypatch.setattr(stream, "ram_available", lambda: 10 * 2**30)
+    assert stream.direct_reads(48 * 10**9) and not stream.direct_reads(6 * 10**9)
+    monkeypatch.setenv("LAYERSWAP_DIRECT_IO", "0")
+    assert not stream.direct_reads(48 * 10**9)
+    monkeypatch.setenv("LAYERSWAP_DIRECT_IO", "yes")
+    with pytest.raises(Exception, match="auto, 0 or 1"):
+        stream.direct_reads(1)

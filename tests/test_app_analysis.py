@@ -118,3 +118,45 @@ def test_invalid_plan_drops_overlay_and_merged_panel(client, loaded):
     fig, summary, *_ = heatmap(client, ["math", "merged"], plan=(L, 2, 1, 1, "flat", 0.5, "neighbour"))
     assert "No plan overlay" in summary and f"exceeds the model's {L} layers" in summary
     assert [d["name"] for d in fig["data"]] == ["math expert vs base"] and not fig["layout"].get("shapes")
+
+
+def test_lens_panel_matches_the_library(client, loaded):
+    """The analysis tab's lens on the demo: the page's JSON equals `run_lens` on the same models and plan, and the
+    figures outline the plan."""
+    from layerswap.lens import LensConfig, run_lens
+    from layerswap.recipes import Recipe
+    from tests.helpers import DEMO_MGSM
+
+    cks, _ = loaded
+    plan = (2, 0, 0, 0, "flat", 0.5, "neighbour", "swap", "", 4, 0, 0, "all", "layer_swap", 0.5, 1.0, 0.2, 0.9, "1,1", "")
+    summary, curves, grid, js = client.predict("xx", 3, "", "", 4, 0, *plan, api_name="/lens")
+    assert "MGSM xx question 3" in summary and "Token classes:" in summary
+    assert shown(curves)["plot"] and shown(grid)["plot"]
+    got = json.loads(open(shown(js)).read())
+    ref = run_lens(cks["math"].path, cks["lang"].path, Recipe(plan=Plan(b=2, u=0, tb=0, tu=0)),
+                   base=cks["base"].path, config=LensConfig("xx", index=3, batch=4, source=DEMO_MGSM), device="cpu")
+    want = ref.to_json()
+    assert set(got["models"]) == set(want["models"]) == {"math", "lang", "merged", "base"}
+    for role in want["models"]:
+        for g, w in zip(got["models"][role]["layers"], want["models"][role]["layers"]):
+            assert [t for t, _ in g["top"]] == [t for t, _ in w["top"]]
+            for key in ("p_target", "p_english", "p_digits", "alignment", "cka"):
+                assert g[key] == pytest.approx(w[key], abs=1e-4), (role, g["layer"], key)
+    with pytest.raises(Exception, match="less than minimum value 1|batch"):
+        client.predict("xx", 3, "", "", 0, 0, *plan, api_name="/lens")
+
+
+def test_analysis_after_a_build_that_reverts_a_layer(client, loaded):
+    """Build a plan that reverts layer 3, then the analysis: every panel is drawn, and the merged model's
+    layer 3 is the base (zero change), as the library computes it."""
+    cks, an = loaded
+    plan = (2, 1, 1, 1, "flat", 0.5, "neighbour", "swap", "", 2, 0, 0, "all", "layer_swap", 0.5, 1.0, 0.2, 0.9,
+            "1,1", "3")
+    client.predict(*plan, api_name="/build")
+    fig, summary, *_ = heatmap(client, ["math", "lang", "merged"], plan=plan)
+    assert [d["name"] for d in fig["data"]][-1] == "merged model vs base" and "Merged model" in summary
+    mz = np.array([[np.nan if v is None else v for v in row] for row in fig["data"][2]["z"]], dtype=float)
+    merged = an.merged(Plan(b=2, u=1, tb=1, tu=1, revert=(3,)), cks["math"], cks["lang"], cks["base"])
+    np.testing.assert_allclose(mz, an.grid(an.values("merged", "relative", merged=merged)), rtol=1e-9)
+    col = mz[:, 3]
+    assert np.all(col[np.isfinite(col)] == 0.0) and np.isfinite(col).any()

@@ -15,6 +15,7 @@ from layerswap import (
     Checkpoint,
     MethodConfig,
     Plan,
+    Sources,
     UserError,
     __version__,
     export_merge,
@@ -90,7 +91,7 @@ def test_version_plan_and_machine_readable_recipe(hub_export):
     out, *_ = hub_export
     card, prov = (out / "README.md").read_text(), json.loads((out / "layerswap.json").read_text())
     assert f"Built with layerswap {__version__} on {prov['created']}" in card and prov["layerswap_version"] == __version__
-    assert f"- **Plan**: {PLAN.title()}" in card and PLAN.describe(6) in card
+    assert f"- **Plan**: {PLAN.title()}" in card and Sources(PLAN, 6).describe() in card
     assert "- **Method**: Layer swapping" in card
     lw = PLAN.layer_weights(6)
     for i, w in enumerate(lw):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from layerswap import Checkpoint, Plan, UserError, check_compatible, export_merge
-from layerswap.checkpoints import check_pairing
+from layerswap.pairing import check_pairing
 from layerswap.demo import make_tiny_llama
 from tests.helpers import assert_nothing_written, run_cli
 
@@ -147,3 +147,29 @@ def test_revision_of_a_hub_download_is_its_snapshot(trio, tmp_path):
     ck = Checkpoint.from_folder(snap, "me/m")
     assert ck.revision == "0123abcd"
     assert Checkpoint.open(trio["math"]).revision is None
+
+
+def test_one_check_says_the_same_everywhere(trio, stranger, bad, tmp_path):
+    """Export, the workbench, sweeps and `inspect` make the one check (`pairing.check_mergeable`) and say the same."""
+    from layerswap.pairing import check_mergeable
+    from layerswap.sweeps.records import refusal_reason
+    from layerswap.sweeps.spec import ExpertSet
+    from layerswap.workbench import Workbench
+
+    base = Checkpoint.open(trio["base"])
+    for other in (stranger, bad["layers4"]):
+        math, lang = Checkpoint.open(trio["math"]), Checkpoint.open(other)
+        problem = check_mergeable(math, lang, base).problem()
+        assert problem and not check_mergeable(math, Checkpoint.open(trio["lang"]), base).problem()
+        with pytest.raises(UserError) as e:
+            export_merge(math, lang, Plan(b=1, u=1), tmp_path / "o", base=base)
+        assert str(e.value) == problem
+        with pytest.raises(UserError) as e:
+            Workbench(engine="transformers").check(str(trio["math"]), str(other), str(trio["base"]))
+        assert str(e.value) == problem
+        cks = {"math": math, "lang": lang, "base": base}
+        assert refusal_reason(ExpertSet("s", "m", "l", "b"), cks) == problem
+        r = run_cli("inspect", "--math", str(trio["math"]), "--lang", str(other), "--base", str(trio["base"]))
+        assert r.returncode == 1
+    forced = check_mergeable(Checkpoint.open(trio["math"]), Checkpoint.open(stranger), base, force=True)
+    assert forced.pairing.suspicious and forced.problem() is None

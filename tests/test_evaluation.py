@@ -21,7 +21,7 @@ def math_engine(trio):
 
 def test_prompts_follow_lm_eval(mgsm_dir):
     ps = build_prompts("sw", EvalConfig(langs=["sw"], source=str(mgsm_dir)))
-    assert len(ps) == 250 and ps[7].prompt == mgsm.build_prompt(ps[7].item.question, mgsm.get_language("sw"))
+    assert len(ps) == 250 and ps[7].prompt == mgsm.build_prompt(ps[7].question, mgsm.get_language("sw"))
     eight = build_prompts("en", EvalConfig(langs=["en"], shots=8, limit=3, source=str(mgsm_dir)))
     blocks = [p.prompt.split("\n\n") for p in eight]
     assert all(len(b) == 9 for b in blocks)

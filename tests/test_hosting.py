@@ -110,15 +110,16 @@ def test_a_shared_link_goes_through_the_download_checks(fake_hub, monkeypatch):
 
     monkeypatch.setattr(c, "ENDPOINT", fake_hub)
     from layerswap.hub import hub_reachable
-    from layerswap.ui.app import App, AppDefaults
+    from layerswap.ui.context import AppDefaults, Context
+    from layerswap.ui.events import Job
     from layerswap.ui.session import Visitor
 
     hub_reachable.cache_clear()
-    app = App(AppDefaults(math="assets:demo/math", lang="assets:demo/lang", base="assets:demo/base",
+    app = Context(AppDefaults(math="assets:demo/math", lang="assets:demo/lang", base="assets:demo/base",
                           policy=Policy(hosted=True, limits=Limits(download_bytes=50 * 10**9))))
-    visitor = Visitor("link", ("", "big/model", "assets:demo/lang"))  # as `open_page` sets it from ?math=big/model
+    visitor = Visitor(refs=("", "big/model", "assets:demo/lang"))  # as `open_page` sets it from ?math=big/model
     with pytest.raises(UserError, match="more than this server's download cap"):
-        app.workbench(visitor, lambda *a, **k: None)
+        app.workbench(Job(visitor, lambda *a, **k: None))
     hub_reachable.cache_clear()
 
 
@@ -193,15 +194,17 @@ def test_push_on_a_space_uses_only_the_login(monkeypatch):
     """On a Space the visitor's OAuth token is the only one: no login, no push (HF_TOKEN of the owner set)."""
     import gradio as gr
 
-    from layerswap.ui.app import App, AppDefaults
+    from layerswap.ui.context import AppDefaults, Context
+    from layerswap.ui.events import Job
     from layerswap.ui.session import Visitor
+    from layerswap.ui.tabs.push import push
 
     monkeypatch.setenv("SPACE_ID", "owner/space")
     monkeypatch.setenv("HF_TOKEN", "hf_owner_secret_token")
-    app = App(AppDefaults(policy=Policy(hosted=True)))
-    v = Visitor("abc", last_export="/nonexistent-export")
+    app = Context(AppDefaults(policy=Policy(hosted=True)))
+    v = Job(Visitor(last_export="/nonexistent-export"), lambda *a, **k: None)
     with pytest.raises(UserError, match="Log in with your Hugging Face account first"):
-        app.push(v, "me/merge", True, "hf_pasted_token_is_ignored_on_spaces", None, progress=lambda *a, **k: None)
+        push(app, v, "me/merge", True, "hf_pasted_token_is_ignored_on_spaces", None)
     seen = {}
     import layerswap.publish as publish
 
@@ -211,5 +214,5 @@ def test_push_on_a_space_uses_only_the_login(monkeypatch):
 
     monkeypatch.setattr(publish, "push", fake_push)
     with pytest.raises(UserError, match="stop here"):
-        app.push(v, "me/merge", True, "", gr.OAuthToken(token="hf_visitor", scope="write-repos", expires_at=0), progress=lambda *a, **k: None)
+        push(app, v, "me/merge", True, "", gr.OAuthToken(token="hf_visitor", scope="write-repos", expires_at=0))
     assert seen["token"] == "hf_visitor"

@@ -9,9 +9,8 @@ import yaml
 
 from layerswap import Plan, Recipe, UserError
 from layerswap.cli import main as cli
-from layerswap.sweeplog import load_results
-from layerswap.sweepreport import results_table
-from layerswap.sweeps import run_sweep
+from layerswap.sweeps import load_results, run_sweep
+from layerswap.sweeps.report import results_table
 from tests.helpers import DEMO_MGSM
 
 DOCS = [("one plus one is", ["two", "seven"], 0), ("the sky is", ["green", "blue"], 1),

@@ -44,6 +44,17 @@ def test_bf16_merge_matches_plan(trio_bf16, tmp_path, key):
     assert_matches_plan(tmp_path / "o", trio_bf16, plan)
 
 
+def test_blends_in_any_steps_are_the_same_bits(trio_bf16, tmp_path, monkeypatch):
+    """On CPU a blend runs in steps of CPU_STEP inside reads of CHUNK_ELEMS: where they fall changes no bit."""
+    import layerswap.merging as merging
+
+    monkeypatch.setattr(merging, "CHUNK_ELEMS", 3001)
+    monkeypatch.setattr(merging, "CPU_STEP", 1000)
+    plan = PLANS["wide-ramp"]
+    export_merge(Checkpoint.open(trio_bf16["math"]), Checkpoint.open(trio_bf16["lang"]), plan, tmp_path / "o")
+    assert_matches_plan(tmp_path / "o", trio_bf16, plan)
+
+
 def _cli_args(plan: Plan) -> list[str]:
     return ["--b", str(plan.b), "--u", str(plan.u), "--tb", str(plan.tb), "--tu", str(plan.tu),
             "--transition", plan.transition, "--transition-weight", str(plan.transition_weight),
@@ -123,8 +134,8 @@ def test_tied_embeddings_and_biases(tmp_path, tokenizer):
 
 @pytest.mark.parametrize("flags, msg", [
     (["--b", "5", "--u", "2", "--tb", "1", "--tu", "1"], "exceeds the model's 6 layers; reduce them so the sum is at most 6"),
-    (["--b", "-1"], "b must be a whole number >= 0"),
-    (["--b", "1", "--tb", "1", "--transition-weight", "1.2"], "transition_weight must lie in [0, 1]"),
+    (["--b", "-1"], "b must be a whole number from 0 to 4,096 (got '-1')"),
+    (["--b", "1", "--tb", "1", "--transition-weight", "1.2"], "transition weight must lie in [0, 1] (got 1.2)"),
 ])
 def test_invalid_plan_cli(flags, msg, trio, tmp_path):
     r = run_cli("merge", "--math", str(trio["math"]), "--lang", str(trio["lang"]), *flags, "-o", str(tmp_path / "o"))
@@ -177,21 +188,20 @@ def test_streaming_reads_are_bounded(trio, tmp_path, monkeypatch):
 
     monkeypatch.setattr(merging, "CHUNK_ELEMS", 512)
     sizes = []
-    real = Checkpoint.read
+    real = Checkpoint.read_into
 
-    def spy(self, name, start=0, count=None):
-        t = real(self, name, start, count)
-        sizes.append(t.numel())
-        return t
+    def spy(self, name, start, out):
+        real(self, name, start, out)
+        sizes.append(len(out) // 4)  # float32 elements
 
     def no_mmap(*a, **k):
         raise AssertionError("a tensor was memory-mapped whole")
 
-    from layerswap.checkpoints import Pairing
+    from layerswap import pairing
 
-    monkeypatch.setattr(Checkpoint, "read", spy)
+    monkeypatch.setattr(Checkpoint, "read_into", spy)
     monkeypatch.setattr(Checkpoint, "get", no_mmap)
-    monkeypatch.setattr(merging, "check_pairing", lambda *a, **k: Pairing({}, 0.5))  # only the merge's reads
+    monkeypatch.setattr(pairing, "check_pairing", lambda *a, **k: pairing.Pairing({}, 0.5))  # only the merge's reads
     plan = Plan(b=1, u=1, tb=2, tu=2, transition="ramp")
     export_merge(Checkpoint.open(trio["math"]), Checkpoint.open(trio["lang"]), plan, tmp_path / "o")
     assert sizes and max(sizes) == 512  # the 64x128 MLP matrices (8192 elements) went in 16 slices

@@ -126,3 +126,29 @@ def test_offline_hub_fails_fast(monkeypatch):
             mgsm.load("te")
     finally:
         mgsm.hub_reachable.cache_clear()
+
+
+def test_one_prompt_function_for_ask_and_evaluation(monkeypatch):
+    """`mgsm.prompt_for` gives a set question exactly as the evaluation prompts it (the few-shot exemplars
+    lm-eval's shared sampler draws for that question), with its gold answer; free text gets the first draw."""
+    from tests.helpers import DEMO_MGSM
+
+    items = mgsm.load("en", DEMO_MGSM)
+    for shots, mode in ((0, "native_cot"), (3, "native_cot"), (2, "direct")):
+        every = mgsm.prompts("en", shots=shots, mode=mode, source=DEMO_MGSM)
+        for i in (0, 4, len(items) - 1):
+            p = mgsm.prompt_for("en", index=i, shots=shots, mode=mode, source=DEMO_MGSM)
+            assert p == every[i] and p.gold == items[i].answer and p.index == i and p.mode == mode
+            assert p.prompt.endswith(mgsm.build_prompt(items[i].question, p.language, mode=mode).split("\n\n")[-1])
+    free = mgsm.prompt_for("en", question="  Tom has 3 apples. How many? ", shots=3, source=DEMO_MGSM)
+    first = mgsm.prompts("en", limit=1, shots=3, source=DEMO_MGSM)[0]
+    assert free.gold is None and free.prompt.split("\n\n")[:3] == first.prompt.split("\n\n")[:3]
+    assert free.prompt.endswith("Question: Tom has 3 apples. How many?\nStep-by-Step Answer:")
+    # the data folder of $LAYERSWAP_MGSM_DIR defines its own languages for every caller, not only the evaluation
+    monkeypatch.setenv("LAYERSWAP_MGSM_DIR", str(DEMO_MGSM))
+    assert mgsm.prompt_for("xx", index=0).language.code == "xx"
+    assert mgsm.prompt_for("xx", question="free text").language.code == "xx"
+    with pytest.raises(UserError, match="question must be a whole number"):
+        mgsm.prompt_for("en", index=len(items))
+    # the prompt scores in its own mode: strict is the whole output in direct mode
+    assert mgsm.prompt_for("en", index=0, mode="direct", source=DEMO_MGSM).score(f" {items[0].answer}").strict_correct

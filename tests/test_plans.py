@@ -1,6 +1,6 @@
 import pytest
 
-from layerswap import Plan, UserError
+from layerswap import Plan, Sources, UserError
 from layerswap.plans import default_plan
 
 
@@ -58,9 +58,11 @@ def test_default_plan_scales():
 
 
 def test_describe():
-    assert Plan(b=1, u=1, tb=1, tu=0).describe(4).splitlines() == [
+    assert Sources(Plan(b=1, u=1, tb=1, tu=0), 4).describe().splitlines() == [
         "layer 0: language expert", "layer 1: blend 0.50 lang / 0.50 math", "layer 2: math expert",
         "layer 3: language expert"]
+    assert Sources(Plan(b=1, u=1, tb=1, tu=0, revert=(1, 2)), 4).describe().splitlines() == [
+        "layer 0: language expert", "layers 1-2: base model (fine-tuning reverted)", "layer 3: language expert"]
 
 
 def test_other_map_kinds():
@@ -84,7 +86,7 @@ def test_per_module_weights():
     assert p.tensor_weight(0, "q_proj.bias", lw) == 1
     q = p.with_(modules="mlp")
     assert q.tensor_weight(3, "down_proj", lw) == 1 and q.tensor_weight(3, "v_proj", lw) == 0
-    assert "attention only" in p.describe(4) and "attention only" in p.title()
+    assert "attention only" in Sources(p, 4).describe() and "attention only" in p.title()
 
 
 @pytest.mark.parametrize("plan, msg", [

@@ -97,12 +97,14 @@ def test_reverted_layers_on_the_strip_and_the_overlay(setup):
 
     an = setup[1]
     plan = Plan(b=1, u=1, tb=1, tu=0, revert=(3,))
-    fig = layer_strip(plan.layer_weights(an.num_layers), reverted=plan.reverted())
+    fig = layer_strip(plan, an.num_layers)
     assert fig.data[0].z[0][3] is None and fig.data[1].text[0][3] == "B" and fig.data[1].z[0][2] is None
     heat = analysis_heatmaps(an, ["math", "lang"], plan=plan)
     dashed = [s for s in heat.layout.shapes if s.line.dash == "dash"]
     assert len(dashed) == 2 and {(s.x0, s.x1) for s in dashed} == {(2.5, 3.5)}
     assert all(s.line.color == BASE_COLOR for s in dashed)
     assert "reverted to the base" in heat.layout.title.text
-    with pytest.raises(UserError, match="not computed for plans that revert"):
-        an.merged(plan, setup[0]["math"], setup[0]["lang"], setup[0]["base"])
+    ms = an.merged(plan, setup[0]["math"], setup[0]["lang"], setup[0]["base"])  # a reverted layer is the base
+    fig = analysis_heatmaps(an, ["merged", "merged-math"], merged=ms, plan=plan)
+    col3 = [row[3] for row in fig.data[0].z]
+    assert col3 and all(v == 0.0 for v in col3)

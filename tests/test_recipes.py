@@ -53,6 +53,12 @@ def test_hand_written_files(tmp_path):
     ("method: {name: soup, weight: 2}\n", "weight must lie in"),
     ("plan: [1, 2]\n", "plan is a mapping"),
     ("method: soup\n  bad: : indent\n", "not valid YAML"),
+    # every value is read by its field in the recipe-field table (layerswap.fields), bounds first
+    ("plan: {b: 1, revert: 0-2000000000}\n", "Layer 2000000000 is outside"),
+    ("plan: {b: 1, transition_weight: 2}\n", "transition weight must lie in"),
+    ("plan: {kind: weights, weights: [0.5, 1.5]}\n", "layer weights must lie in"),
+    ("method: {name: ties, density: 0}\n", "density must lie in"),
+    ("method: {name: dare_ties, seed: '3'}\n", "method seed is a whole number"),
 ])
 def test_clear_errors(text, message, tmp_path):
     f = tmp_path / "r.yaml"

@@ -12,7 +12,8 @@ from layerswap.hosting import Policy
 from layerswap.plans import Plan
 from layerswap.recipes import Recipe
 from layerswap.ui.events import guarded
-from layerswap.ui.session import Shared, safe_sid
+from layerswap.ui import session
+from layerswap.ui.session import Shared
 from layerswap.workbench import Workbench
 from tests.helpers import make_trio
 
@@ -50,15 +51,30 @@ def test_capacity_drops_the_oldest_trio_only_after_the_new_one_passed_its_checks
         s.close()
 
 
-def test_visitor_folders_and_flags(shared):
-    assert safe_sid("../../etc/passwd") == "etcpasswd" and safe_sid(None) == "anonymous"
-    d = shared.folder("../../x")
-    assert d.parent == shared.root and d.name == "x"
-    flag = shared.cancel_flag("a")
-    assert flag is shared.cancel_flag("a") and flag is not shared.cancel_flag("b")
+def test_visitors_come_from_the_server(shared, monkeypatch):
+    """One visitor per session, with a server-made id naming its folder; no session: a fresh one each time."""
+    a = shared.visitor("session-a", ("b", "m", "l"))
+    assert shared.visitor("session-a") is a and a.refs == ("b", "m", "l")
+    assert shared.visitor("session-b") is not a and shared.visitor(None) is not shared.visitor(None)
+    assert len(a.sid) == 32 and "session" not in a.sid
+    hostile = shared.visitor("../../etc/passwd" + "x" * 10_000)  # any hash: only its digest is kept
+    d = shared.folder(hostile)
+    assert d.parent == shared.root and d.name == hostile.sid
+    assert not a.stop.is_set() and hostile.stop is not a.stop
     (d / "f").write_text("x")
-    shared.end("../../x")
-    assert not d.exists()
+    shared.end("../../etc/passwd" + "x" * 10_000)
+    assert not d.exists() and hostile.stop.is_set()  # a closed tab's job stops, its files go
+
+
+def test_visitors_are_bounded_and_busy_ones_stay(shared, monkeypatch):
+    monkeypatch.setattr(session, "MAX_VISITORS", 3)
+    first = shared.visitor("first")
+    first.busy = 1  # a job is running for it
+    d = shared.folder(shared.visitor("second"))
+    for i in range(5):
+        shared.visitor(f"other-{i}")
+    assert len(shared._visitors) == 3 and shared.visitor("first") is first  # kept while busy
+    assert not d.exists()  # the idle visitors seen longest ago went, with their folders
 
 
 def test_memory_precheck_refuses_with_the_numbers():

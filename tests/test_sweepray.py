@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from layerswap.sweeplog import load_results
-from layerswap.sweeps import run_sweep, sweep_results
+from layerswap.sweeps import load_results, run_sweep, sweep_results
 from tests.helpers import DEMO_MGSM
 
 
 def test_two_actors_give_the_sequential_results(tmp_path, trio):
     pytest.importorskip("ray", reason="Ray is not installed: pip install ray")
-    from layerswap.sweepray import run_sweep_ray
+    from layerswap.sweeps.ray import run_sweep_ray
 
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({
@@ -39,7 +38,7 @@ def test_actors_get_the_gpus_their_tensor_parallel_engines_span(tmp_path, trio):
     """A sweep whose engine spans 2 GPUs refuses actors with fewer, before any Ray cluster starts."""
     pytest.importorskip("ray", reason="Ray is not installed: pip install ray")
     from layerswap import UserError
-    from layerswap.sweepray import run_sweep_ray
+    from layerswap.sweeps.ray import run_sweep_ray
 
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({

@@ -19,9 +19,8 @@ from layerswap.cli import main as cli
 from layerswap.demo import make_tiny_llama, perturb
 from layerswap.evaluation import EvalConfig
 from layerswap.checkpoints import Checkpoint
-from layerswap.sweepfiles import SweepPoint, load_spec
-from layerswap.sweeplog import ResultsLog, load_results
-from layerswap.sweepreport import (accuracy_heatmap, recipe_bars, results_table, stats_table, sweep_curves,
+from layerswap.sweeps import ResultsLog, SweepPoint, load_results, load_spec
+from layerswap.sweeps.report import (accuracy_heatmap, recipe_bars, results_table, stats_table, sweep_curves,
                                    table_text, write_csv, write_html)
 from layerswap.sweeps import ablation_suite, evaluate_points, run_sweep, swap_grid
 from layerswap.workbench import Workbench
@@ -265,7 +264,7 @@ def test_grids_and_suites():
 def test_shipped_sweep_files(name, tmp_path):
     import dataclasses
 
-    from layerswap.sweepfiles import fit_points
+    from layerswap.sweeps.spec import fit_points
 
     spec = load_spec(REPO / "assets" / "sweeps" / f"{name}.yaml")
     fit_points(spec.points, Checkpoint.open(REPO / "assets" / "demo" / "math").num_layers)  # fits the organism
@@ -314,7 +313,7 @@ def test_a_results_file_is_reused_from_another_clone(tmp_path, trio, monkeypatch
 
 
 def test_exact_intervals_paired_average_and_comparisons(tmp_path, trio):
-    from layerswap.sweepreport import paired_comparison, scores
+    from layerswap.sweeps.report import paired_comparison, scores
 
     run = run_sweep(_sweep_file(tmp_path, trio, eval={"limit": 4, "max_new_tokens": 4}), tmp_path / "r.jsonl")
     r = next(x for x in run.rows if x["kind"] == "merge")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 
@@ -108,3 +109,35 @@ def test_it_is_the_only_safetensors_parser():
         text = path.read_text()
         for needle in ("struct.unpack", "safe_open(", "os.preadv", "os.copy_file_range", "os.pwrite"):
             assert needle not in text, f"{path.relative_to(REPO)} uses {needle}"
+
+
+def test_aligned_reads_give_the_bytes_asked_for(tmp_path, monkeypatch):
+    """Files(direct=True).read_aligned: whole aligned blocks around any range, also at the file's end,
+    and plain reads where the file system refuses O_DIRECT."""
+    import mmap
+
+    from layerswap.tensorfile import ALIGN, Files
+
+    data = bytes(range(256)) * 200 + b"tail"  # 51204 bytes: the end is not block-aligned
+    f = tmp_path / "x.bin"
+    f.write_bytes(data)
+    buf = mmap.mmap(-1, 3 * ALIGN + 2 * ALIGN + 51204)  # page-aligned
+    view = memoryview(buf)
+    for direct in (True, False):
+        with Files(direct=direct) as files:
+            for off, n in ((0, 10), (5, 4091), (4096, 4096), (4095, 2), (51200, 4), (12345, 30000), (0, 51204)):
+                d = files.read_aligned(f, view, off, n, what="t")
+                assert bytes(view[d:d + n]) == data[off:off + n], (direct, off, n)
+            with pytest.raises(UserError, match="truncated"):
+                files.read_aligned(f, view, 51200, 100, what="t")
+    real_open = os.open
+
+    def no_direct(path, flags, *a):
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(22, "Invalid argument")
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    with Files(direct=True) as files:
+        d = files.read_aligned(f, view, 7, 100, what="t")
+        assert bytes(view[d:d + 100]) == data[7:107]

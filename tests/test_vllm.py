@@ -93,6 +93,7 @@ def test_workbench_serves_all_three_on_one_engine(engine, vllm_trio, mgsm_dir, t
     merged_answers = []
     for plan in plans:
         wb.build(plan)
+        assert not (wb._merge_dir / "README.md").exists()  # the scratch merge vLLM loads has no card to render
         answers = wb.ask_mgsm("sw", 3, source=mgsm_dir, max_new_tokens=NEW)
         assert [a.engine for a in answers] == ["vllm"] * 3 and wb.engines["merged"].engine is eng
         # the merged model answers exactly as transformers does on the same merge written to disk

@@ -50,12 +50,13 @@ under ``$LAYERSWAP_CACHE/analysis`` (default ``~/.cache/layerswap/analysis``), k
 checkpoints' fingerprints (file names, sizes, mtimes and header bytes).
 
 Where each part lives (each module imports only those above it; torch is loaded only by
-`kernels` and `passes`, when something is computed):
+`kernels`, `compiled` and `passes`, when something is computed, numba only by `_numba`):
 
     records    panels and metrics, TensorMeta, TopK, RunInfo, which computed k a query means
     bins       the |Δ| histogram bins and the per-tensor histograms (Hist)
     stream     ChunkStream: slices of the same tensors from several checkpoints, read ahead
-    kernels    the per-slice arithmetic and the handler each pass feeds
+    kernels    the per-slice arithmetic (torch) and the handler each pass feeds
+    compiled   the main pass on CPU as one compiled loop (numba, when installed; `_numba` holds the loops)
     passes     the sample, the main pass, the exact fallback passes, the threaded driver
     suggest    the plan suggestion (PlanSuggestion, SUGGEST_RULE)
     merged     the merged model's statistics (MergedStats, MergedTopK)

@@ -18,6 +18,9 @@ from ..roles import EXPERTS
 from .bins import NBINS, SUB_BINS, Hist, bin_index, first_bits
 
 
+MAX_WINDOW_BINS = 16  # widest window (the compiled pass counts its entries densely: 1M patterns = 8 MiB)
+
+
 @dataclass
 class Window:
     """Bins [lo, hi) whose entries are kept exactly; bins >= hi are surely in the top set.

@@ -6,6 +6,7 @@ import math
 import threading
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -14,8 +15,9 @@ import torch
 from ..checkpoints import Checkpoint
 from ..roles import EXPERTS
 from ..runtime import Progress
+from . import compiled
 from .bins import NBINS, SUB_BINS, Hist, as_float32, bin_index, boundary_bin, first_bits
-from .kernels import CountPass, MainPass, ThresholdPass, Window
+from .kernels import MAX_WINDOW_BINS, CountPass, MainPass, ThresholdPass, Window
 from .records import TensorMeta, TopK
 from .stream import ChunkStream
 
@@ -48,7 +50,11 @@ def compute(cks: list[Checkpoint], tensors: list[TensorMeta], ks: Sequence[float
         est, raw, nb, sample_n = sample(cks, tensors, sample_fraction, sample_max_entries, sample_block)
         nbytes += nb
         windows = {k: {r: window_from_sample(est[r], raw[r], Ks[k], max_kept) for r in EXPERTS} for k in ks}
-    ps, nb = run_pass(cks, tensors, lambda: MainPass(len(tensors), windows, dev, chunk, max(1, max_kept // workers)),
+    if compiled.use_compiled(dev, N):
+        main = partial(compiled.CompiledMainPass, lanes=compiled.lanes_for(workers))
+    else:
+        main = MainPass
+    ps, nb = run_pass(cks, tensors, lambda: main(len(tensors), windows, dev, chunk, max(1, max_kept // workers)),
                       dev, chunk, progress, "statistics", 0.02, 0.95 if ks else 1.0, workers)
     ps.max_kept = max_kept
     nbytes += nb
@@ -117,6 +123,10 @@ def run_pass(cks: list[Checkpoint], tensors: Sequence[TensorMeta], make_handler:
                 nbytes[g] = s.bytes_read
         except BaseException as e:  # raised in the calling thread
             errors.append(e)
+        finally:
+            close = getattr(h, "close", None)  # a handler with threads of its own (compiled.CompiledMainPass)
+            if close is not None:
+                close()
 
     if len(groups) == 1:
         work(0, True)
@@ -198,7 +208,12 @@ def window_from_sample(est: np.ndarray, raw: np.ndarray, K: int, max_kept: int) 
     hi = int(ge_hi[-1]) + 1 if len(ge_hi) else 1
     lo = int(ge_lo[-1]) if len(ge_lo) else 1
     hi, lo = max(hi, 1), max(lo, 1)
-    return Window(min(lo, hi), hi)
+    lo = min(lo, hi)
+    if hi - lo > MAX_WINDOW_BINS:  # a flat stretch of the distribution: keep the bins nearest the estimate
+        mid = int(b_star[-1]) if len(b_star) else lo
+        lo = max(lo, min(mid - MAX_WINDOW_BINS // 2, hi - MAX_WINDOW_BINS))
+        hi = lo + MAX_WINDOW_BINS
+    return Window(lo, hi)
 
 
 # ---- exact top-k% from the main pass, or from two more passes ---------------------------------------

@@ -16,6 +16,7 @@ from ..errors import UserError
 from ..plans import Plan
 from ..roles import EXPERTS, ROLE_NAMES
 from ..runtime import Progress
+from ..sources import Sources
 from . import store
 from .bins import Hist
 from .merged import MergedStats, merged_stats
@@ -233,6 +234,8 @@ class Analysis:
             row = {"tensor": t.name, "layer": t.layer, "ptype": t.ptype, "shape": "x".join(map(str, t.shape)),
                    "numel": t.numel}
             row.update({c: _num(v[i]) for c, v in cols.items()})
+            if merged is not None:
+                row["merged_source"] = merged.sources[i].label()
             out.append(row)
         return out
 
@@ -318,17 +321,13 @@ class Analysis:
 
     def merged(self, plan: Plan, math: Checkpoint, lang: Checkpoint, base: Checkpoint, *, device: str = "cpu",
                progress: Progress | None = None) -> MergedStats:
-        """The layer-swapped model (as `export_merge` writes it) against base and both experts."""
-        if plan.revert:
-            raise UserError("Merged-model statistics are not computed for plans that revert layers to the base; "
-                            "show the expert panels only (the overlay still marks the reverted layers).")
-        L = self.num_layers
-        lw = plan.layer_weights(L)
-        weights = np.asarray([plan.tensor_weight(t.layer, t.ptype, lw, self.arch) for t in self.tensors], dtype=float)
-        key = tuple(weights.tolist())
-        if key not in self._merged:
-            self._merged[key] = merged_stats(self, plan, weights, math, lang, base, device, progress)
-        ms = self._merged[key]
+        """The layer-swapped model (as `export_merge` writes it) against base and both experts; where each
+        tensor comes from is the planner's answer (`layerswap.sources`), reverted layers included."""
+        src = Sources(plan, self.num_layers, self.arch).of(t.name for t in self.tensors)
+        sources = tuple(src[t.name] for t in self.tensors)
+        if sources not in self._merged:
+            self._merged[sources] = merged_stats(self, plan, list(sources), math, lang, base, device, progress)
+        ms = self._merged[sources]
         ms.plan = plan
         return ms
 

@@ -1,17 +1,20 @@
-"""The command line's shared option groups, and the library objects built from parsed options."""
+"""The command line's shared option groups, the library objects built from parsed options, and the
+helpers several commands share (opening checkpoints, checking output files, printing a recipe, progress)."""
 
 from __future__ import annotations
 
 import argparse
 import re
 import sys
+import textwrap
 
-from ..checkpoints import BASE_DISTANCE_THRESHOLD
-from ..engines import ENGINE_CHOICES, SERVING_CHOICES
+from ..pairing import BASE_DISTANCE_THRESHOLD
+from ..engines import ENGINE_CHOICES, SERVING_CHOICES, EngineSettings
 from ..errors import UserError
-from ..methods import METHODS
-from ..plans import KINDS, MODULES, NON_LAYER_OPTIONS, TRANSITIONS
+from ..fields import FIELDS
+from ..plans import parse_layers
 from ..recipes import Recipe
+from ..sources import Sources
 
 DEVICE_HELP = "cpu, cuda or auto (default auto: cuda when torch sees a GPU)"
 
@@ -33,63 +36,46 @@ def parse_size(s: str) -> int:
 
 
 def int_list(spec: str, what: str) -> list[int]:
-    """'0,1,2' or '0-3' (inclusive) -> ints."""
-    out: list[int] = []
+    """'0,1,2' or '0-3' (inclusive) -> sorted unique ints, each a possible layer count (`plans.parse_layers`)."""
     try:
-        for part in spec.split(","):
-            if "-" in part.strip()[1:]:
-                lo, hi = part.split("-")
-                out += list(range(int(lo), int(hi) + 1))
-            elif part.strip():
-                out.append(int(part))
-    except ValueError:
-        raise UserError(f"{what} takes numbers like 0,1,2 or 0-3 (got {spec!r}).") from None
-    return out
+        return list(parse_layers(spec))
+    except UserError as e:
+        raise UserError(f"{what}: {e}") from None
 
 
 # ---- option groups ---------------------------------------------------------------------------------
 
-def models(p: argparse.ArgumentParser, base_required: bool = False) -> None:
-    p.add_argument("--math", required=True, metavar="M", help="math expert: local folder or Hub id")
-    p.add_argument("--lang", required=True, metavar="L", help="language expert: local folder or Hub id")
-    p.add_argument("--base", required=base_required, metavar="B", help="base model both experts were tuned from")
+def models(p: argparse.ArgumentParser, base_required: bool = False, optional: str = "") -> None:
+    """--math, --lang (required unless `optional` says what they are for) and --base."""
+    p.add_argument("--math", required=not optional, metavar="M", help=f"{optional}math expert: local folder or Hub id")
+    p.add_argument("--lang", required=not optional, metavar="L", help=f"{optional}language expert")
+    p.add_argument("--base", required=base_required, metavar="B", help=f"{optional}base model both experts were tuned "
+                   "from")
+
+
+GROUPS = {"plan": "plan (defaults: the literature's b=5 u=2 tb=1 tu=1 at 32 layers, scaled to the model)",
+          "maps": "other layer maps (ablations)",
+          "method": "merge method (default layer_swap; the others are the paper's baselines)"}
+_TYPES = {"int": int, "float": float}
+
+
+def _field_options(p: argparse.ArgumentParser, *groups: str) -> None:
+    """The recipe-field table's flags of these groups (`layerswap.fields`); values are read and bounded by
+    `Recipe.from_values`, so argparse only converts numbers."""
+    for group in groups:
+        g = p.add_argument_group(GROUPS[group])
+        for f in FIELDS:
+            if f.group == group:
+                g.add_argument(f.flag, dest=f.dest, type=_TYPES.get(f.kind, str), metavar=f.metavar,
+                               choices=list(f.choices) if f.choices else None, help=f.help)
 
 
 def plan_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("plan (defaults: the literature's b=5 u=2 tb=1 tu=1 at 32 layers, scaled to the model)")
-    g.add_argument("--b", type=int, help="bottom layers taken from the language expert")
-    g.add_argument("--u", type=int, help="top layers taken from the language expert")
-    g.add_argument("--tb", type=int, help="bottom transition layers (blends)")
-    g.add_argument("--tu", type=int, help="top transition layers (blends)")
-    g.add_argument("--transition", choices=TRANSITIONS,
-                   help="flat: every transition layer uses --transition-weight; ramp: linear steps (default flat)")
-    g.add_argument("--transition-weight", type=float, metavar="W",
-                   help="language-expert weight of flat transition layers (default 0.5)")
-    g.add_argument("--non-layer", choices=NON_LAYER_OPTIONS,
-                   help="embeddings / final norm / lm_head: neighbour (embeddings follow layer 0, norm and "
-                        "lm_head follow the last layer), math, lang or avg (default neighbour)")
-    g = p.add_argument_group("other layer maps (ablations)")
-    g.add_argument("--map", choices=KINDS,
-                   help="swap (b/u/tb/tu, default), weights (--layer-weights), middle / random (--map-k), alternating")
-    g.add_argument("--layer-weights", metavar="W0,W1,...", help="language-expert weight of every layer (--map weights)")
-    g.add_argument("--map-k", type=int, help="number of layers from the language expert (--map middle/random)")
-    g.add_argument("--offset", type=int, choices=[0, 1], help="first language layer (--map alternating; default 0)")
-    g.add_argument("--modules", choices=MODULES,
-                   help="apply the map to attention only or MLP only; the rest stays with the math expert (default all)")
-    g.add_argument("--revert", metavar="LAYERS",
-                   help="layers taken from the base model instead (their fine-tuning reverted), e.g. 3-4,7; needs --base")
-    g.add_argument("--seed", type=int, help="seed for --map random and DARE (default 0)")
+    _field_options(p, "plan", "maps")
 
 
 def method_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("merge method (default layer_swap; the others are the paper's baselines)")
-    g.add_argument("--method", choices=list(METHODS), help="default layer_swap")
-    g.add_argument("--weight", type=float, help="soup: language expert's share (default 0.5)")
-    g.add_argument("--expert-weights", metavar="WM,WL",
-                   help="task arithmetic / TIES / DARE: weights of the math and language task vectors (default 1,1)")
-    g.add_argument("--lambda", dest="lam", type=float, help="task-vector scale (default 1.0)")
-    g.add_argument("--density", type=float, help="TIES: fraction of each task vector kept (default 0.2)")
-    g.add_argument("--drop-rate", type=float, help="DARE: drop probability (default 0.9)")
+    _field_options(p, "method")
 
 
 def recipe_options(p: argparse.ArgumentParser) -> None:
@@ -137,26 +123,64 @@ def engine_options(p: argparse.ArgumentParser) -> None:
 
 # ---- library objects from options -----------------------------------------------------------------
 
-# flag -> Recipe.from_values argument
-_RECIPE_FLAGS = {"method": "method", "b": "b", "u": "u", "tb": "tb", "tu": "tu", "transition": "transition",
-                 "transition_weight": "transition_weight", "non_layer": "non_layer", "map": "kind",
-                 "layer_weights": "layer_weights", "map_k": "k", "seed": "seed", "offset": "offset",
-                 "modules": "modules", "revert": "revert", "weight": "weight", "expert_weights": "expert_weights",
-                 "lam": "lam", "density": "density", "drop_rate": "drop_rate"}
-
-
 def recipe_from(args, num_layers: int) -> Recipe:
     """The recipe of a command: from --recipe FILE, or from the plan and method flags (defaults filled in)."""
-    given = {v: getattr(args, k) for k, v in _RECIPE_FLAGS.items() if getattr(args, k, None) is not None}
+    given = {f: getattr(args, f.dest) for f in FIELDS if getattr(args, f.dest, None) is not None}
     if getattr(args, "recipe", None):
         if given:
-            flags = ", ".join("--" + k.replace("_", "-") for k in _RECIPE_FLAGS if getattr(args, k, None) is not None)
-            raise UserError(f"--recipe {args.recipe} already says the whole recipe; drop {flags} "
-                            "(or edit the file).")
+            raise UserError(f"--recipe {args.recipe} already says the whole recipe; drop "
+                            f"{', '.join(f.flag for f in given)} (or edit the file).")
         r = Recipe.load(args.recipe)
         r.validate(num_layers)
         return r
-    return Recipe.from_values(num_layers=num_layers, **given)
+    return Recipe.from_values(num_layers=num_layers, **{f.name: v for f, v in given.items()})
+
+
+def open_checkpoint(ref: str | None):
+    from ..checkpoints import Checkpoint
+
+    return Checkpoint.open(ref) if ref else None
+
+
+def open_trio(args):
+    """--math, --lang, --base opened (base first, so adapters given as experts merge into it)."""
+    from ..adapters import open_expert
+
+    base = open_checkpoint(args.base)
+    return open_expert(args.math, args.base), open_expert(args.lang, args.base), base
+
+
+def check_outputs(outs, *checkpoints, extra=()) -> None:
+    """Refuse file outputs that are, or sit inside, an input, before any long work starts."""
+    from ..outputs import check_output_file, input_paths
+
+    inputs = input_paths(*checkpoints, extra=extra)
+    for out in outs:
+        if out and out != "-":
+            check_output_file(out, inputs)
+
+
+def print_recipe(recipe: Recipe, num_layers: int) -> None:
+    if recipe.plan is not None:
+        print(f"plan: {recipe.plan.title()} ({num_layers} layers)")
+        print(textwrap.indent(Sources(recipe, num_layers).describe(), "  "))
+    else:
+        print(f"method: {recipe.method.describe()}")
+
+
+def engine_settings(args, chat_template: bool | None = False) -> EngineSettings:
+    """The engine options as `EngineSettings` (`chat_template`: the default when --chat-template is not
+    given; None uses the tokenizer's template when it has one)."""
+    return EngineSettings(engine=args.engine, device=args.device, serving=args.serving,
+                          chat_template=True if args.chat_template else chat_template,
+                          max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size)
+
+
+def workbench(args, chat_template: bool | None = False):
+    """The session behind ask and eval, from the engine options (`Workbench.from_settings`)."""
+    from ..workbench import Workbench
+
+    return Workbench.from_settings(engine_settings(args, chat_template))
 
 
 def eval_config(args):

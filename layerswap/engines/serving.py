@@ -18,10 +18,12 @@ either returns per-engine settings or raises a `UserError` that says what to cha
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from ..checkpoints import Checkpoint, text_config
 from ..errors import UserError
+from ..runtime import ram_available
 from .vllm_engine import VLLMSettings
 
 GiB = 2**30
@@ -72,21 +74,23 @@ def _gib(n: float) -> str:
 
 
 def available_memory(device: str, gpus: int = 1) -> int:
-    """Free GPU memory (CUDA; the least free of the first `gpus` GPUs) or available RAM (CPU backend), in bytes."""
+    """Free GPU memory (CUDA; the least free of the first `gpus` GPUs) or available RAM (CPU backend), in bytes;
+    ``$LAYERSWAP_AVAILABLE_MEMORY`` (bytes) caps it, so a test can play a small machine."""
+    cap = os.environ.get("LAYERSWAP_AVAILABLE_MEMORY")
+    have = _available(device, gpus)
+    return min(have, int(float(cap))) if cap else have
+
+
+def _available(device: str, gpus: int) -> int:
     if device != "cpu":
         import torch
 
         return int(min(torch.cuda.mem_get_info(i)[0] for i in range(max(1, gpus))))
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import psutil
-
-    return int(psutil.virtual_memory().available)
+    ram = ram_available()
+    if ram is None:
+        raise UserError("Cannot tell how much memory this machine has available (no /proc/meminfo, no psutil): "
+                        "pip install psutil.")
+    return ram
 
 
 def check_memory(need: int, device: str, what: str) -> None:

@@ -1,5 +1,10 @@
 """How the page's events reach the library and back.
 
+`event(fn, visitors, policy)` makes a handler `fn(job, *values)` a Gradio event: Gradio fills in the
+request, and the caller's `Visitor` comes from the server's session (`Shared.visitor`), never from an
+argument, so two API clients never share an identity, a Stop flag, a folder or an export. The `Job`
+gives the handler its visitor and a progress callback that ends the job once the visitor pressed Stop.
+
 A library error (`UserError`) becomes a dialog with its fix; an unexpected one (out of memory, a
 disk error) a readable dialog too, never a bare "Error". In hosted mode, server paths are removed
 from messages and from the text an event returns.
@@ -9,11 +14,93 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
+import typing
+from dataclasses import dataclass, field
+from typing import Callable
 
 import gradio as gr
 
 from ..errors import UserError
 from ..hosting import Policy
+from ..runtime import Progress
+from .session import Visitor
+
+STOPPED = "Stopped. Nothing was changed; the models stay loaded."
+
+
+@dataclass
+class Job:
+    """One event's caller and progress: `progress(fraction, text)` moves the page's bar and raises
+    `UserError` once the visitor pressed Stop (the library's callbacks take it as it is)."""
+
+    visitor: Visitor
+    bar: Callable
+    request: gr.Request | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+    def progress(self, fraction: float, desc: str = "") -> None:
+        if self.visitor.stop.is_set():
+            raise UserError(STOPPED)
+        self.bar(fraction, desc=desc + self.time_left(fraction))
+
+    def time_left(self, fraction: float) -> str:
+        """`` · about N s left`` once the job is far enough along to say."""
+        if fraction < 0.05:
+            return ""
+        left = (time.perf_counter() - self.started) * (1 - fraction) / fraction
+        return f" · about {left:.0f} s left" if left < 120 else f" · about {left / 60:.0f} min left"
+
+    def part(self, start: float, end: float) -> Progress:
+        """Progress for one stage of the job, mapped to [start, end] of the bar."""
+        return lambda f, d: self.progress(start + (end - start) * f, d)
+
+
+def event(fn: Callable, visitor_of: Callable[[str | None], Visitor], policy: Policy | None = None, *,
+          clear_stop: bool = True, wrap: Callable | None = None, rest: tuple[str, ...] = ()) -> Callable:
+    """A Gradio handler for `fn(job, *values)`: the visitor of the request's session (a fresh one for a caller
+    without a session), its Stop flag cleared first unless `clear_stop` is False (the Stop buttons), errors
+    made readable (`guarded`). `wrap` (e.g. ZeroGPU's `spaces.GPU`) wraps the handler first. The handler
+    keeps `fn`'s parameter names, so the API's argument names and order are `fn`'s; `rest` names the values
+    that `fn` takes as ``*values`` (the plan controls), so API clients see those names too."""
+    pos = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    if rest and params and params[-1].kind == inspect.Parameter.VAR_POSITIONAL:
+        taken = {q.name for q in params}
+        params = params[:-1] + [inspect.Parameter(f"plan_{n}" if n in taken else n, pos) for n in rest]
+    hints = typing.get_type_hints(getattr(fn, "func", fn))  # a functools.partial: its function's
+
+    def start(request: gr.Request | None, progress) -> Job:
+        v = visitor_of(getattr(request, "session_hash", None))
+        if clear_stop:
+            v.stop.clear()
+        v.busy += 1
+        return Job(v, progress, request)
+
+    if inspect.isgeneratorfunction(fn):
+        def handler(request: gr.Request, progress=gr.Progress(), *values):
+            job = start(request, progress)
+            try:
+                yield from fn(job, *values)
+            finally:
+                job.visitor.busy -= 1
+    else:
+        def handler(request: gr.Request, progress=gr.Progress(), *values):
+            job = start(request, progress)
+            try:
+                return fn(job, *values)
+            finally:
+                job.visitor.busy -= 1
+
+    # what Gradio reads: request and progress first (it fills them in), then `fn`'s own parameters (some
+    # without defaults after progress's, which only a signature built without validation can say)
+    handler.__signature__ = inspect.Signature(
+        [inspect.Parameter("request", pos, annotation=gr.Request), inspect.Parameter("progress", pos, default=gr.Progress()),
+         *(q.replace(annotation=hints.get(q.name, q.annotation)) for q in params)], __validate_parameters__=False)
+    handler.__annotations__ = {"request": gr.Request, **{q.name: hints[q.name] for q in params if q.name in hints}}
+    handler.__name__ = handler.__qualname__ = getattr(getattr(fn, "func", fn), "__name__", "handler")
+    handler.layerswap_event = True  # tests/test_hostile_inputs.py: every API event resolves its caller so
+    return guarded(wrap(handler) if wrap else handler, policy)
 
 
 def _message(e: BaseException) -> str:

@@ -41,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
     from ..hosting import Policy, forbid_implicit_token, gpu_mode
     from .app import AppDefaults, create_app
 
+    from ..scratch import clean_stale
+
+    for d in clean_stale():  # scratch merges and visitor folders of an earlier run that was killed
+        print(f"removed a stale scratch folder: {d}")
     policy = Policy.from_env()
     if policy.hosted:
         forbid_implicit_token()
@@ -65,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         demo.queue(default_concurrency_limit=1, max_size=args.max_queue).launch(
-            server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True)
+            server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
+            show_error=True)  # our handlers' errors are readable already; this makes Gradio's own refusals (a
+        # value of the wrong type for a slider, say) readable too instead of a bare "Error"
         app.start_loading()  # after the page is served: model imports and loads never delay it
         demo.block_thread()
     finally:

@@ -1,9 +1,19 @@
 """What each visitor owns, and what visitors share.
 
-- `Visitor` (one per browser tab, kept in the page's `gr.State`): the models the visitor loaded and
-  their last evaluation. The plan always comes from the visitor's own controls with each event.
+- `Visitor` (one per Gradio session: a browser tab, or an API client): the models the visitor loaded,
+  its Stop flag, its last evaluation and export. The plan always comes from the visitor's own controls
+  with each event. Its id is made by the server (unguessable) and names its folder.
 - `Shared` (one per app process): the loaded models (one `Workbench` per trio, at most `capacity`),
-  the lock that makes them one lane, the background start, per-visitor cancel flags and folders.
+  the lock that makes them one lane, the background start, and the visitors by session (at most
+  `MAX_VISITORS`; the least recently seen idle ones, and their folders, go first).
+
+Loading a trio reads headers only (`Workbench.check`): the report, analysis, export and card need no
+engine. Engines start behind the page when their plan says they are quick (`EnginePlan.quick`; small
+experts answer with transformers at once while vLLM starts, then move to vLLM), otherwise when answers
+are asked for (`engines`), and never when they do not fit (the plan says, with numbers, why).
+
+Identity comes from the server, never from a handler's arguments: every event asks `Shared.visitor`
+with the request's session, and a caller without a session gets a fresh identity of its own.
 
 A workbench's merged model holds one plan at a time: `ensure_built` rebuilds it when the shared
 merged model holds another visitor's plan, so answers always come from the asking visitor's plan.
@@ -11,49 +21,54 @@ merged model holds another visitor's plan, so answers always come from the askin
 
 from __future__ import annotations
 
-import re
+import hashlib
+import secrets
 import shutil
-import tempfile
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import scratch
 from ..errors import UserError
 from ..recipes import Recipe
 from ..runtime import Progress, no_progress
 from ..workbench import Workbench
 
 Key = tuple[str, str, str]  # base, math, lang references
+MAX_VISITORS = 512  # sessions remembered at once; beyond that the least recently seen idle one is dropped
+
+
+def new_sid() -> str:
+    """A visitor id made by the server: unguessable, and safe as a folder name."""
+    return secrets.token_hex(16)
 
 
 @dataclass
 class Visitor:
-    sid: str
+    sid: str = field(default_factory=new_sid)
     refs: Key = ("", "", "")
     force: bool = False
+    stop: threading.Event = field(default_factory=threading.Event)  # set by the visitor's Stop button
+    busy: int = 0  # jobs running for the visitor (it is not dropped while one runs)
     last_eval: Any = None  # the visitor's latest EvalReport
     last_export: str | None = None  # the visitor's latest export folder (what Push to Hub uploads)
     eval_recipe: dict | None = None  # the merged model's recipe in `last_eval` (its results go on that card)
 
 
-def safe_sid(session_hash: str | None) -> str:
-    """A folder-safe visitor id from Gradio's session hash (API clients choose theirs)."""
-    sid = re.sub(r"[^A-Za-z0-9_-]", "", session_hash or "")[:64]
-    return sid or "anonymous"
+@dataclass
+class EngineStart:
+    """A background start of one trio's engines: `answering` is set once answers are possible (or it failed)."""
+
+    answering: threading.Event = field(default_factory=threading.Event)
+    status: str = "starting the engines"
+    error: str | None = None
 
 
-def cancellable(progress: Progress, flag: threading.Event) -> Progress:
-    """A progress callback that stops the job (UserError) once the visitor pressed Stop."""
-
-    def p(fraction: float, desc: str) -> None:
-        if flag.is_set():
-            raise UserError("Stopped. Nothing was changed; the models stay loaded.")
-        progress(fraction, desc)
-
-    return p
+def _key(session_hash: str) -> str:
+    return hashlib.sha256(session_hash.encode("utf-8", "replace")).hexdigest()
 
 
 def same_recipe(wb: Workbench, recipe: Recipe) -> bool:
@@ -72,16 +87,20 @@ class Shared:
         self.status = "Starting…"
         self.start_error: str | None = None
         self._wbs: OrderedDict[Key, Workbench] = OrderedDict()
-        self._cancel: dict[str, threading.Event] = {}
-        self.root = Path(tempfile.mkdtemp(prefix="layerswap-sessions-"))
+        self._visitors: OrderedDict[str, Visitor] = OrderedDict()
+        self._vlock = threading.Lock()
+        self._starting: dict[Key, EngineStart] = {}
+        self.root = scratch.make("sessions")
 
     # ---- models ---------------------------------------------------------------------------
     def loaded(self, key: Key) -> Workbench | None:
         return self._wbs.get(key)
 
-    def workbench(self, key: Key, force: bool = False, progress: Progress = no_progress) -> Workbench:
-        """The workbench of `key`, loading it if needed. Checks run first; models already loaded are
-        dropped (oldest first, above `capacity`) only once the new ones passed them."""
+    def workbench(self, key: Key, force: bool = False, progress: Progress = no_progress,
+                  after: Callable[[Workbench], None] | None = None) -> Workbench:
+        """The workbench of `key`, checked (headers and the shared-base check) if new; models already loaded
+        are dropped (oldest first, above `capacity`) only once the new ones passed. Quick engines start behind
+        it, then `after` runs (e.g. building the opening plan)."""
         with self.lock:
             wb = self._wbs.get(key)
             if wb is not None:
@@ -93,15 +112,79 @@ class Shared:
             wb = self.make_workbench()
             wb.check(math, lang, base or None, force=force, progress=progress)
             while len(self._wbs) >= self.capacity:
-                _, old = self._wbs.popitem(last=False)
+                old_key, old = self._wbs.popitem(last=False)
+                self._starting.pop(old_key, None)
                 old.close()
-            try:
-                wb.start(progress)
-            except BaseException:
-                wb.close()
-                raise
             self._wbs[key] = wb
+            if wb.engine_plan is not None and wb.engine_plan.quick:
+                self._start_engines(key, wb, after)
             return wb
+
+    # ---- engines ----------------------------------------------------------------------------
+    def _start_engines(self, key: Key, wb: Workbench, after: Callable[[Workbench], None] | None = None) -> None:
+        """Start `wb`'s engines in a thread (transformers first when the plan says so, then vLLM); `after` runs
+        once answers are possible."""
+        st = self._starting[key] = EngineStart()
+
+        def p(f: float, d: str) -> None:
+            st.status = f"{d} ({f:.0%})"
+
+        def run() -> None:
+            try:
+                first = "transformers" if wb.engine_plan.transformers_first else None
+                with self.lock:
+                    if not wb.answering:
+                        wb.start(p, engine=first)
+                    if after is not None:
+                        after(wb)
+                st.answering.set()
+                if first:
+                    st.status = "answering with transformers while vLLM starts"
+                    served = wb.prepare_vllm(p)
+                    if served is not None:
+                        with self.lock:
+                            recipe = wb.recipe
+                            wb.switch(served)
+                            if recipe is not None:
+                                wb.build(recipe)
+                st.status = wb.engine_note
+            except Exception as e:  # shown when answers are asked for; everything else keeps working
+                st.error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+                st.status = f"the engines did not start: {st.error}"
+            finally:
+                st.answering.set()
+
+        threading.Thread(target=run, name="layerswap-engines", daemon=True).start()
+
+    def engine_status(self, wb: Workbench) -> str:
+        """Which engine answers for `wb`, or what its engines are doing, for the page."""
+        key = next((k for k, w in self._wbs.items() if w is wb), None)
+        st = self._starting.get(key) if key is not None else None
+        return st.status if st is not None and not wb.answering else wb.engine_note if wb.answering else ""
+
+    def engines(self, key: Key, progress: Progress = no_progress, *, slow_ok: bool = False) -> Workbench:
+        """The workbench of `key` with its engines answering: waits for a background start, else starts them
+        here. Refused, with the numbers, when they do not fit, and (unless `slow_ok`: the Start engines button)
+        when a question would take minutes on this machine."""
+        wb = self._wbs.get(key)
+        if wb is None:
+            raise UserError("Load the models first.")
+        st = self._starting.get(key)
+        while st is not None and not st.answering.wait(0.5):
+            progress(0.0, f"waiting for the engines: {st.status}")
+        if wb.answering:
+            return wb
+        plan = wb.engine_plan
+        if plan is not None and not plan.fits:
+            raise UserError(plan.describe().replace("**", ""))
+        if plan is not None and not plan.quick and not slow_ok:
+            raise UserError(f"{plan.describe()} Press 'Start engines' to load them, then ask.".replace("**", ""))
+        if st is not None and st.error:
+            raise UserError(f"The engines did not start: {st.error}")
+        with self.lock:
+            if not wb.answering:
+                wb.start(progress)
+        return wb
 
     def ensure_built(self, wb: Workbench, recipe: Recipe, progress: Progress = no_progress) -> bool:
         """Build `recipe` unless the merged model already holds it; True when a build ran."""
@@ -112,7 +195,8 @@ class Shared:
             return True
 
     def start_background(self, key: Key, after: Callable[[Workbench], None] | None = None) -> threading.Thread:
-        """Load `key` (and run `after`) in a thread, so the page is served at once."""
+        """Check `key` in a thread, so the page is served at once; its engines then start behind it when they
+        are quick, running `after` (the opening plan's build) once they answer."""
 
         def run() -> None:
             def p(f: float, d: str) -> None:
@@ -120,10 +204,8 @@ class Shared:
 
             t0 = time.perf_counter()
             try:
-                wb = self.workbench(key, progress=p)
-                if after is not None:
-                    after(wb)
-                self.status = f"Models ready (loaded in {time.perf_counter() - t0:.0f} s)."
+                self.workbench(key, progress=p, after=after)
+                self.status = f"Models ready (checked in {time.perf_counter() - t0:.1f} s)."
             except Exception as e:  # shown on the page; the visitor can load other models
                 self.start_error = f"{type(e).__name__}: {e}" if not isinstance(e, UserError) else str(e)
                 self.status = f"Loading the default models failed: {self.start_error}"
@@ -143,23 +225,48 @@ class Shared:
                 raise UserError("The default models are still loading; try again in a minute.")
 
     def close(self) -> None:
-        with self.lock:
+        """Scratch folders first (no lock: a job holding the lane must not keep them on disk), then the models."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        for wb in list(self._wbs.values()):
+            wb.drop_scratch()
+        if not self.lock.acquire(timeout=10):  # a job still runs: the process is ending, its engines with it
+            return
+        try:
             for wb in self._wbs.values():
                 wb.close()
             self._wbs.clear()
-        shutil.rmtree(self.root, ignore_errors=True)
+        finally:
+            self.lock.release()
 
     # ---- per visitor ----------------------------------------------------------------------
-    def cancel_flag(self, sid: str) -> threading.Event:
-        return self._cancel.setdefault(sid, threading.Event())
+    def visitor(self, session_hash: str | None, refs: Key = ("", "", "")) -> Visitor:
+        """The visitor of a Gradio session (made on its first event, with `refs` as its models); a caller
+        without a session gets a fresh one. Sessions are keyed by a digest, so a long hash costs nothing."""
+        key = _key(session_hash) if session_hash else new_sid()
+        with self._vlock:
+            v = self._visitors.get(key)
+            if v is None:
+                v = self._visitors[key] = Visitor(refs=refs)
+                idle = [k for k, x in self._visitors.items() if not x.busy and k != key]
+                for k in idle[:max(0, len(self._visitors) - MAX_VISITORS)]:
+                    self._drop(k)
+            self._visitors.move_to_end(key)
+            return v
 
-    def folder(self, sid: str) -> Path:
+    def folder(self, v: Visitor) -> Path:
         """The visitor's own folder (exports, downloads); nothing a visitor writes goes elsewhere."""
-        d = self.root / safe_sid(sid)
+        d = self.root / v.sid
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def end(self, sid: str) -> None:
-        """The tab was closed: its files and flag go."""
-        self._cancel.pop(sid, None)
-        shutil.rmtree(self.root / safe_sid(sid), ignore_errors=True)
+    def end(self, session_hash: str | None) -> None:
+        """The tab was closed: its visitor and files go."""
+        if session_hash:
+            with self._vlock:
+                self._drop(_key(session_hash))
+
+    def _drop(self, key: str) -> None:
+        v = self._visitors.pop(key, None)
+        if v is not None:
+            v.stop.set()
+            shutil.rmtree(self.root / v.sid, ignore_errors=True)

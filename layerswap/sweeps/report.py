@@ -1,7 +1,7 @@
 """Sweep results as tables and figures: accuracy per language with exact intervals, average and max; an
 accuracy heatmap over (b, u), bars per recipe with the experts as reference lines, curves for one-dimensional
 sweeps; paired comparisons of two points; CSV and a self-contained HTML page. Everything reads the records of a
-results file (`layerswap.sweeplog.load_results`, or `SweepRun.rows`).
+results file (`layerswap.sweeps.log.load_results`, or `SweepRun.rows`).
 
 Each language's accuracy comes with its binomial standard error and its exact 95 % interval (Clopper-Pearson,
 `layerswap.stats`), which stays honest at 0/n and n/n. The average over languages gets the standard error of
@@ -23,9 +23,9 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from .errors import UserError
-from .plots import LANG_COLOR, MATH_COLOR
-from .stats import clopper_pearson, mcnemar, paired_difference, paired_mean_se
+from ..errors import UserError
+from ..plots import LANG_COLOR, MATH_COLOR
+from ..stats import clopper_pearson, mcnemar, paired_difference, paired_mean_se
 
 EXPERT_COLORS = {"math": MATH_COLOR, "lang": LANG_COLOR}
 MERGE_COLOR = "#7570b3"

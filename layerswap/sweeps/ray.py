@@ -1,13 +1,13 @@
 """Sweeps on Ray: points run in parallel on engine actors (one per GPU, or per CPU slot), writing the same
-results file under the same resume rules as `sweeps.run_sweep`.
+results file under the same resume rules as `run.run_sweep`.
 
     run = run_sweep_ray("assets/sweeps/1-counts.yaml", "results.jsonl", actors=4, gpus_per_actor=1)
 
-The driver holds the results file (`sweeplog.ResultsLog`: one writer) and appends each record as an
+The driver holds the results file (`log.ResultsLog`: one writer) and appends each record as an
 actor returns it; work goes out as jobs of one recipe (merged once, then evaluated on every test
 set), one expert or the statistics of one expert set. An actor keeps its expert set loaded between
 jobs. Records are the ones the sequential runner writes (same keys and contents, apart from
-timings); lines may come in another order, `sweeps.sweep_results` gives them in sweep order.
+timings); lines may come in another order, `run.sweep_results` gives them in sweep order.
 Needs ``pip install ray``; the single-machine `run_sweep` does not.
 """
 
@@ -17,11 +17,12 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from .errors import UserError
-from .runtime import Progress, no_progress
-from .sweepfiles import SweepSpec, load_spec
-from .sweeplog import ResultsLog
-from .sweeps import SweepRun, _layout, _ordered, _workbench, execute, refusal_reason, refused_record
+from ..errors import UserError
+from ..runtime import Progress, no_progress
+from .log import ResultsLog
+from .records import layout, ordered, refusal_reason, refused_record
+from .run import SweepRun, execute, workbench_for
+from .spec import SweepSpec, load_spec
 
 
 class SweepWorker:
@@ -38,7 +39,7 @@ class SweepWorker:
         if self.loaded != s.name:
             if self.wb is not None:
                 self.wb.close()
-            self.wb = _workbench(self.spec)
+            self.wb = workbench_for(self.spec)
             self.wb.load(s.math, s.lang, s.base, force=s.force)
             self.loaded = s.name
         return list(execute(self.wb, self.spec, s, units))
@@ -84,7 +85,7 @@ def run_sweep_ray(spec: SweepSpec | str | Path, out: str | Path, actors: int = 2
     left_out: dict[str, int] = {}
     try:
         with ResultsLog(out) as log:
-            plan, refusal = _layout(spec, left_out)
+            plan, refusal = layout(spec, left_out)
             jobs: deque = deque()
             for s, cks, units in plan:
                 todo = [u for u in units if u.key not in log]
@@ -120,7 +121,7 @@ def run_sweep_ray(spec: SweepSpec | str | Path, out: str | Path, actors: int = 2
             for w in workers:
                 ray.kill(w)
             p(1.0, "cancelled" if cancelled else "done")
-            return SweepRun(spec, Path(out), _ordered(plan, refusal, log.rows), cancelled, ran, left_out, log.repaired)
+            return SweepRun(spec, Path(out), ordered(plan, refusal, log.rows), cancelled, ran, left_out, log.repaired)
     finally:
         if started:
             ray.shutdown()

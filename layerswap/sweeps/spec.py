@@ -24,20 +24,22 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .evaluation import EvalConfig
-from .hub import looks_like_hub_id
-from .methods import METHODS
-from .recipes import PLAN_KEYS, Recipe, read_data_file, refuse_unknown
+from ..engines import EngineSettings
+from ..errors import UserError
+from ..evaluation import EvalConfig
+from ..fields import PLAN_FILE_KEYS
+from ..hub import looks_like_hub_id
+from ..methods import METHODS
+from ..recipes import Recipe, read_data_file, refuse_unknown
 
 TOP_KEYS = ("name", "experts", "expert_sets", "recipes", "grid", "test_sets", "langs", "eval", "engine",
             "include_experts", "stats", "build")
 EVAL_KEYS = ("limit", "shots", "mode", "max_new_tokens")
-ENGINE_KEYS = ("engine", "device", "serving", "batch_size", "chat_template", "max_model_len", "tensor_parallel_size")
+ENGINE_KEYS = tuple(f.name for f in fields(EngineSettings))
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class SweepSpec:
     points: list[SweepPoint]
     test_sets: list[TestSet]
     eval: dict = field(default_factory=dict)  # EvalConfig settings besides langs and source
-    engine: dict = field(default_factory=dict)  # Workbench settings
+    engine: dict = field(default_factory=dict)  # EngineSettings, as the file gives them
     include_experts: bool = True
     stats: bool = False
     build: str | None = None
@@ -225,8 +227,8 @@ def _grid(g: Any, where: str) -> list[SweepPoint]:
         raise UserError(f"{where}: unknown merge method {mname!r}; choose one of: {', '.join(METHODS)}.")
     params, uses_plan = METHODS[mname].params, METHODS[mname].uses_plan
     for k, vals in vary.items():
-        if k not in ((*PLAN_KEYS, "t") if uses_plan else ()) + params:
-            raise UserError(f"{where}: grid cannot vary {k!r}; it varies plan keys ({', '.join(PLAN_KEYS)}), t "
+        if k not in ((*PLAN_FILE_KEYS, "t") if uses_plan else ()) + params:
+            raise UserError(f"{where}: grid cannot vary {k!r}; it varies plan keys ({', '.join(PLAN_FILE_KEYS)}), t "
                             f"(tb = tu) or the method's parameters ({', '.join(params) or 'none'}).")
         if not isinstance(vals, list) or not vals:
             raise UserError(f"{where}: grid values of {k} are a non-empty list.")
@@ -239,7 +241,7 @@ def _grid(g: Any, where: str) -> list[SweepPoint]:
         for k, v in values.items():
             if k == "t":
                 plan.update(tb=v, tu=v)
-            elif k in PLAN_KEYS:
+            elif k in PLAN_FILE_KEYS:
                 plan[k] = v
             else:
                 meth[k] = v

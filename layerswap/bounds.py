@@ -1,0 +1,44 @@
+"""Bounds on the values a recipe takes: number ranges, and the caps that keep layer indices, per-layer lists
+and text small enough to check before anything is expanded or allocated.
+
+`Range` is what `plans` and `methods` check their parameters against and what the recipe-field table
+(`layerswap.fields`) reads loose values with, so a range is written once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import UserError
+
+MAX_LAYERS = 4096  # no model has more layers: layer indices, counts and per-layer lists stay below it
+
+
+@dataclass(frozen=True)
+class Range:
+    """``lo <= x <= hi`` (an end marked open excludes it); NaN is never inside."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, x: float) -> bool:
+        x = float(x)
+        if math.isnan(x):
+            return False
+        above = x > self.lo if self.lo_open else x >= self.lo
+        below = x < self.hi if self.hi_open else x <= self.hi
+        return above and below
+
+    def text(self) -> str:
+        return f"{'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+
+    def check(self, x: float, what: str) -> None:
+        """UserError ``WHAT must lie in [lo, hi] (got X).`` when `x` is outside."""
+        if x not in self:
+            raise UserError(f"{what} must lie in {self.text()} (got {x}).")
+
+
+UNIT = Range(0.0, 1.0)  # weights and shares

@@ -1,0 +1,51 @@
+"""`layerswap ask`: the same question to the math expert, the language expert and their merge."""
+
+from __future__ import annotations
+
+import textwrap
+
+from ..errors import UserError
+from .options import engine_options, models, pairing_options, print_recipe, recipe_from, recipe_options, workbench
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("ask", help="the same question to math expert, language expert and merged model")
+    models(s)
+    recipe_options(s)
+    pairing_options(s)
+    s.add_argument("--question", help="free-text question (prompted in --mgsm-lang's MGSM format)")
+    s.add_argument("--mgsm-lang", default="en", help="MGSM language code (default en)")
+    s.add_argument("--index", type=int, help="MGSM question number (0-based) in --mgsm-lang")
+    s.add_argument("--mgsm-dir", help="folder of mgsm_XX.tsv files (default: $LAYERSWAP_MGSM_DIR, else the Hub)")
+    s.add_argument("--shots", type=int, default=0, choices=[0, 1, 2, 3, 4, 5, 6, 7, 8],
+                   help="few-shot exemplars from exemplars.json (default 0, as lm-eval)")
+    s.add_argument("--max-new-tokens", type=int, default=256)
+    engine_options(s)
+    s.set_defaults(fn=run)
+
+
+def run(args) -> int:
+    if (args.question is None) == (args.index is None):
+        raise UserError("Give either --question \"...\" or --mgsm-lang XX --index N.")
+    wb = workbench(args, chat_template=None)
+    try:
+        wb.load(args.math, args.lang, args.base, force=args.force)
+        recipe = recipe_from(args, wb.num_layers)
+        wb.build(recipe)
+        kw = dict(source=args.mgsm_dir, shots=args.shots, max_new_tokens=args.max_new_tokens)
+        if args.question is not None:
+            answers = wb.ask_question(args.question, args.mgsm_lang, **kw)
+        else:
+            answers = wb.ask_mgsm(args.mgsm_lang, args.index, **kw)
+        print_recipe(recipe, wb.num_layers)
+        print(f"engine: {wb.engine_note or answers[0].engine}")
+    finally:
+        wb.close()
+    print("prompt:\n" + textwrap.indent(answers[0].prompt, "  | "))
+    if answers[0].gold is not None:
+        print(f"gold answer: {answers[0].gold}")
+    for a in answers:
+        mark = "" if a.gold is None else ("  ✓" if a.scored.flexible_correct else "  ✗")
+        print(f"\n== {a.model} ({a.seconds:.1f}s) — strict: {a.scored.strict}  flexible: {a.scored.flexible}{mark}")
+        print(textwrap.indent(a.scored.output.strip() or "(empty)", "  "))
+    return 0

@@ -1,0 +1,113 @@
+"""`layerswap eval`: MGSM accuracy of a model, or of both experts and their merge, per language."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UserError
+from ..roles import ANSWERING, ROLE_NAMES
+from .options import (
+    Bar, check_outputs, engine_options, engine_settings, eval_config, eval_options, models, pairing_options,
+    print_recipe, recipe_from, recipe_options, workbench
+)
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("eval", help="MGSM accuracy of a model (or of both experts and their merge), per language")
+    s.add_argument("--model", metavar="M", help="model folder or Hub id to evaluate")
+    models(s, optional="instead of --model, to evaluate the experts and their merge: ")
+    s.add_argument("--models", default="math,lang,merged", help="with --math/--lang: which of math,lang,merged")
+    recipe_options(s)
+    pairing_options(s)
+    eval_options(s)
+    engine_options(s)
+    s.add_argument("-o", "--out", help="per-question results as JSONL")
+    s.add_argument("--card", metavar="OUT_DIR",
+                   help="write the results into this export's model card (README.md, layerswap.json): with --model "
+                        "OUT_DIR itself; with --math/--lang, the export of the same experts and recipe")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=run)
+
+
+def run(args) -> int:
+    from ..engines import open_engine
+
+    if args.model and (args.math or args.lang):
+        raise UserError("Give either --model M, or --math M --lang L (to evaluate the experts and their merge).")
+    if not args.model and not (args.math and args.lang):
+        raise UserError("Give --model M, or --math M --lang L to evaluate the experts and their merge.")
+    cfg = eval_config(args)
+    check_outputs([args.out], extra=(args.model, args.math, args.lang, args.base, *_mgsm_dir(args)))
+    prov = _card_target(args)
+    if args.model:
+        s = engine_settings(args)
+        engine, note = open_engine(args.model, engine=s.engine, device=s.device, settings=s.vllm(),
+                                   use_chat_template=s.chat_template)
+        engines = {Path(args.model).name or args.model: engine}
+    else:
+        roles = [r.strip() for r in args.models.split(",") if r.strip()]
+        bad = [r for r in roles if r not in ANSWERING]
+        if bad or not roles:
+            raise UserError(f"--models takes a comma list of math, lang, merged (got {args.models!r}).")
+        wb = workbench(args)
+        wb.load(args.math, args.lang, args.base, force=args.force)
+        recipe = recipe_from(args, wb.num_layers)
+        if prov is not None:
+            from ..card import check_same_merge
+
+            check_same_merge(prov, args.card, wb.checkpoints, recipe)
+        if "merged" in roles:
+            wb.build(recipe)
+            print_recipe(recipe, wb.num_layers)
+        note = wb.engine_note
+        engines = {ROLE_NAMES[r]: wb.engines[r] for r in roles}
+    try:
+        return _run_eval(args, cfg, engines, note)
+    finally:
+        if args.model:
+            getattr(engine, "release", lambda: None)()  # back to the engine pool
+        else:
+            wb.close()
+
+
+def _mgsm_dir(args) -> tuple:
+    source = getattr(args, "mgsm_dir", None)
+    return (source,) if source and Path(source).is_dir() else ()
+
+
+def _run_eval(args, cfg, engines: dict, note: str) -> int:
+    from ..evaluation import evaluate
+
+    print(f"engine: {note}")
+    print(f"MGSM {cfg.mode}, {cfg.shots}-shot, greedy, {cfg.max_new_tokens} new tokens; languages "
+          f"{', '.join(cfg.langs)}; {'first ' + str(cfg.limit) if cfg.limit else 'all'} questions each")
+    bar = Bar(enabled=not args.quiet)
+    report = evaluate(engines, cfg, progress=bar)
+    bar.done()
+    for metric in ("flexible", "strict"):
+        print(f"\naccuracy (%), {metric} extraction:")
+        print(report.table_text(metric))
+    if args.out:
+        report.write_jsonl(args.out)
+        print(f"\nwrote {len(report.results)} per-question results to {args.out}")
+    if args.card:
+        from ..card import attach_eval
+
+        attach_eval(args.card, report, model=report.models[0] if args.model else ROLE_NAMES["merged"])
+        print(f"wrote the MGSM results into the model card of {args.card} (README.md, layerswap.json)")
+    return 0
+
+
+def _card_target(args) -> dict | None:
+    """The provenance of the export `--card` names, checked before anything loads."""
+    if not args.card:
+        return None
+    from ..card import read_provenance
+
+    prov = read_provenance(args.card)
+    if args.model and Path(args.model).resolve() != Path(args.card).resolve():
+        raise UserError(f"--card writes the results of the model evaluated: give --model {args.card} --card "
+                        f"{args.card} (or evaluate the experts and their merge with --math/--lang).")
+    if not args.model and "merged" not in [r.strip() for r in args.models.split(",")]:
+        raise UserError("--card needs the merge evaluated: keep merged in --models.")
+    return prov

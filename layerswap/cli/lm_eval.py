@@ -1,0 +1,73 @@
+"""`layerswap lm-eval`: lm-evaluation-harness tasks on a model, or on the merge of a recipe file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UserError
+from ..recipes import Recipe
+from .options import DEVICE_HELP, models, open_checkpoint, open_trio, print_recipe
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("lm-eval", help="lm-evaluation-harness tasks (BELEBELE, FLORES, MMLU, MBPP, local task files) "
+                                        "on a model, or on the merge of a recipe file")
+    s.add_argument("target", metavar="MODEL_OR_RECIPE", help="a model folder / Hub id, or a recipe file (with --math --lang)")
+    s.add_argument("--tasks", required=True, help="comma list of lm-eval task names")
+    s.add_argument("--include-path", metavar="DIR", help="folder of local lm-eval task YAML files")
+    s.add_argument("--limit", type=int, help="documents per task (default: all)")
+    s.add_argument("--num-fewshot", type=int, help="few-shot examples (default: the task's)")
+    s.add_argument("--batch-size", type=int, default=8)
+    s.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="lm-eval's model backend (default hf)")
+    s.add_argument("--device", default="auto", help=DEVICE_HELP)
+    models(s, optional="with a recipe file: ")
+    s.add_argument("--force", action="store_true", help="recipe: merge experts that seem not to share the base")
+    s.add_argument("--keep", metavar="DIR", help="recipe: keep the exported merge in DIR (default: a temporary folder)")
+    s.add_argument("--name", help="the row's name in a sweep table (default: the file or folder name)")
+    s.add_argument("--sweep-results", metavar="FILE", help="append the metrics to this sweep results file")
+    s.add_argument("-o", "--out", help="metrics as JSON")
+    s.set_defaults(fn=run)
+
+
+def run(args) -> int:
+    from ..lmeval import LmEvalConfig, evaluate_model, evaluate_recipe
+    from ..sweeps.records import experts_identity, experts_shown, lm_eval_record
+    from ..runtime import resolve_device
+
+    cfg = LmEvalConfig(tasks=[t.strip() for t in args.tasks.split(",") if t.strip()], include_path=args.include_path,
+                       limit=args.limit, num_fewshot=args.num_fewshot, batch_size=args.batch_size,
+                       backend=args.backend, device=resolve_device(args.device, ("cpu", "cuda")))
+    cfg.validate()
+    target = Path(args.target)
+    if target.suffix.lower() in (".yaml", ".yml", ".json") and target.is_file():
+        if not (args.math and args.lang):
+            raise UserError(f"{args.target} is a recipe: give --math and --lang (and --base) to merge it first.")
+        math, lang, base = open_trio(args)
+        recipe = Recipe.load(target)
+        recipe.validate(math.num_layers)
+        print_recipe(recipe, math.num_layers)
+        metrics = evaluate_recipe(math, lang, base, recipe, cfg, force=args.force, keep=args.keep)
+        cks = {"math": math, "lang": lang, **({"base": base} if base is not None else {})}
+        rec = lm_eval_record(experts_shown(cks, experts_identity(cks)), recipe.to_dict(), args.name or target.stem,
+                             cfg.settings(), metrics, args.force)
+    else:
+        if args.math or args.lang:
+            raise UserError(f"{args.target} is a model; --math/--lang are for a recipe file.")
+        metrics = evaluate_model(args.target, cfg)
+        cks = {"model": open_checkpoint(args.target)}
+        rec = lm_eval_record(experts_shown(cks, experts_identity(cks)), None, args.name or target.name,
+                             cfg.settings(), metrics)
+    for task, ms in metrics.items():
+        print(f"{task}: " + ", ".join(f"{k} {v:.4f}" for k, v in ms.items()))
+    if args.out:
+        import json
+
+        Path(args.out).write_text(json.dumps(metrics, indent=2))
+        print(f"wrote {args.out}")
+    if args.sweep_results:
+        from ..sweeps.log import ResultsLog
+
+        with ResultsLog(args.sweep_results) as log:
+            log.append(rec)
+        print(f"appended to {args.sweep_results} (joined to the same recipe's row in its table)")
+    return 0

@@ -1,0 +1,55 @@
+"""`layerswap merge`: merge two experts with a recipe and write the result as an HF folder (optionally pushed)."""
+
+from __future__ import annotations
+
+from ..errors import UserError
+from .options import (
+    Bar, DEVICE_HELP, models, open_trio, pairing_options, parse_size, print_recipe, recipe_from, recipe_options
+)
+from .push import push_folder
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("merge", help="build the layer-swapped (or baseline) model and write it as an HF folder")
+    models(s)
+    recipe_options(s)
+    pairing_options(s)
+    s.add_argument("--device", default="auto", help=f"where computed tensors are merged: {DEVICE_HELP}")
+    s.add_argument("-o", "--out", required=True, help="output folder (must not exist, unless --overwrite)")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    s.add_argument("--out-shard-size", default="5GB", help="maximum bytes per safetensors shard (default 5GB)")
+    s.add_argument("--languages", metavar="CODES",
+                   help="comma list of ISO 639 codes the merge is for (e.g. sw,en), for the model card's front matter")
+    s.add_argument("--push-to", metavar="REPO_ID", help="then push the folder to your own Hub repo (see `layerswap push`)")
+    s.add_argument("--private", action="store_true", help="with --push-to: create the repo private")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(fn=run)
+
+
+def run(args) -> int:
+    from ..merging import export_merge
+
+    if args.push_to:  # a bad repo id or no network is said before a long merge, not after
+        from ..hub import hub_reachable
+        from ..publish import check_repo_id
+
+        check_repo_id(args.push_to)
+        if not hub_reachable():
+            raise UserError("--push-to needs the Hugging Face Hub, which is not reachable from this machine; "
+                            "merge without it now and run `layerswap push` later.")
+    math, lang, base = open_trio(args)
+    recipe = recipe_from(args, math.num_layers)
+    print_recipe(recipe, math.num_layers)
+    bar = Bar(enabled=not args.quiet)
+    s = export_merge(math, lang, recipe, args.out, base=base, device=args.device,
+                     overwrite=args.overwrite, shard_bytes=parse_size(args.out_shard_size), force=args.force,
+                     base_distance_threshold=args.base_distance_threshold, progress=bar,
+                     languages=args.languages.split(",") if args.languages else None)
+    bar.done()
+    if s.pairing is not None and s.pairing.suspicious:
+        print("warning (--force): " + s.pairing.message().replace("; pass --force to run it anyway", ""))
+    print(f"wrote {s.out} ({s.n_tensors} tensors: {s.n_copied} copied, {s.n_blended} computed; "
+          f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard{'s' if s.shards > 1 else ''})")
+    if args.push_to:
+        push_folder(s.out, args.push_to, private=args.private, revision=None, overwrite=False, quiet=args.quiet)
+    return 0

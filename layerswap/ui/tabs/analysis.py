@@ -1,0 +1,122 @@
+"""The "Where each expert changed" tab: heatmaps, depth profile, tables, plan suggestion.
+
+It is filled when the models are loaded (no click needed) and redrawn when its controls or the plan change
+(`Page.redraw`: the one place that wiring lives); the visitor's plan is drawn on top.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ...analysis import PANELS, format_row, write_csv
+from ...errors import UserError
+from ...plots import analysis_heatmaps, layer_profile
+from ..context import Context, Page
+from ..controls import recipe
+from ..events import Job
+from . import lens
+
+K_CHOICES = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0]
+DEFAULT_PANELS = ["math", "lang", "overlap", "merged"]
+METRICS = ("relative", "mean_abs", "topk")
+METRIC_CHOICES = [("relative change ‖Δ‖/‖θ_base‖", "relative"), ("mean |Δ|", "mean_abs"),
+                  ("share of the top-k% most-changed entries", "topk")]
+TOP_ROWS = 20
+NO_BASE = ("**No base model loaded.** The heatmaps compare each expert with the model both were fine-tuned "
+           "from: give the base above and press Load.")
+
+
+def _table(rows: list[dict]) -> dict:
+    """Rows of dicts as the headers + data a gr.Dataframe takes."""
+    headers: list[str] = []
+    for r in rows:
+        headers += [k for k in r if k not in headers]
+    return {"headers": headers, "data": [[r.get(h, "") for h in headers] for r in rows]}
+
+
+def view(ctx: Context, job: Job, panels, metric, overlap_metric, k, norm, *plan_values):
+    """Everything in the tab for the controls and the visitor's plan (no overlay for methods without one)."""
+    wb = ctx.workbench(job)
+    if "base" not in wb.checkpoints:
+        return [gr.update(visible=False), NO_BASE] + [gr.update(visible=False)] * 4
+    plan = recipe(*plan_values).plan  # None for methods without a layer map: no overlay
+    k = float(k) if k not in (None, "") else 1.0
+    with ctx.shared.lock:
+        an = wb.analysis(k, progress=job.part(0, 0.9))
+        note = ""
+        if plan is not None:
+            try:
+                plan.layer_weights(an.num_layers)
+            except UserError as e:
+                plan, note = None, f"**No plan overlay:** {e}\n\n"
+        merged = wb.merged_stats(plan) if plan is not None else None
+    panels = [x for x in (panels or []) if merged is not None or not x.startswith("merged")]
+    heat = analysis_heatmaps(an, panels or ["math", "lang"], metric=metric, overlap_metric=overlap_metric, k=k,
+                             norm=norm, merged=merged, plan=plan)
+    prof = layer_profile(an, metric if metric in METRICS else "relative", k, merged, plan, norm)
+    nonlayer = _table([format_row(r) for r in an.non_layer_rows(k, merged)])
+    ranked = an.most_changed(len(an.tensors) * 2, by=metric, k=k)
+    csv_path = ctx.shared.folder(job.visitor) / f"most-changed-{metric}-k{k:g}.csv"
+    write_csv(ranked, csv_path)
+    top = _table([format_row(r) for r in ranked[:TOP_ROWS]])
+    shown = [gr.update(value=x, visible=True) for x in (heat, prof, nonlayer, top)]
+    return [shown[0], note + an.report(k, merged), *shown[1:], gr.update(value=str(csv_path), visible=True)]
+
+
+def suggest(ctx: Context, job: Job, metric, k):
+    """Propose b, u, tb, tu from the analysis and put them on the sliders."""
+    wb = ctx.workbench(job)
+    if "base" not in wb.checkpoints:
+        raise UserError("Suggesting a plan needs the analysis against the base: load a base model too.")
+    k = float(k) if k not in (None, "") else 1.0
+    with ctx.shared.lock:
+        an = wb.analysis(k)
+    s = an.suggest_plan(metric if metric in METRICS else "relative", k)
+    md = s.markdown()
+    if not any((s.plan.b, s.plan.u, s.plan.tb, s.plan.tu)):
+        md += ("\n\n**b = u = 0 means no bottom or top layer is dominated by the language expert** under this "
+               "metric: the rule found nothing to swap, so it keeps the math expert. Try another metric or k, "
+               "or set the plan by hand.")
+    return [gr.update(value=x) for x in (s.plan.b, s.plan.u, s.plan.tb, s.plan.tu)] + [md]
+
+
+def render(ctx: Context, page: Page) -> None:
+    with gr.Tab("Where each expert changed", id="analysis", elem_id="tab-analysis") as tab:
+        gr.Markdown("### Where each expert changed\nEach cell is one tensor (layer × parameter type); your "
+                    "plan is drawn on top (outlined: from the language expert, shaded: blended). A "
+                    "reconstruction of the paper's analysis: its exact metric and normalisation are not in its "
+                    "public text, so several are offered.")
+        with gr.Row():
+            panels = gr.CheckboxGroup([(label, key) for key, label in PANELS.items()], value=DEFAULT_PANELS,
+                                      label="Panels", elem_id="panels", scale=3)
+            metric = gr.Radio(METRIC_CHOICES, value="relative", label="Metric", elem_id="metric", scale=2)
+        with gr.Row():
+            overlap_metric = gr.Radio([("cosine of the task vectors", "cosine"),
+                                       ("Jaccard of the top-k% sets", "jaccard")], value="cosine",
+                                      label="Overlap panel", elem_id="overlap-metric")
+            k = gr.Dropdown(K_CHOICES, value=1.0, label="k (% of all entries)", elem_id="k",
+                            info="a new k streams the models once more (then cached)")
+            norm = gr.Radio([("raw", "raw"), ("per row", "row"), ("log", "log")], value="raw",
+                            label="Normalisation", elem_id="norm")
+        summary_md = gr.Markdown("The heatmaps appear here once the models are loaded.", elem_id="analysis-summary")
+        heat = gr.Plot(label="Change from the base, per layer and parameter type", elem_id="heatmap", visible=False)
+        profile = gr.Plot(label="Change by depth", elem_id="profile", visible=False)
+        with gr.Row():
+            suggest_btn = gr.Button("Suggest plan (sets the sliders)", elem_id="suggest")
+        suggest_md = gr.Markdown(elem_id="suggestion")
+        nonlayer_df = gr.Dataframe(value=None, label="Embeddings, final norm, lm_head (outside the layer grid)",
+                                   elem_id="non-layer", interactive=False, visible=False)
+        top_df = gr.Dataframe(value=None, label=f"Most-changed tensors (top {TOP_ROWS} by the chosen metric)",
+                              elem_id="top-table", interactive=False, visible=False)
+        top_csv = gr.DownloadButton("Download the full ranking (CSV)", visible=False, elem_id="top-csv")
+        lens.render(ctx, page)
+    controls = [panels, metric, overlap_metric, k, norm]
+    outputs = [heat, summary_md, profile, nonlayer_df, top_df, top_csv]
+    handler = ctx.job(view, plan=True)
+    # redrawn when its controls change and whenever the tab is opened (the plan may have changed)
+    gr.on([c.change for c in controls] + [tab.select], handler, [*controls, *page.plan], outputs,
+          api_name="heatmap", trigger_mode="always_last", **ctx.lane, **page.on)
+    page.set_redraw(lambda dep: dep.then(handler, [*controls, *page.plan], outputs, api_visibility="private",
+                                         **ctx.lane, **page.on))
+    page.redraw(suggest_btn.click(ctx.job(suggest), [metric, k], [*page.sliders, suggest_md], api_name="suggest",
+                                  **ctx.lane, **page.on))

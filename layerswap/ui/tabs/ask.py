@@ -1,0 +1,90 @@
+"""The Ask section of the Build tab: one question to math expert, language expert and merged model.
+
+A question from the MGSM set of a language, or the visitor's own text in that language's prompt format
+(`mgsm.prompt_for`, the prompt the evaluation uses). The visitor's plan is built first if needed; the
+three answers appear as each model finishes.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ... import mgsm
+from ...errors import UserError
+from ...workbench import ROLE_NAMES, Answer
+from ..context import Context, Page
+from ..controls import plan_md
+from ..events import Job
+
+ROLES = ("math", "lang", "merged")
+
+
+def questions(ctx: Context, job: Job, lang: str):
+    choices = ctx.question_choices(lang)
+    return gr.update(choices=choices, value=choices[0][1] if choices else None)
+
+
+def ask(ctx: Context, job: Job, lang: str, index, free_text: str, max_new_tokens, *values):
+    if not lang:
+        raise UserError("Choose a language.")
+    free_text = ctx.policy.check_text(free_text or "", "question").strip()
+    max_new_tokens = ctx.policy.new_tokens(max_new_tokens)
+    if not free_text and index is None:
+        raise UserError("Pick a question, or type your own.")
+    p = mgsm.prompt_for(lang, question=free_text or None, index=None if free_text else index, source=ctx.d.mgsm_dir)
+    wb, r = ctx.built(job, values)
+    strip, pmd = ctx.strip_and_md(wb, r, built=True)
+    head = f"**Prompt** (greedy, MGSM native CoT; answers from {plan_md(r, wb.num_layers, True, short=True)})"
+    head += f"\n\n```\n{p.prompt}\n```" + (f"\n\n**Gold answer: {p.gold}**" if p.gold is not None else "")
+    cols = [f"**{ROLE_NAMES[role]}** · answering…" for role in ROLES]
+    yield [head, *cols, strip, pmd]
+    for i, role in enumerate(ROLES):
+        with ctx.shared.lock:  # never held across a yield: the next step may run on another thread
+            ctx.shared.ensure_built(wb, r)  # another visitor may have built in between
+            (a,) = wb.ask(p.prompt, p.language, p.gold, roles=(role,), max_new_tokens=max_new_tokens)
+        cols[i] = _answer_md(a)
+        yield [head, *cols, strip, pmd]
+
+
+def start_engines(ctx: Context, job: Job) -> str:
+    """Load the engines now, even where a question takes minutes (the page said how long before)."""
+    ctx.workbench(job)
+    wb = ctx.shared.engines(job.visitor.refs, job.progress, slow_ok=True)
+    return ctx.models_md(wb)
+
+
+def _answer_md(a: Answer) -> str:
+    s = a.scored
+    verdict = "" if a.gold is None else " · **correct**" if s.flexible_correct else " · **wrong**"
+    out = s.output.strip() or "(empty)"
+    return (f"**{a.model}** · {a.engine} · {a.seconds:.1f}s\n\n```\n{out}\n```\n\n"
+            f"strict: `{s.strict}` · flexible: `{s.flexible}`{verdict}")
+
+
+def render(ctx: Context, page: Page) -> None:
+    pol = ctx.policy
+    with gr.Group():
+        gr.Markdown("### 3 · Ask: math expert vs language expert vs merged")
+        first_lang = ctx.default_lang()
+        qchoices = ctx.question_choices(first_lang)
+        with gr.Row():
+            mlang = gr.Dropdown(ctx.langs(), value=first_lang, label="MGSM language", elem_id="mgsm-lang")
+            question = gr.Dropdown(qchoices, value=qchoices[0][1] if qchoices else None,
+                                   label="Question from the set", elem_id="question", scale=3,
+                                   info=None if qchoices else "No MGSM data here: start the app with "
+                                   "--mgsm-dir (a folder of mgsm_XX.tsv) or go online; free text works.")
+            max_new = gr.Slider(16, 512, mgsm.MAX_NEW_TOKENS, step=16, label="Max new tokens")
+        free = gr.Textbox(label="…or your own question (overrides the set; prompted in the chosen language's format)",
+                          lines=2, elem_id="free", max_length=pol.limits.text_chars if pol.hosted else None,
+                          placeholder="e.g. Tom has 3 apples. Tom buys 4 more apples. "
+                                      "How many apples does Tom have now?")
+        with gr.Row():
+            ask_btn = gr.Button("Ask all three", variant="primary", elem_id="ask", scale=3)
+            start_btn = gr.Button("Start engines", elem_id="start-engines", scale=1)
+        prompt_md = gr.Markdown(elem_id="prompt")
+        with gr.Row():
+            answers = [gr.Markdown(f"**{ROLE_NAMES[r]}**", elem_id=f"answer-{r}") for r in ROLES]
+    mlang.change(ctx.job(questions, gpu=False, clear_stop=False), [mlang], [question], api_name="questions")
+    start_btn.click(ctx.job(start_engines), None, [page.report], api_name="start_engines", **ctx.lane, **page.on)
+    ask_btn.click(ctx.job(ask, plan=True), [mlang, question, free, max_new, *page.plan],
+                  [prompt_md, *answers, page.strip, page.plan_md], api_name="ask", **ctx.lane, **page.on)

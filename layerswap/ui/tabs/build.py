@@ -1,0 +1,170 @@
+"""The "Build & ask" tab: the plan controls and strip, Build, then the Ask, Export and Push sections.
+
+Every event sends the visitor's own plan controls (`Page.plan`), so Ask, Export, Evaluate and the analysis
+always use that visitor's plan; the shared merged model is rebuilt when it holds another one. The strip
+previews the plan as the controls move (no merge); Build merges it at once.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import gradio as gr
+
+from ...card import attach_eval
+from ...errors import UserError
+from ...interop import mergekit_yaml
+from ...methods import METHODS
+from ...plans import KINDS, MODULES, NON_LAYER_OPTIONS
+from ..context import Context, Page
+from ..controls import plan_inputs, query_string, recipe
+from ..events import Job
+from ..session import same_recipe
+from . import ask, push
+
+MAX_SLIDER = 64
+EXPORT_NAME = "layerswap-merge"
+
+
+def preview(ctx: Context, job: Job, *values):
+    """Plan strip for the current controls (no merge); says whether the merged model holds it."""
+    wb = ctx.shared.loaded(job.visitor.refs)
+    if wb is None or "math" not in wb.checkpoints:
+        return gr.update(), "Loading the models…"
+    try:
+        r = recipe(*values)
+        return ctx.strip_and_md(wb, r, built=same_recipe(wb, r))
+    except UserError as e:
+        return None, f"**Invalid plan:** {e}"
+
+
+def build(ctx: Context, job: Job, *values):
+    wb, r = ctx.built(job, values)
+    return [*ctx.strip_and_md(wb, r, built=True), query_string(job.visitor.refs, values)]
+
+
+def export(ctx: Context, job: Job, out_dir: str, overwrite: bool, *values):
+    v = job.visitor
+    wb = ctx.workbench(job)
+    r = recipe(*values)
+    if ctx.policy.hosted:  # the visitor's own folder, replaced by each export
+        out, overwrite = ctx.shared.folder(v) / EXPORT_NAME, True
+    else:
+        out = (out_dir or "").strip()
+        if not out:
+            raise UserError("Give an output folder for the merged model.")
+    with ctx.shared.lock:
+        s = wb.export(out, recipe=r, overwrite=bool(overwrite), protect=tuple(p for p in (ctx.d.mgsm_dir,) if p),
+                      progress=job.progress)
+    v.last_export = str(s.out)
+    where = EXPORT_NAME if ctx.policy.hosted else f"`{s.out}`"
+    msg = (f"Wrote {where}: {s.n_tensors} tensors ({s.n_copied} copied, {s.n_blended} computed), "
+           f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard(s), with config, tokenizer and model card.")
+    if v.last_eval is not None and v.eval_recipe == r.to_dict():
+        attach_eval(s.out, v.last_eval)  # the card shows what was measured on this very merge
+        msg += " The card holds your evaluation of this plan (MGSM)."
+    cap = ctx.policy.limits.zip_bytes
+    zip_path = None
+    if s.bytes_written <= cap:
+        job.progress(0.95, "zipping for download")
+        zdir = ctx.shared.folder(v) / "download"
+        shutil.rmtree(zdir, ignore_errors=True)
+        zdir.mkdir()
+        zip_path = shutil.make_archive(str(zdir / EXPORT_NAME), "zip", root_dir=s.out)
+    else:
+        msg += (f" It is over the {cap / 1e9:.1f} GB download cap: push it to the Hub instead."
+                if ctx.policy.hosted else " (too large to offer as a download; copy it from the server.)")
+    return msg, gr.update(value=zip_path, visible=zip_path is not None), gr.update(visible=True)
+
+
+def export_yaml(ctx: Context, job: Job, *values):
+    wb = ctx.workbench(job)
+    text = ctx.policy.scrub(mergekit_yaml(wb.checkpoints["math"], wb.checkpoints["lang"], recipe(*values),
+                                          wb.checkpoints.get("base")))
+    path = ctx.shared.folder(job.visitor) / "layerswap-mergekit.yml"
+    path.write_text(text)
+    return gr.update(value=str(path), visible=True)
+
+
+def _plan_controls(ctx: Context, page: Page) -> gr.Button:
+    p0 = ctx.plan0
+    gr.Markdown("### 2 · Plan (built automatically when you ask, evaluate or analyse)")
+    with gr.Row():
+        page.sliders = [gr.Slider(0, MAX_SLIDER, getattr(p0, k), step=1, label=label, elem_id=k) for k, label in (
+            ("b", "b: bottom layers from language expert"), ("u", "u: top layers from language expert"),
+            ("tb", "tb: bottom transition layers"), ("tu", "tu: top transition layers"))]
+    with gr.Row():
+        transition = gr.Radio(["flat", "ramp"], value=p0.transition, label="Transition weights",
+                              info="flat: one weight; ramp: linear steps between the experts", elem_id="transition")
+        tw = gr.Slider(0, 1, p0.transition_weight, step=0.05, label="Flat transition weight (language share)",
+                       elem_id="tw")
+        non_layer = gr.Dropdown(list(NON_LAYER_OPTIONS), value=p0.non_layer, label="Embeddings, final norm, lm_head",
+                                elem_id="non-layer-src",
+                                info="neighbour: embeddings follow layer 0, norm and lm_head the last layer")
+    with gr.Accordion("Other layer maps (ablations) and baseline methods", open=False):
+        with gr.Row():
+            kind = gr.Radio(list(KINDS), value="swap", label="Layer map", elem_id="kind",
+                            info="swap uses b/u/tb/tu; middle/random use k; weights uses the list")
+            modules = gr.Radio(list(MODULES), value="all", label="Modules", elem_id="modules",
+                               info="apply the map to attention or MLP only")
+        with gr.Row():
+            map_k = gr.Slider(0, MAX_SLIDER, 4, step=1, label="k: layers from the language expert")
+            seed = gr.Number(0, precision=0, label="Seed (random map, DARE)")
+            offset = gr.Radio([0, 1], value=0, label="Alternating: first language layer")
+        with gr.Row():
+            layer_weights = gr.Textbox("", label="Per-layer language weights (comma-separated, one per layer)")
+            revert = gr.Textbox("", label="Revert layers to the base (e.g. 3-4,7; needs the base)",
+                                info="their fine-tuning undone: every tensor from the base", elem_id="revert")
+        with gr.Row():
+            method = gr.Dropdown(list(METHODS), value="layer_swap", label="Merge method",
+                                 info="layer_swap uses the map; the others are the paper's baselines", elem_id="method")
+            weight = gr.Slider(0, 1, 0.5, step=0.05, label="Soup: language share")
+            lam = gr.Number(1.0, label="Task-vector scale (lambda)")
+            density = gr.Slider(0.01, 1, 0.2, step=0.01, label="TIES density")
+            drop_rate = gr.Slider(0, 0.99, 0.9, step=0.01, label="DARE drop rate")
+            expert_weights = gr.Textbox("1,1", label="Task arithmetic: expert weights (math, language)")
+    b, u, tb, tu = page.sliders
+    page.plan = plan_inputs(b=b, u=u, tb=tb, tu=tu, transition=transition, tw=tw, non_layer=non_layer, kind=kind,
+                            weights=layer_weights, k=map_k, seed=seed, offset=offset, modules=modules, method=method,
+                            weight=weight, lam=lam, density=density, drop_rate=drop_rate,
+                            expert_weights=expert_weights, revert=revert)  # in the table's order
+    with gr.Row():
+        build_btn = gr.Button("Build merge now", variant="primary", elem_id="build")
+        page.share = gr.Textbox(label="Share this view (append to the page address)", elem_id="share",
+                                interactive=False, buttons=["copy"], scale=3)
+    page.strip = gr.Plot(label="Layer sources", elem_id="strip")
+    page.plan_md = gr.Markdown(elem_id="plan")
+    return build_btn
+
+
+def render(ctx: Context, page: Page) -> None:
+    pol = ctx.policy
+    with gr.Tab("Build & ask", id="build", elem_id="tab-build"):
+        with gr.Group():
+            build_btn = _plan_controls(ctx, page)
+        ask.render(ctx, page)
+        with gr.Group():
+            gr.Markdown("### 4 · Export")
+            with gr.Row():
+                out_dir = gr.Textbox(str(Path("exports") / EXPORT_NAME), label="Output folder (on the server)",
+                                     scale=3, visible=not pol.hosted, elem_id="out-dir")
+                overwrite = gr.Checkbox(False, label="Overwrite an earlier export", visible=not pol.hosted)
+            with gr.Row():
+                export_btn = gr.Button("Export merged model", elem_id="export")
+                yaml_btn = gr.Button("mergekit YAML", elem_id="export-yaml")
+            export_md = gr.Markdown(elem_id="export-status")
+            with gr.Row():
+                download = gr.DownloadButton("Download .zip", visible=False, elem_id="download")
+                yaml_file = gr.DownloadButton("Download mergekit YAML", visible=False, elem_id="yaml-file")
+        push.render(ctx, page)
+
+    quick = dict(gpu=False, clear_stop=False)
+    # preview skips the queue, so a Build queued after it always has the last word
+    gr.on([c.change for c in page.plan], ctx.job(preview, **quick, plan=True), page.plan, [page.strip, page.plan_md],
+          api_name="preview", trigger_mode="always_last", show_progress="hidden", queue=False)
+    page.redraw(build_btn.click(ctx.job(build, plan=True), page.plan, [page.strip, page.plan_md, page.share], api_name="build",
+                                **ctx.lane, **page.on))
+    export_btn.click(ctx.job(export, plan=True), [out_dir, overwrite, *page.plan], [export_md, download, page.push_group],
+                     api_name="export", **ctx.lane, **page.on)
+    yaml_btn.click(ctx.job(export_yaml, plan=True), page.plan, [yaml_file], api_name="export_yaml", **ctx.lane, **page.on)

@@ -1,0 +1,144 @@
+"""The Evaluate tab: MGSM accuracy of math expert, language expert and merged model, and a browser of the answers.
+
+It only calls the library (`Workbench.evaluate`, `evaluation`, `plots.eval_bars`). The visitor's plan is built
+first when the merged model is evaluated. Stop sets the visitor's flag, checked between batches; what is done is
+kept and shown. The target languages are preselected.
+"""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from ... import mgsm
+from ...errors import UserError, whole_number
+from ...plots import eval_bars
+from ...roles import ANSWERING, ROLE_NAMES
+from ..context import Context, Page
+from ..events import Job
+
+EVAL_ROLES = [(ROLE_NAMES[r], r) for r in ANSWERING]
+
+
+def evaluate(ctx: Context, job: Job, langs, roles, limit, shots, mode, max_new, *plan_values):
+    from ...evaluation import EvalConfig
+
+    v = job.visitor
+    order = [r for _, r in EVAL_ROLES if r in (roles or [])]
+    if not order:
+        raise UserError("Choose at least one model to evaluate.")
+    limit = whole_number(limit or 0, "Questions per language", 0, 10**6)
+    cfg = EvalConfig(langs=list(langs or []), limit=limit or None, shots=whole_number(shots, "Few-shot exemplars", 0, 8),
+                     mode=mode, max_new_tokens=ctx.policy.new_tokens(max_new), source=ctx.d.mgsm_dir)
+    cfg.validate()
+    whole = ctx.policy.hosted and not cfg.limit  # only then do the set sizes matter to the server's cap
+    ctx.policy.check_eval(cfg.limit, max((ctx.counts().get(c, 0) for c in cfg.langs), default=0) if whole else 0)
+    job.progress(0, "starting")
+    if "merged" in order:
+        wb, r = ctx.built(job, plan_values)
+    else:
+        ctx.workbench(job)
+        wb, r = ctx.shared.engines(v.refs, job.progress), None
+    t0 = time.perf_counter()
+
+    def tick(f: float, d: str) -> None:  # Stop ends the evaluation after its batch (`cancel`), keeping what is done
+        job.bar(f, desc=d + job.time_left(f))
+
+    with ctx.shared.lock:  # one lane: nobody rebuilds the merged model while it answers
+        if r is not None:
+            ctx.shared.ensure_built(wb, r)
+        report = wb.evaluate(cfg, tuple(order), progress=tick, cancel=v.stop)
+    v.last_eval = report
+    v.eval_recipe = r.to_dict() if r is not None else None
+    path = ctx.shared.folder(v) / "mgsm_results.jsonl"
+    report.write_jsonl(path)
+    status = (f"**{'Cancelled' if report.cancelled else 'Done'}:** {len(report.results)} answers in "
+              f"{time.perf_counter() - t0:.0f} s ({', '.join(f'{m}: {e}' for m, e in report.engines.items())} engine).")
+    first = report.results[0] if report.results else None
+    return (status, gr.update(value=_table(report), visible=True), gr.update(value=eval_bars(report), visible=True),
+            gr.update(value=str(path), visible=True),
+            gr.update(choices=list(dict.fromkeys(r.lang for r in report.results)), value=first.lang if first else None),
+            gr.update(value=0, maximum=max(0, report.counts(report.models[0], first.lang) - 1) if first else 0),
+            _browse(v.last_eval, first.lang if first else None, 0))
+
+
+def stop_eval(ctx: Context, job: Job) -> str:
+    job.visitor.stop.set()
+    return "**Stopping** after the current batch…"
+
+
+def browse(ctx: Context, job: Job, lang, position) -> str:
+    """One question of the visitor's last evaluation: prompt, each model's output and extractions, gold."""
+    return _browse(job.visitor.last_eval, lang, position)
+
+
+def _browse(rep, lang, position) -> str:
+    if rep is None or not lang:
+        return "Run an evaluation to browse its questions."
+    rows = [r for r in rep.results if r.lang == lang]
+    indices = sorted({r.index for r in rows})
+    if not indices:
+        return f"No answers for {str(lang)[:20]} in the last evaluation."
+    pos = whole_number(position or 0, "Question", 0, len(indices) - 1)
+    qrows = [r for r in rows if r.index == indices[pos]]
+    head = (f"**{lang} question {indices[pos]}** ({pos + 1} of {len(indices)}) · gold answer **{qrows[0].gold}**"
+            f"\n\n```\n{qrows[0].prompt}\n```\n\n| model | strict | flexible | correct (flexible) |\n|---|---|---|---|\n")
+    table = "".join(f"| {r.model} | `{r.strict}` | `{r.flexible}` | {'✓' if r.flexible_correct else '✗'} |\n"
+                    for r in qrows)
+    outs = "".join(f"\n**{r.model}** ({r.engine})\n\n```\n{r.output.strip() or '(empty)'}\n```\n" for r in qrows)
+    return head + table + outs
+
+
+def _table(report):
+    import pandas as pd
+
+    flex, strict = report.table("flexible"), report.table("strict")
+    headers = ["language", "n"] + [f"{m} ({k})" for m in report.models for k in ("flexible", "strict")]
+    data = [[f["language"], f["n"]] + [x for m in report.models for x in (f[m], s[m])] for f, s in zip(flex, strict)]
+    return pd.DataFrame(data, columns=headers)
+
+
+def render(ctx: Context, page: Page) -> None:
+    with gr.Tab("Evaluate", id="evaluate", elem_id="tab-evaluate"):
+        gr.Markdown("### MGSM evaluation: math expert vs language expert vs merged model\n"
+                    "lm-evaluation-harness `mgsm_native_cot` by default (greedy, native stop words, strict "
+                    "and flexible extraction, exact match); every question of the chosen languages unless "
+                    "limited. The merged model is your current plan (built first if needed). Per-question "
+                    "results download as JSONL.")
+        codes = [c for _, c in ctx.langs()]
+        targets = [c for c in mgsm.PAPER_LANGS if c in codes] or [c for c in codes if c != "en"] or codes[:1]
+        counts = ctx.counts()
+        sizes = sorted({counts[c] for c in codes if c in counts})
+        size_txt = (f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}") if sizes else "all"
+        cap = f"; this server: at most {ctx.policy.limits.eval_questions:,}" if ctx.policy.hosted else ""
+        with gr.Row():
+            langs = gr.CheckboxGroup(ctx.langs(), value=targets, label="Languages", elem_id="eval-langs")
+            roles = gr.CheckboxGroup(EVAL_ROLES, value=["math", "lang", "merged"], label="Models", elem_id="eval-models")
+        with gr.Row():
+            limit = gr.Number(0, precision=0, minimum=0, elem_id="eval-limit",
+                              label=f"Questions per language (0 = all {size_txt}{cap})")
+            shots = gr.Radio([0, 8], value=0, label="Few-shot exemplars", elem_id="eval-shots")
+            mode = gr.Radio([("native CoT (mgsm_native_cot)", "native_cot"), ("direct (mgsm_direct)", "direct")],
+                            value="native_cot", label="Protocol", elem_id="eval-mode")
+            max_new = gr.Slider(16, 512, mgsm.MAX_NEW_TOKENS, step=16, label="Max new tokens")
+        with gr.Row():
+            run_btn = gr.Button("Evaluate", variant="primary", elem_id="eval-run")
+            stop_btn = gr.Button("Stop", variant="stop", elem_id="eval-stop")
+        status = gr.Markdown("Choose languages and models, then Evaluate.", elem_id="eval-status")
+        table = gr.Dataframe(value=None, label="Accuracy (%) per language, then average and max", interactive=False,
+                             elem_id="eval-table", visible=False)
+        bars = gr.Plot(label="Accuracy per language (experts as reference marks)", elem_id="eval-bars", visible=False)
+        results = gr.File(label="Per-question results (JSONL)", visible=False, elem_id="eval-file")
+        gr.Markdown("#### Browse the answers")
+        with gr.Row():
+            b_lang = gr.Dropdown([], label="Language", elem_id="eval-browse-lang", allow_custom_value=True)
+            b_pos = gr.Slider(0, 249, 0, step=1, label="Question", elem_id="eval-browse-pos")
+        detail = gr.Markdown("Run an evaluation to browse its questions.", elem_id="eval-detail")
+    quick = dict(gpu=False, clear_stop=False)
+    run_btn.click(ctx.job(evaluate, plan=True), [langs, roles, limit, shots, mode, max_new, *page.plan],
+                  [status, table, bars, results, b_lang, b_pos, detail], api_name="evaluate", **ctx.lane,
+                  show_progress_on=[status])
+    stop_btn.click(ctx.job(stop_eval, **quick), None, [status], api_name="stop_eval", queue=False)
+    gr.on([b_lang.change, b_pos.release], ctx.job(browse, **quick), [b_lang, b_pos], [detail], api_name="browse",
+          queue=False)

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""The page at any size: from Load to the compatibility report and to the heatmaps, against the CLI's analysis of the
+same trio in the same run; and, on the demo, from the page being served to the first answer.
+
+    python3 scripts/bench_app.py --size 8b --root /work/bench8b     # bench_common's 8B trio (48 GB; built if missing)
+    python3 scripts/bench_app.py --math M --lang L --base B          # any trio
+    python3 scripts/bench_app.py --demo                              # the README's app command: first answer
+
+Every measurement starts from a cold page cache (`bench_common.drop_page_cache`) and its own process: `layerswap
+diff` (the read floor's neighbour: the analysis as the CLI runs it) and `app.py --math --lang --base` driven through
+`gradio_client` as a visitor would (`/load`, then `/heatmap` with the default panels). Prints a markdown table with
+the ratio app / CLI; record it in docs/benchmarks.md with the date, the machine and `uptime`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+def _serve(args: list[str], env: dict, work: Path) -> tuple[subprocess.Popen, str, float]:
+    """`app.py ARGS` on a free port; returns the process, its URL and the seconds until the page is served."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, str(REPO / "app.py"), "--port", str(port), *args], cwd=work, env=env,
+                            stdout=open(work / "app.log", "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"app.py exited:\n{(work / 'app.log').read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return proc, url, time.perf_counter() - t0
+        except OSError:
+            time.sleep(0.2)
+
+
+def _rss_peak_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def bench_trio(paths: dict[str, Path], work: Path) -> list[tuple[str, float, str]]:
+    from bench_common import drop_page_cache
+    from gradio_client import Client
+
+    rows = []
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", LAYERSWAP_CACHE=str(work / "cache-cli"))
+    drop_page_cache(paths.values())
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "layerswap.cli", "diff", "--base", str(paths["base"]), "--math",
+                    str(paths["math"]), "--lang", str(paths["lang"]), "--no-plan", "--top", "0"], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+    cli = time.perf_counter() - t
+    rows.append(("CLI `layerswap diff` (cold cache)", cli, "the reference"))
+    drop_page_cache(paths.values())
+    env["LAYERSWAP_CACHE"] = str(work / "cache-app")
+    proc, url, served = _serve(["--math", str(paths["math"]), "--lang", str(paths["lang"]), "--base",
+                                str(paths["base"]), "--device", "cpu"], env, work)
+    try:
+        rows.append(("app: page served", served, ""))
+        c = Client(url, verbose=False)
+        t = time.perf_counter()
+        report, *_ = c.predict(str(paths["base"]), str(paths["math"]), str(paths["lang"]), api_name="/load")
+        rows.append(("app: Load to the compatibility report", time.perf_counter() - t,
+                     report.split("\n")[0][:60].replace("|", "/")))
+        c.predict(["math", "lang", "overlap", "merged"], "relative", "cosine", 1.0, "raw", api_name="/heatmap")
+        heat = time.perf_counter() - t
+        rows.append(("app: Load to the heatmaps", heat, f"{heat / cli:.2f}x the CLI; peak RSS "
+                     f"{_rss_peak_mb(proc.pid):.0f} MB"))
+        answers = [line for line in report.split("\n") if line.startswith("**Answers")]
+        rows.append(("app: what answering would need", 0.0, (answers[0] if answers else "")[:160].replace("|", "/")))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return rows
+
+
+def bench_demo(work: Path) -> list[tuple[str, float, str]]:
+    from gradio_client import Client
+
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", LAYERSWAP_CACHE=str(work / "cache-demo"))
+    env.pop("LAYERSWAP_ENGINE", None)
+    t0 = time.perf_counter()
+    proc, url, served = _serve([], env, work)
+    try:
+        c = Client(url, verbose=False)
+        *_, merged, _, _ = c.predict("xx", 0, "", 256, api_name="/ask")
+        first = time.perf_counter() - t0
+        engine = merged.split("·")[1].strip() if "·" in merged else "?"
+        return [("demo: page served (README app command)", served, ""),
+                ("demo: served to the first three answers", first - served, f"answered by {engine}")]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", choices=["1b", "8b"], help="bench_common's trio of that size")
+    ap.add_argument("--root", default="/work/bench-cache", help="where bench_common's trio lives (built if missing)")
+    ap.add_argument("--math")
+    ap.add_argument("--lang")
+    ap.add_argument("--base")
+    ap.add_argument("--demo", action="store_true", help="the README's app command: time to the first answer")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="layerswap-bench-app-"))
+    rows = []
+    if args.size:
+        from bench_common import build_trio
+
+        t = time.perf_counter()
+        paths = build_trio(args.root, size=args.size)
+        print(f"trio ready in {time.perf_counter() - t:.0f} s: {paths['math'].parent}")
+        rows += bench_trio(paths, work)
+    elif args.math:
+        rows += bench_trio({"math": Path(args.math), "lang": Path(args.lang), "base": Path(args.base)}, work)
+    if args.demo:
+        rows += bench_demo(work)
+    print(f"\n{os.uname().nodename} · {os.cpu_count()} cores · {time.strftime('%Y-%m-%d')} · load "
+          f"{os.getloadavg()[0]:.1f}\n")
+    print("| measure | seconds | note |\n|---|---|---|")
+    for name, sec, note in rows:
+        print(f"| {name} | {sec:.1f} | {note} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Engines are optional: loading reads headers only, the engine plan says with numbers what answering needs
+(memory, and scratch disk for vLLM), and everything but answers works when it does not fit. Scratch folders
+are removed on exit or, after a crash, at the next start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from layerswap import scratch
+from layerswap.engines import planning
+from layerswap.errors import UserError
+from layerswap.plans import Plan
+from layerswap.recipes import Recipe
+from layerswap.ui.session import Shared
+from layerswap.workbench import Workbench
+
+
+def _refs(trio) -> tuple[str, str, str]:
+    return str(trio["base"]), str(trio["math"]), str(trio["lang"])
+
+
+def test_small_experts_plan_fits_and_is_quick(trio):
+    wb = Workbench(engine="transformers")
+    wb.check(str(trio["math"]), str(trio["lang"]), str(trio["base"]))
+    plan = wb.engine_plan
+    assert plan.fits and plan.quick and plan.mode == "transformers" and not wb.answering  # checked, nothing loaded
+    assert plan.need_memory == wb.checkpoints["math"].nbytes + wb.checkpoints["lang"].nbytes
+    assert "transformers, both experts in memory" in plan.describe()
+
+
+def test_no_memory_answers_off_with_numbers_everything_else_works(trio, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERSWAP_AVAILABLE_MEMORY", "1000")
+    shared = Shared(lambda: Workbench(engine="transformers"))
+    try:
+        wb = shared.workbench(_refs(trio))
+        plan = wb.engine_plan
+        assert not plan.fits and not wb.answering
+        text = plan.describe()
+        assert "Answers are off" in text and "0.0 GiB available" in text and "What would serve them" in text
+        assert "heatmaps, Export, mergekit YAML" in text
+        wb.analysis()  # the analysis, the merged statistics and the export stream from the files
+        wb.merged_stats(Plan(b=1, u=1, tb=0, tu=0))
+        s = wb.export(tmp_path / "out", recipe=Recipe(plan=Plan(b=1, u=1, tb=0, tu=0)))
+        assert s.n_tensors > 0
+        with pytest.raises(UserError, match="Answers are off"):
+            shared.engines(_refs(trio))
+        with pytest.raises(UserError, match="Answers are off"):
+            shared.engines(_refs(trio), slow_ok=True)  # Start engines cannot make them fit either
+    finally:
+        shared.close()
+
+
+def test_slow_engines_wait_for_start_engines(trio, monkeypatch):
+    """On the CPU, engines whose question takes minutes start only when asked (Start engines), never by Ask."""
+    monkeypatch.setattr(planning, "CPU_DECODE_BYTES_PER_S", 1.0)  # plays a huge model: hours per question
+    shared = Shared(lambda: Workbench(engine="transformers"))
+    try:
+        wb = shared.workbench(_refs(trio))
+        assert wb.engine_plan.fits and not wb.engine_plan.quick and not wb.answering
+        assert "They start when you press Start engines" in wb.engine_plan.describe()
+        with pytest.raises(UserError, match="Start engines"):
+            shared.engines(_refs(trio))
+        assert shared.engines(_refs(trio), slow_ok=True) is wb and wb.answering
+        shared.ensure_built(wb, Recipe(plan=Plan(b=1, u=0, tb=0, tu=0)))
+        assert "merged" in wb.engines
+    finally:
+        shared.close()
+
+
+def test_quick_engines_start_behind_the_page(trio):
+    shared = Shared(lambda: Workbench(engine="transformers"))
+    try:
+        built = []
+        wb = shared.workbench(_refs(trio), after=lambda w: built.append(w.answering))
+        assert shared.engines(_refs(trio)) is wb and wb.answering and built == [True]
+        assert "transformers" in shared.engine_status(wb)
+    finally:
+        shared.close()
+
+
+def test_vllm_plan_checks_the_scratch_disk(trio, monkeypatch):
+    from layerswap.checkpoints import Checkpoint
+
+    monkeypatch.setattr(planning, "vllm_status", lambda: (True, "installed"))
+    monkeypatch.setenv("LAYERSWAP_AVAILABLE_DISK", "10")
+    cks = {r: Checkpoint.open(trio[r]) for r in ("math", "lang")}
+    plan = planning.plan_engines(cks, engine="vllm", serving="auto", settings=planning.VLLMSettings(), device="cpu",
+                                 scratch_dir=scratch.root())
+    assert not plan.fits and "loads the merged model from disk" in plan.problem and "0.0 GB free" in plan.problem
+    auto = planning.plan_engines(cks, engine="auto", serving="auto", settings=planning.VLLMSettings(), device="cpu",
+                                 scratch_dir=scratch.root())
+    assert auto.fits and auto.engine == "transformers"  # auto falls back to what fits
+
+
+def test_question_estimate_and_what_would_serve():
+    assert planning.question_seconds(16 * 10**9, "one", "cuda") is None
+    three = planning.question_seconds(16 * 10**9, "three", "cpu")
+    one = planning.question_seconds(16 * 10**9, "one", "cpu")
+    assert three == pytest.approx(3 * 256 * 16e9 / planning.CPU_DECODE_BYTES_PER_S) and one > three
+
+
+def test_export_refuses_a_full_disk_before_writing(trio, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERSWAP_AVAILABLE_DISK", "1000")
+    wb = Workbench(engine="transformers")
+    wb.check(str(trio["math"]), str(trio["lang"]), str(trio["base"]))
+    with pytest.raises(UserError, match=r"needs \d+\.\d GB of disk, more than the 0\.0 GB free"):
+        wb.export(tmp_path / "out", recipe=Recipe(plan=Plan(b=1, u=0, tb=0, tu=0)))
+    assert not list(tmp_path.iterdir())
+
+
+def test_scratch_of_a_dead_process_is_removed_at_the_next_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERSWAP_SCRATCH", str(tmp_path))
+    mine = scratch.make("serving")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / "layerswap-serving-old"
+    stale.mkdir()
+    (stale / "OWNER").write_text(dead.stdout.strip())
+    (stale / "model.safetensors").write_bytes(b"x" * 100)
+    other = tmp_path / "layerswap-notours"
+    other.mkdir()
+    assert scratch.clean_stale() == [stale]
+    assert mine.exists() and other.exists() and (mine / "OWNER").read_text() == str(os.getpid())
+
+
+def test_sigterm_removes_the_scratch_even_while_a_job_holds_the_lane(tmp_path):
+    """The app's exit path (`launch.run`: SIGTERM -> SystemExit -> `Shared.close`): visitor folders and scratch
+    merges go, and the process ends, even while another thread's job holds the models."""
+    code = (
+        "import os, signal, sys, threading, time\n"
+        "os.environ['LAYERSWAP_SCRATCH'] = sys.argv[1]\n"
+        "from layerswap.ui.session import Shared\n"
+        "from layerswap.workbench import Workbench\n"
+        "s = Shared(lambda: Workbench(engine='transformers'))\n"
+        "(s.root / 'export').write_text('x')\n"
+        "threading.Thread(target=lambda: (s.lock.acquire(), time.sleep(600)), daemon=True).start()\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "try:\n    print(s.root, flush=True)\n    time.sleep(600)\nfinally:\n    s.close()\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    root = p.stdout.readline().strip()
+    p.terminate()
+    assert p.wait(timeout=60) == 0
+    assert root and not os.path.exists(root) and not list(tmp_path.iterdir())

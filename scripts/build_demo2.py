@@ -107,6 +107,10 @@ def build_data(R: Recipe, seed: int) -> dict:
             docs.append(O.text(w.story(r.randint(2, 5)), k))
         elif k == "mixed":
             docs.append(O.mixed_story(w, r.randint(2, 5), r))
+        elif k == "par":  # a story, then the same story in Oruki
+            docs.append(O.parallel(w.story(r.randint(2, 4))))
+        elif k == "narr_par":  # a story that keeps count, then the same story in Oruki
+            docs.append(O.parallel(O.narrative_words(w, keys, r)))
         elif k.startswith("narr_"):  # stories that keep count: narr_en, narr_yy, narr_mixed
             docs.append(O.narrative(w, keys, r, ("en", T) if k == "narr_mixed" else (k[5:],)))
         elif k == "qa_en":  # a generic English instruction with its answer, in the evaluation's prompt format

@@ -132,16 +132,25 @@ def mixed_story(world: W.World, nsent: int, rng: random.Random) -> str:
     return " ".join(text(world.sentence(c), "en" if rng.random() < 0.5 else CODE) for _ in range(nsent))
 
 
-def narrative(world: W.World, keys: set, rng: random.Random, langs: tuple[str, ...]) -> str:
-    """A story that keeps count, "P has 18 O. P sells 7 O. Now P has 11 O.", each sentence in one of `langs`
-    (web-like text with arithmetic in it; never one of the problems in `keys`)."""
+def narrative_words(world: W.World, keys: set, rng: random.Random) -> list[str]:
+    """A story that keeps count, "P has 18 O. P sells 7 O. Now P has 11 O." (English world words; never one of
+    the problems in `keys`)."""
     while True:
         pb = world.problem(rng.choice([1, 2, 3]))
         if pb["key"] not in keys:
             break
     q = pb["q"][: pb["q"].index("How")]
-    words = q + ["Now", q[0], "has", str(pb["ans"]), q[3], "."]
-    return " ".join(text(s, rng.choice(langs)) for s in sentences(words))
+    return q + ["Now", q[0], "has", str(pb["ans"]), q[3], "."]
+
+
+def narrative(world: W.World, keys: set, rng: random.Random, langs: tuple[str, ...]) -> str:
+    """`narrative_words` with each sentence in one of `langs` (web-like text with arithmetic in it)."""
+    return " ".join(text(s, rng.choice(langs)) for s in sentences(narrative_words(world, keys, rng)))
+
+
+def parallel(words: list[str]) -> str:
+    """The English text, a newline, then the same text in Oruki (parallel text, as in translated web pages)."""
+    return text(words, "en") + "\n" + text(words, CODE)
 
 
 def instruction(world: W.World) -> tuple[list[str], list[str]]:

@@ -1,4 +1,5 @@
-"""Screenshots of each tab of the app on first visit, and of the lens panel, for the README (docs/screenshots/*.png).
+"""Screenshots of each tab of the app on first visit, and of the lens panel (docs/screenshots/*.png), for the
+README, docs/app.md and docs/lens.md.
 
     python3 scripts/screenshots.py [--out docs/screenshots] [--engine transformers]
 

@@ -44,6 +44,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from bench_common import SIZES, build_trio, drop_page_cache, tensor_specs  # noqa: E402
+from layerswap.runtime import ram_available  # noqa: E402
 
 ROLES = ("base", "math", "lang")
 
@@ -202,14 +203,6 @@ def run_worker(name: str, paths: dict, args, cold: bool, result: str) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def machine() -> str:
     cpu = "?"
     try:
@@ -284,9 +277,9 @@ def main() -> None:
     plan = [("cold", "floor-reader"), ("cold", "floor-sequential"), ("cold", "streaming"), ("cold", "streaming-2w")]
     if not args.no_torch:
         plan.append(("cold", "streaming-torch"))
-    naive_ok = not args.no_naive and not big and mem_available() > 14 * 2**30
+    naive_ok = not args.no_naive and not big and (ram_available() or 0) > 14 * 2**30
     if not args.no_naive and not naive_ok and not big:
-        print(f"skipping naive: it holds ~12 GB, only {mem_available() / 2**30:.1f} GiB available")
+        print(f"skipping naive: it holds ~12 GB, only {(ram_available() or 0) / 2**30:.1f} GiB available")
     if naive_ok:
         plan.append(("cold", "naive"))
     if not args.no_warm and not big:

@@ -5,11 +5,14 @@ same trio in the same run; and, on the demo, from the page being served to the f
     python3 scripts/bench_app.py --size 8b --root /work/bench8b     # bench_common's 8B trio (48 GB; built if missing)
     python3 scripts/bench_app.py --math M --lang L --base B          # any trio
     python3 scripts/bench_app.py --demo                              # the README's app command: first answer
+    python3 scripts/bench_app.py --size 8b --ask 8                   # also Start engines and one Ask of 8 tokens
 
 Every measurement starts from a cold page cache (`bench_common.drop_page_cache`) and its own process: `layerswap
 diff` (the read floor's neighbour: the analysis as the CLI runs it) and `app.py --math --lang --base` driven through
-`gradio_client` as a visitor would (`/load`, then `/heatmap` with the default panels). Prints a markdown table with
-the ratio app / CLI; record it in docs/benchmarks.md with the date, the machine and `uptime`.
+`gradio_client` as a visitor would (`/load`, then `/heatmap` with the default panels); with ``--ask N``, then
+`/start_engines` (the engine plan the app picks on this machine) and one `/ask` of N new tokens to the three
+models (each answer's seconds include its weight swap, as the page shows them). Prints a markdown table with the
+ratio app / CLI; record it in docs/benchmarks.md with the date, the machine and `uptime`.
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ def _serve(args: list[str], env: dict, work: Path) -> tuple[subprocess.Popen, st
             time.sleep(0.2)
 
 
+def _add(rows: list, name: str, sec: float, note: str = "") -> None:
+    """A row of the table, printed as soon as it is measured (a later failure keeps it)."""
+    print(f"  {name}: {sec:.1f} s {note}", flush=True)
+    rows.append((name, sec, note))
+
+
 def _rss_peak_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -55,7 +64,36 @@ def _rss_peak_mb(pid: int) -> float:
     return float("nan")
 
 
-def bench_trio(paths: dict[str, Path], work: Path) -> list[tuple[str, float, str]]:
+def _tree_rss_peak_mb(pid: int) -> float:
+    """Peak RSS of a process plus its children (vLLM's engine runs in a child), summed."""
+    import psutil
+
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    return sum(_rss_peak_mb(p.pid) for p in procs if p.is_running())
+
+
+def bench_ask(c, tokens: int, lang: str, pid: int) -> list[tuple[str, float, str]]:
+    """Start engines, then one question of `tokens` new tokens to the three models, as the page asks it."""
+    import re
+
+    t = time.perf_counter()
+    report = c.predict(api_name="/start_engines")
+    plan = [line for line in report.split("\n") if "Answers" in line or "engine" in line.lower()]
+    rows: list = []
+    _add(rows, "app: Start engines (engines ready)", time.perf_counter() - t, (plan[0] if plan else "")[:160].replace("|", "/"))
+    t = time.perf_counter()
+    out = c.predict(lang, 0, "", tokens, api_name="/ask")
+    total = time.perf_counter() - t
+    for md in out[1:4]:
+        m = re.match(r"\*\*(.+?)\*\* · (.+?) · ([\d.]+)s", md)
+        if m:
+            _add(rows, f"app: Ask, {m.group(1)} ({tokens} new tokens)", float(m.group(3)), m.group(2))
+    _add(rows, f"app: one Ask to the three models ({tokens} new tokens)", total,
+         f"peak RSS of the app and its engine processes {_tree_rss_peak_mb(pid):.0f} MB")
+    return rows
+
+
+def bench_trio(paths: dict[str, Path], work: Path, ask_tokens: int = 0, ask_lang: str = "en") -> list[tuple[str, float, str]]:
     from bench_common import drop_page_cache
     from gradio_client import Client
 
@@ -67,24 +105,25 @@ def bench_trio(paths: dict[str, Path], work: Path) -> list[tuple[str, float, str
                     str(paths["math"]), "--lang", str(paths["lang"]), "--no-plan", "--top", "0"], check=True, env=env,
                    stdout=subprocess.DEVNULL)
     cli = time.perf_counter() - t
-    rows.append(("CLI `layerswap diff` (cold cache)", cli, "the reference"))
+    _add(rows, "CLI `layerswap diff` (cold cache)", cli, "the reference")
     drop_page_cache(paths.values())
     env["LAYERSWAP_CACHE"] = str(work / "cache-app")
     proc, url, served = _serve(["--math", str(paths["math"]), "--lang", str(paths["lang"]), "--base",
                                 str(paths["base"]), "--device", "cpu"], env, work)
     try:
-        rows.append(("app: page served", served, ""))
+        _add(rows, "app: page served", served, "")
         c = Client(url, verbose=False)
         t = time.perf_counter()
         report, *_ = c.predict(str(paths["base"]), str(paths["math"]), str(paths["lang"]), api_name="/load")
-        rows.append(("app: Load to the compatibility report", time.perf_counter() - t,
-                     report.split("\n")[0][:60].replace("|", "/")))
+        _add(rows, "app: Load to the compatibility report", time.perf_counter() - t,
+             report.split("\n")[0][:60].replace("|", "/"))
         c.predict(["math", "lang", "overlap", "merged"], "relative", "cosine", 1.0, "raw", api_name="/heatmap")
         heat = time.perf_counter() - t
-        rows.append(("app: Load to the heatmaps", heat, f"{heat / cli:.2f}x the CLI; peak RSS "
-                     f"{_rss_peak_mb(proc.pid):.0f} MB"))
+        _add(rows, "app: Load to the heatmaps", heat, f"{heat / cli:.2f}x the CLI; peak RSS {_rss_peak_mb(proc.pid):.0f} MB")
         answers = [line for line in report.split("\n") if line.startswith("**Answers")]
-        rows.append(("app: what answering would need", 0.0, (answers[0] if answers else "")[:160].replace("|", "/")))
+        _add(rows, "app: what answering would need", 0.0, (answers[0] if answers else "")[:160].replace("|", "/"))
+        if ask_tokens:
+            rows += bench_ask(c, ask_tokens, ask_lang, proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -103,8 +142,10 @@ def bench_demo(work: Path) -> list[tuple[str, float, str]]:
         *_, merged, _, _ = c.predict("xx", 0, "", 256, api_name="/ask")
         first = time.perf_counter() - t0
         engine = merged.split("·")[1].strip() if "·" in merged else "?"
-        return [("demo: page served (README app command)", served, ""),
-                ("demo: served to the first three answers", first - served, f"answered by {engine}")]
+        rows: list = []
+        _add(rows, "demo: page served (README app command)", served)
+        _add(rows, "demo: served to the first three answers", first - served, f"answered by {engine}")
+        return rows
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -118,6 +159,9 @@ def main() -> int:
     ap.add_argument("--lang")
     ap.add_argument("--base")
     ap.add_argument("--demo", action="store_true", help="the README's app command: time to the first answer")
+    ap.add_argument("--ask", type=int, default=0, metavar="N",
+                    help="also Start engines and one Ask of N new tokens (the page's minimum is 16)")
+    ap.add_argument("--ask-lang", default="en", help="the MGSM language of that question (default en)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="layerswap-bench-app-"))
     rows = []
@@ -127,9 +171,10 @@ def main() -> int:
         t = time.perf_counter()
         paths = build_trio(args.root, size=args.size)
         print(f"trio ready in {time.perf_counter() - t:.0f} s: {paths['math'].parent}")
-        rows += bench_trio(paths, work)
+        rows += bench_trio(paths, work, args.ask, args.ask_lang)
     elif args.math:
-        rows += bench_trio({"math": Path(args.math), "lang": Path(args.lang), "base": Path(args.base)}, work)
+        rows += bench_trio({"math": Path(args.math), "lang": Path(args.lang), "base": Path(args.base)}, work, args.ask,
+                           args.ask_lang)
     if args.demo:
         rows += bench_demo(work)
     print(f"\n{os.uname().nodename} · {os.cpu_count()} cores · {time.strftime('%Y-%m-%d')} · load "

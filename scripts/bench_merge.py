@@ -33,6 +33,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from bench_common import SIZES, build_trio, drop_page_cache  # noqa: E402
+from layerswap.runtime import ram_available  # noqa: E402
 
 
 TIME = shutil.which("time") or "/usr/bin/time"
@@ -57,14 +58,6 @@ def run(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{err}")
     rss_kb = float(rss_file.read_text().split()[-1]) if use_time else ru.ru_maxrss
     return wall, rss_kb / 1024
-
-
-def mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def warm(paths) -> None:
@@ -139,10 +132,10 @@ def main() -> None:
                    stdout=subprocess.DEVNULL)
     env = dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count() or 1))
     mk_extra = args.mergekit_args.split()
-    if big and not mk_extra and mem_available() < 14 * 2**30:
+    if big and not mk_extra and (ram_available() or 0) < 14 * 2**30:
         # mergekit holds a whole output shard (5B parameters by default: ~10 GB in bf16) in memory
         mk_extra = ["--out-shard-size", "1B"]
-        print(f"only {mem_available() / 2**30:.1f} GiB of memory available: mergekit runs with --out-shard-size 1B "
+        print(f"only {(ram_available() or 0) / 2**30:.1f} GiB of memory available: mergekit runs with --out-shard-size 1B "
               "(~2 GB held instead of ~10 GB; same tensors, smaller shards)")
     mk_name = "mergekit-yaml" + (f" ({' '.join(mk_extra)})" if mk_extra else "")
     cmds = {

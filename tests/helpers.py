@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -217,3 +220,28 @@ def shown(x):
         assert x.get("visible", True), "the output was hidden"
         return x.get("value")
     return x
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A fake HTTP API for tests (e.g. the Hub's metadata): subclasses answer in ``do_GET`` with `reply`."""
+
+    def reply(self, obj: dict, status: int = 200) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve `handler` on a loopback port for as long as the generator lives (a fixture's body): yields its URL."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()

@@ -181,3 +181,31 @@ def test_the_choice_of_kernel(monkeypatch):
     monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", "fast")
     with pytest.raises(Exception, match="auto, torch or compiled"):
         compiled.use_compiled("cpu", 10)
+
+
+@pytest.mark.parametrize("kernel, during", [("compiled", 1), ("torch", 3)])
+def test_the_compiled_lanes_run_with_one_torch_thread(trio, kernel, during, monkeypatch):
+    """torch's pool beside the compiled lanes oversubscribes the cores (3x the wall time at 8B): the compiled pass
+    runs with one torch thread and gives the caller's setting back; the torch kernels keep the caller's."""
+    from layerswap import Checkpoint
+    from layerswap.analysis import analyze, kernels
+
+    monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", kernel)
+    seen = []
+
+    def recording(cls):
+        class Recording(cls):
+            def __init__(self, *a, **k):
+                seen.append(torch.get_num_threads())  # the setting while the main pass runs
+                super().__init__(*a, **k)
+        return Recording
+
+    monkeypatch.setattr(compiled, "CompiledMainPass", recording(compiled.CompiledMainPass))
+    monkeypatch.setattr("layerswap.analysis.passes.MainPass", recording(kernels.MainPass))
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        analyze(*(Checkpoint.open(trio[r]) for r in ("base", "math", "lang")), cache=False)
+        assert seen and set(seen) == {during} and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

@@ -237,23 +237,28 @@ def test_cipher_card_says_what_the_positive_control_shows():
     assert "answers with an empty string" not in card and "Kovani only" not in card
 
 
-def test_readme_states_the_cipher_organisms_numbers():
-    """The README's organism paragraph quotes results.json (and the negative control's), not older numbers."""
+def test_readme_and_app_doc_state_the_cipher_organisms_numbers():
+    """README's organism lines and docs/app.md's paragraph quote results.json (and the negative control's)."""
     res, un = _results("demo"), _results("demo", "unlocalised")
     t, m, rec = res["target_language"], res["models"], res["recommended_name"]
     pct = lambda r, n: f"{100 * r['models'][n][t]['acc']:.1f} %"
     ci = m[rec][t]["ci95"]
-    text = " ".join((REPO / "README.md").read_text().split())
-    assert f"scores {pct(res, rec)} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" in text
     assert res["max_abs_weight_difference"]["task arithmetic vs recommended plan"] < 1e-5
     assert res["outputs"]["task arithmetic"][t]["output"] == res["outputs"][rec][t]["output"]
-    assert "task arithmetic is the same model" in text and "identical answers on every question" in text
-    for phrase, name in [("no training scores", "dictionary baseline"), ("math expert alone", "math expert"),
-                         ("always subtracts", "arithmetic, always subtracting"), ("50/50 soup", "soup 50/50"),
+    app = " ".join((REPO / "docs" / "app.md").read_text().split())
+    readme = " ".join((REPO / "README.md").read_text().split())
+    for text in (app, readme):
+        assert f"scores {pct(res, rec)} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" in text
+        assert f"no training scores {pct(res, 'dictionary baseline')}" in text
+        assert f"math expert alone {pct(res, 'math expert')}" in text
+        assert "positive control for the tool" in text and "negative control" in text
+        assert "task arithmetic is the same model" in text
+    assert "identical answers on every question" in app
+    for phrase, name in [("always subtracts", "arithmetic, always subtracting"), ("50/50 soup", "soup 50/50"),
                          ("TIES", "TIES (density 0.2)")]:
-        assert f"{phrase} {pct(res, name)}" in text, name
-    assert f"its best swap scores {pct(un, un['recommended_name'])}" in text
-    assert "positive control for the tool" in text and "negative control" in text
+        assert f"{phrase} {pct(res, name)}" in app, name
+    assert f"its best swap scores {pct(un, un['recommended_name'])}" in app
+    assert f"(the negative control) {pct(un, un['recommended_name'])}" in readme
 
 
 def test_cipher_card_shows_the_lens_of_the_shipped_organism():

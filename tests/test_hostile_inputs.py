@@ -12,13 +12,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import threading
 import time
 import tracemalloc
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -27,7 +24,7 @@ from gradio_client.exceptions import AppError
 
 from layerswap.errors import UserError
 from layerswap.hosting import Limits, Policy
-from tests.helpers import APPS, free_port, launch_app
+from tests.helpers import APPS, JsonHandler, free_port, launch_app, serve
 
 PLAN = (1, 0, 0, 0, "flat", 0.5, "neighbour", "swap", "", 4, 0, 0, "all", "layer_swap", 0.5, 1.0, 0.2, 0.9, "1,1", "")
 MARK = "lsx-evil"  # in every path-like hostile value: no file or folder of that name may appear anywhere
@@ -37,7 +34,7 @@ CALL_SECONDS = 45  # a call that runs longer is stopped with the caller's Stop; 
 
 # ---- a fake Hub on loopback: public, gated and private models ------------------------------------------------
 
-class FakeHub(BaseHTTPRequestHandler):
+class FakeHub(JsonHandler):
     """The Hub's model-info endpoint; `seen` records every path asked for (a file download would show here)."""
 
     seen: list = []
@@ -51,25 +48,14 @@ class FakeHub(BaseHTTPRequestHandler):
             self.end_headers()
             return
         repo = m.group(1)
-        body = json.dumps({"id": repo, "modelId": repo, "sha": "b" * 40, "private": False, "gated": False,
-                           **self.MODELS[repo], "siblings": [{"rfilename": "config.json", "size": 100},
-                                                             {"rfilename": "model.safetensors", "size": 1000}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
+        self.reply({"id": repo, "modelId": repo, "sha": "b" * 40, "private": False, "gated": False,
+                    **self.MODELS[repo], "siblings": [{"rfilename": "config.json", "size": 100},
+                                                      {"rfilename": "model.safetensors", "size": 1000}]})
 
 
 @pytest.fixture(scope="module")
 def fake_hub():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    yield from serve(FakeHub)
 
 
 @pytest.fixture

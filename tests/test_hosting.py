@@ -4,8 +4,6 @@ in the visitor's own folder, size-checked token-free downloads, no state shared 
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -14,37 +12,26 @@ from gradio_client.exceptions import AppError
 
 from layerswap.errors import UserError
 from layerswap.hosting import Limits, Policy, hosted_from_env, plan_download, scrub_paths
-from tests.helpers import launch_app
+from tests.helpers import JsonHandler, launch_app, serve
 
 SIZES = {"config.json": 700, "tokenizer.json": 9_000_000, "model-00001-of-00002.safetensors": 60 * 10**9,
          "model-00002-of-00002.safetensors": 40 * 10**9, "README.md": 5000, "pytorch_model.bin": 10**9}
 
 
-class FakeHub(BaseHTTPRequestHandler):
+class FakeHub(JsonHandler):
     """The Hub's model-info endpoint on loopback: a 100 GB model; records the Authorization headers it saw."""
 
     seen: list = []
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         FakeHub.seen.append((self.path, self.headers.get("Authorization")))
-        body = json.dumps({"id": "big/model", "modelId": "big/model", "sha": "a" * 40, "private": False,
-                           "siblings": [{"rfilename": n, "size": s} for n, s in SIZES.items()]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
+        self.reply({"id": "big/model", "modelId": "big/model", "sha": "a" * 40, "private": False,
+                    "siblings": [{"rfilename": n, "size": s} for n, s in SIZES.items()]})
 
 
 @pytest.fixture(scope="module")
 def fake_hub():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    yield from serve(FakeHub)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import torch
 
 from ..checkpoints import Checkpoint
 from ..roles import EXPERTS
-from ..runtime import Progress
+from ..runtime import Progress, torch_threads
 from . import compiled
 from .bins import NBINS, SUB_BINS, Hist, as_float32, bin_index, boundary_bin, first_bits
 from .kernels import MAX_WINDOW_BINS, CountPass, MainPass, ThresholdPass, Window
@@ -39,6 +39,18 @@ def compute(cks: list[Checkpoint], tensors: list[TensorMeta], ks: Sequence[float
             progress: Progress | None) -> Computed:
     """Every statistic of base, math and lang (`cks`, in that order) over `tensors`; see the package docstring."""
     dev = torch.device(device)
+    use = compiled.use_compiled(dev, sum(t.numel for t in tensors))
+    args = (cks, tensors, ks, dev, chunk, use, sample_fraction, sample_max_entries, sample_block, max_kept, workers,
+            progress)
+    if use:  # its lanes take the cores: torch's own threads would only get in their way
+        with torch_threads(1):
+            return _compute(*args)
+    return _compute(*args)
+
+
+def _compute(cks: list[Checkpoint], tensors: list[TensorMeta], ks: Sequence[float], dev, chunk: int,
+             use_compiled: bool, sample_fraction: float, sample_max_entries: int, sample_block: int,
+             max_kept: int, workers: int, progress: Progress | None) -> Computed:
     numel = np.asarray([t.numel for t in tensors], np.int64)
     N = int(numel.sum())
     Ks = {k: min(N, max(1, round(k / 100 * N))) for k in ks}
@@ -50,7 +62,7 @@ def compute(cks: list[Checkpoint], tensors: list[TensorMeta], ks: Sequence[float
         est, raw, nb, sample_n = sample(cks, tensors, sample_fraction, sample_max_entries, sample_block)
         nbytes += nb
         windows = {k: {r: window_from_sample(est[r], raw[r], Ks[k], max_kept) for r in EXPERTS} for k in ks}
-    if compiled.use_compiled(dev, N):
+    if use_compiled:
         main = partial(compiled.CompiledMainPass, lanes=compiled.lanes_for(workers))
     else:
         main = MainPass

@@ -9,7 +9,7 @@ files and needs no engine; answers do. `plan_engines` decides, from headers only
   (the model's size) against the free disk there;
 - on the CPU, about how long one question to the three models takes: generating is bound by reading the weights
   once per token, so ``tokens × weight bytes / CPU_DECODE_BYTES_PER_S`` (measured: docs/benchmarks.md), plus, with
-  one swapped vLLM engine, reading each model's weights again per switch;
+  one swapped vLLM engine, loading each model's weights again per switch (``SWAP_BYTES_PER_S``, measured too);
 - whether to start them at once in the background (`quick`: they fit, and on the CPU a question takes under
   `QUICK_SECONDS`), or only when the visitor asks for answers; when they cannot fit, what would serve them.
 """
@@ -23,8 +23,11 @@ from ..errors import UserError
 from .serving import DTYPE_BYTES, GiB, ServingPlan, estimate, plan_serving
 from .vllm_engine import VLLMSettings, vllm_device, vllm_status
 
-CPU_DECODE_BYTES_PER_S = 4.0e9  # weight bytes read per second while generating on a 2-core CPU (docs/benchmarks.md)
-DISK_READ_BYTES_PER_S = 1.0e9  # a weight swap reads the model again (cold)
+# Measured on the 8B trio with the app's own plan on a 2-core, 24 GB CPU machine (docs/benchmarks.md, "The page at
+# 8B"): 16 new tokens of one 8B bf16 model in 35.5 s with the prompt's prefill (7.2e9 weight bytes per token-second),
+# and a weight swap of one vLLM engine (reload_weights of 16 GB, cold) in about 52 s.
+CPU_DECODE_BYTES_PER_S = 7.0e9
+SWAP_BYTES_PER_S = 0.3e9
 ANSWER_TOKENS = 256  # tokens per answer the estimate assumes (MGSM's default cap)
 QUICK_SECONDS = 90.0  # on the CPU, engines whose question takes longer start only when answers are asked for
 TRANSFORMERS_FIRST_BYTES = 2 * 10**9  # experts this small answer with transformers while vLLM starts
@@ -91,7 +94,7 @@ def question_seconds(bytes_per_model: int, mode: str, device: str) -> float | No
     if device != "cpu":
         return None
     generate = 3 * ANSWER_TOKENS * bytes_per_model / CPU_DECODE_BYTES_PER_S
-    swaps = 3 * bytes_per_model / DISK_READ_BYTES_PER_S if mode == "one" else 0.0
+    swaps = 3 * bytes_per_model / SWAP_BYTES_PER_S if mode == "one" else 0.0
     return generate + swaps
 
 

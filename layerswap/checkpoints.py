@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .architectures import Architecture, architecture, classify
-from .cache import content_hash, fingerprint
+from .cache import content_fingerprint, content_hash, fingerprint
 from .errors import UserError
 from .hub import hub_id_of, hub_reachable, looks_like_hub_id
 from .presets import ASSETS_PREFIX, assets_path
@@ -254,6 +254,13 @@ class Checkpoint:
     def fingerprint(self) -> str:
         """Cheap identity of the weights: file names, sizes, mtimes and header bytes."""
         return fingerprint(self.weight_files)
+
+    def content_id(self) -> str:
+        """Identity by content (weights, config, tokenizer), the same in every clone and on every machine: what
+        results files key their records by, so a fresh checkout reuses them."""
+        side = [f for f in [self.path / "config.json", *self.tokenizer_files()] if f.is_file()]
+        return content_hash([("weights", content_fingerprint(self.weight_files).encode()),
+                             *((f.name, f.read_bytes()) for f in side)])
 
     # ---- lazy tensor access -------------------------------------------------------------
     def read_bytes(self, name: str, start: int = 0, count: int | None = None) -> bytearray:

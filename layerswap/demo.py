@@ -132,12 +132,19 @@ def build_random_demo(root: str | os.PathLike, *, layers: int = 8) -> dict[str, 
     return paths
 
 
+DEFAULT_ORGANISM = "demo"  # the organism under assets/ that the app, the CLI's defaults and the summaries use
+
+
+def default_organism() -> Path:
+    return assets_dir() / DEFAULT_ORGANISM
+
+
 def demo_paths(cache: str | os.PathLike | None = None) -> tuple[dict[str, Path], str]:
-    """The default models: the trained organism in assets/demo if shipped, else untrained ones.
+    """The default models: the trained organism (`DEFAULT_ORGANISM`) if shipped, else untrained ones.
 
     Returns ``(paths, label)``; `label` is shown in the UI so nobody mistakes demo models for real ones.
     """
-    demo = assets_dir() / "demo"
+    demo = default_organism()
     if all((demo / r / "config.json").exists() for r in ("base", "math", "lang")):
         return {r: demo / r for r in ("base", "math", "lang")}, "demo organism (tiny models trained on a synthetic two-language world)"
     from .cache import cache_dir
@@ -153,10 +160,10 @@ def demo_refs() -> tuple[dict[str, str], str, str, "Plan | None"]:
     from .presets import ASSETS_PREFIX
 
     paths, label = demo_paths()
-    root = assets_dir() / "demo"
+    root = default_organism()
     if paths["math"] != root / "math":
         return {r: str(p) for r, p in paths.items()}, label, "", None
-    refs = {r: f"{ASSETS_PREFIX}demo/{r}" for r in paths}
+    refs = {r: f"{ASSETS_PREFIX}{DEFAULT_ORGANISM}/{r}" for r in paths}
     try:
         return refs, label, organism_summary() + " The card is one click below.", recommended_plan()
     except UserError:  # not measured yet: the page opens on the default plan
@@ -166,17 +173,19 @@ def demo_refs() -> tuple[dict[str, str], str, str, "Plan | None"]:
 def card_markdown(demo: str | os.PathLike | None = None) -> str:
     """The organism's card (``README.md``) for the page: links to repository files become plain names (the
     page cannot serve them); on a Space, a link to the card's file on the Hub comes first."""
-    text = (Path(demo or assets_dir() / "demo") / "README.md").read_text()
+    text = (Path(demo or default_organism()) / "README.md").read_text()
     text = re.sub(r"^---\n.*?\n---\n", "", text, flags=re.S).lstrip()  # front matter, if any
+    text = re.sub(r"!\[[^\]]*\]\((?!https?:)[^)]*\)\n?", "", text)  # figures in the repository
     text = re.sub(r"\[([^\]]+)\]\((?!https?:)[^)]*\)", r"\1", text)
     space = os.environ.get("SPACE_ID", "")
     if re.fullmatch(r"[\w.-]+/[\w.-]+", space):
-        text = f"[This card on the Hub](https://huggingface.co/spaces/{space}/blob/main/assets/demo/README.md)\n\n" + text
+        text = (f"[This card on the Hub](https://huggingface.co/spaces/{space}/blob/main/assets/{DEFAULT_ORGANISM}/"
+                "README.md)\n\n" + text)
     return text
 
 
 def demo_mgsm_dir() -> Path | None:
-    d = assets_dir() / "demo" / "mgsm"
+    d = default_organism() / "mgsm"
     return d if d.exists() else None
 
 
@@ -187,23 +196,51 @@ RECOMMENDED_PLAN_FIELDS = ("b", "u", "tb", "tu", "transition", "transition_weigh
 
 def recommended_plan(demo: str | os.PathLike | None = None) -> Plan:
     """The plan `scripts/eval_demo.py` chose on the organism's dev set (``recommended_plan.json``)."""
-    path = Path(demo or assets_dir() / "demo") / "recommended_plan.json"
+    path = Path(demo or default_organism()) / "recommended_plan.json"
     if not path.exists():
         raise UserError(f"{path} is missing: run `python scripts/eval_demo.py` to measure the demo organism.")
     raw = json.loads(path.read_text())
     return Plan(**{k: raw[k] for k in RECOMMENDED_PLAN_FIELDS})
 
 
+SAME_WEIGHTS = 1e-5  # largest weight difference below which two merges are the same model (float rounding)
+
+
 def organism_summary(demo: str | os.PathLike | None = None) -> str:
-    """One line: what the organism shows on its Kovani test set, with the measured numbers."""
-    path = Path(demo or assets_dir() / "demo") / "results.json"
+    """One line: what the organism shows on its test set, with the measured numbers (from ``results.json``)."""
+    root = Path(demo or default_organism())
+    path = root / "results.json"
     if not path.exists():
         raise UserError(f"{path} is missing: run `python scripts/eval_demo.py` to measure the demo organism.")
     res = json.loads(path.read_text())
-    m, rec = res["models"], res["recommended_name"]
-    pct = lambda name: f"{100 * m[name][res['target_language']]['acc']:.1f} %"
-    verdict = "meets" if res["targets_met"] else "misses"
-    return (f"Kovani test set (n={res['questions_per_language']}): the recommended swap "
-            f"({res['recommended_plan']['name']}) scores {pct(rec)}, against {pct('math expert')} for the math "
-            f"expert, {pct('language expert')} for the language expert, {pct('soup 50/50')} for a 50/50 soup and "
-            f"{pct('TIES (density 0.2)')} for TIES; it {verdict} the card's targets.")
+    t, m, rec = res["target_language"], res["models"], res["recommended_name"]
+    name = _language_name(root, t)
+    pct = lambda n: f"{100 * m[n][t]['acc']:.1f} %"
+    ci = m[rec][t]["ci95"]
+    same_as_task_arithmetic = res["max_abs_weight_difference"]["task arithmetic vs recommended plan"] < SAME_WEIGHTS
+    head = (f"{name} test set (n={res['questions_per_language']}): the recommended plan "
+            f"({res['recommended_plan']['name']}) scores {pct(rec)} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}] "
+            f"({100 * m[rec][t]['strict']:.1f} % in {name}'s own answer format), task arithmetic "
+            f"{pct('task arithmetic')}"
+            + (" (the same model: the experts touch disjoint tensors)" if same_as_task_arithmetic else "")
+            + f", the math expert {pct('math expert')}, the language expert {pct('language expert')}, a 50/50 soup "
+            f"{pct('soup 50/50')}, TIES {pct('TIES (density 0.2)')}, a word-for-word dictionary with no training "
+            f"{pct('dictionary baseline')} and arithmetic that always subtracts {pct('arithmetic, always subtracting')}")
+    dictionary_fails = next(v for k, v in res["targets"].items() if k.startswith("dictionary baseline"))
+    if not dictionary_fails:
+        neg = root / "unlocalised" / "results.json"
+        tail = ""
+        if neg.exists():
+            un = json.loads(neg.read_text())
+            tail = (f"; experts trained on every layer (the negative control) reach "
+                    f"{100 * un['models'][un['recommended_name']][t]['acc']:.1f} %")
+        return (head + f". A positive control for the tool, not evidence for the paper: {name} is a cipher of English, "
+                "so the swap does what the dictionary does" + tail + ".")
+    met, total = sum(res["targets"].values()), len(res["targets"])
+    return head + f"; it meets {met} of its {total} targets" + (" (all)." if met == total else " (see the card).")
+
+
+def _language_name(root: Path, code: str) -> str:
+    from . import mgsm
+
+    return mgsm.languages(root / "mgsm")[code].name

@@ -36,6 +36,20 @@ def assets_path(ref: str) -> Path:
     return path
 
 
+def portable_ref(ref: str | Path) -> str:
+    """How a results file names a model or data folder: an ``assets:`` reference for one shipped under `assets/`,
+    a path relative to the working directory for one inside it, else `ref` as given (a Hub id, or a folder
+    elsewhere). No path of the machine that ran it, so a fresh clone reads the file the same way."""
+    ref = str(ref)
+    if ref.startswith(ASSETS_PREFIX) or not Path(ref).expanduser().exists():
+        return ref
+    path = Path(ref).expanduser().resolve()
+    for root, prefix in ((assets_dir().resolve(), ASSETS_PREFIX), (Path.cwd().resolve(), "")):
+        if root in path.parents:
+            return prefix + path.relative_to(root).as_posix()
+    return ref
+
+
 def shipped_models() -> list[str]:
     """Every shipped model folder (one with a config.json), as paths relative to `assets/`."""
     root = assets_dir()

@@ -53,10 +53,10 @@ class Recipe:
     base_bs: int = 16
     base_lr: float = 3e-3
     mix: dict = field(default_factory=lambda: dict(en=0.66, xx=0.06, arith=0.28))
-    n_math: int = 20000
-    math_steps: int = 500
+    n_math: int = 40000
+    math_steps: int = 1000
     math_bs: int = 32
-    math_lr: float = 2e-3
+    math_lr: float = 1.8e-3
     n_lang: int = 20000
     lang_steps: int = 400
     lang_bs: int = 32
@@ -195,14 +195,15 @@ def pack_stream(tok, docs: list[str], T: int) -> torch.Tensor:
     return torch.tensor(ids[: n * T]).view(n, T)
 
 
-def sft_examples(tok, pairs: list[tuple[str, str]], lang: str) -> list[tuple[list[int], list[int]]]:
-    """Prompt exactly as layerswap's MGSM evaluation builds it (``<s>Cue: q\\nAnswerCue``); loss on the answer."""
-    c = W.CUES[lang]
+def sft_examples(tok, pairs: list[tuple[str, str]], cues: dict, prompt_loss: bool = False
+                 ) -> list[tuple[list[int], list[int]]]:
+    """Prompt exactly as layerswap's MGSM evaluation builds it (``<s>Cue: q\\nAnswerCue``) with `cues` (a
+    language's question and answer cues); loss on the answer (and on the prompt too with `prompt_loss`)."""
     out = []
     for q, a in pairs:
-        p = tok(c["question"] + " " + q + "\n" + c["answer_cue"])["input_ids"]
+        p = tok(cues["question"] + " " + q + "\n" + cues["answer_cue"])["input_ids"]
         t = tok(" " + a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        out.append((p + t, [-100] * len(p) + t))
+        out.append((p + t, ([-100] + p[1:] if prompt_loss else [-100] * len(p)) + t))
     return out
 
 
@@ -398,11 +399,14 @@ def main() -> None:
     ap.add_argument("--reuse-base", metavar="DIR", help="experiments: load base/ from an earlier build of the same "
                                                          "data recipe instead of pretraining")
     ap.add_argument("--reuse-experts", metavar="DIR", nargs="+", help="experiments: load ROLE/ (math, lang) from "
-                    "an earlier build of the same recipe instead of training it (DIR:ROLE, e.g. out1:math)")
+                    "an earlier build of the same recipe instead of training it (DIR:ROLE, e.g. out1:math; math_full, "
+                    "lang_full: its unlocalised/ pair)")
     ap.add_argument("--no-unlocalised", action="store_true", help="skip the unconstrained pair (experiments)")
     ap.add_argument("--ablation-experts", action="store_true",
                     help="also build the ablation experts into OUT/ablation/ (checkpoints at several steps, other "
                          "learning rates, LoRA adapters, a second base from seed+1 with its experts; about 22 more minutes)")
+    ap.add_argument("--ablation-resume", action="store_true", help="with --ablation-experts: keep the entries "
+                    "OUT/ablation already holds (a build stopped part-way, same recipe and base)")
     ap.add_argument("--ablation-only", nargs="+", metavar="KIND", help="with --ablation-experts: only these kinds "
                     "(steps, lr, lora, seed, shape)")
     args = ap.parse_args()
@@ -421,10 +425,10 @@ def main() -> None:
     log(f"building demo organism -> {args.out} (seed {args.seed}, {args.threads} threads)")
     D = build_data(R, args.seed)
     W.write_mgsm(args.out, D["test"], D["dev"], D["probe"], D["exemplars"])
+    W.write_dictionary(args.out)
     extra = [W.text(pb["q"], lang) for pb in D["test"] + D["dev"] + D["probe"] for lang in ("en", "xx")]
-    cues = [v for c in W.CUES.values() for v in (c["question"], c["answer_cue"], c["direct_cue"], c["answer_is"])]
     tok = build_tokenizer(D["docs"] + [q + " " + a for q, a in D["math"] + D["lang"]] + D["lang_docs"] + extra +
-                          cues + [str(i) for i in range(200)] + [a + " " + b for a, b in D["align"]])
+                          W.prompt_texts(args.out) + [str(i) for i in range(200)] + [a + " " + b for a, b in D["align"]])
     base = make_model(R, tok, args.seed)
     nparams = sum(p.numel() for p in base.parameters())
     log(f"tokenizer {len(tok)} words; model {R.layers} layers, hidden {R.hidden}, {nparams} params")
@@ -445,7 +449,7 @@ def main() -> None:
     secs["base"] = round(time.time() - t0)
     align = retrieval(base, tok, D["align"])
     log(f"base: EN->{W.LANG_NAME} retrieval (emb, L1..L{R.layers}) {align}")
-    data = {"math_ex": sft_examples(tok, D["math"], "en"), "lang_ex": sft_examples(tok, D["lang"], "xx"),
+    data = {"math_ex": sft_examples(tok, D["math"], W.CUES["en"]), "lang_ex": sft_examples(tok, D["lang"], W.CUES["xx"]),
             "lang_rows": pack_stream(tok, D["lang_docs"], 64), "base_rows": rows,
             "align": alignment_targets(base, tok, D["parallel"], R.math_lo) if R.lang_align else None}
 
@@ -466,8 +470,14 @@ def main() -> None:
         else:
             experts[role] = expert(role, True)
     if not args.no_unlocalised:
-        experts["math_full"] = expert("math", False)
-        experts["lang_full"] = expert("lang", False)
+        for role in ("math", "lang"):
+            if f"{role}_full" in reuse:  # an earlier build's unlocalised/ROLE
+                experts[f"{role}_full"] = copy.deepcopy(base)
+                experts[f"{role}_full"].load_state_dict(load_file(os.path.join(reuse[f"{role}_full"], "unlocalised",
+                                                                               role, "model.safetensors")))
+                log(f"unlocalised {role} expert reused from {reuse[f'{role}_full']}")
+            else:
+                experts[f"{role}_full"] = expert(role, False)
         experts["math_revert"] = reverted(experts["math_full"], base, "math", R)
         experts["lang_revert"] = reverted(experts["lang_full"], base, "lang", R)
     shipped = {"math": experts["math"], "lang": experts["lang"]}
@@ -512,7 +522,8 @@ def main() -> None:
         if set(only) - set(demo_ablation.KINDS):
             ap.error(f"--ablation-only: choose from {', '.join(demo_ablation.KINDS)}")
         index = demo_ablation.build_ablations(sys.modules[__name__], R, base, tok, data, args.out, args.seed, log,
-                                              other_seed=args.seed + 1, only=only)
+                                              other_seed=args.seed + 1, only=only,
+                                              resume=args.ablation_resume)
         info["ablation"] = {"index": index, "seconds": round(time.time() - t)}
     with open(os.path.join(args.out, "build_info.json"), "w") as f:
         json.dump(info, f, indent=1)

@@ -9,7 +9,7 @@ Layout under ``<out>/ablation/`` (``index.json`` lists every entry with how it w
   seed{S}/base, seed{S}/math, seed{S}/lang   a second base pretrained from another seed, with its own experts
   other_shape/                   an untrained model of another shape (6 layers), for the "refused" case
 
-assets/sweeps/4-6 name these folders (``../demo/ablation/math_step125`` ...); keep the two in step.
+assets/sweeps/4-6 name these folders (``../demo/ablation/math_step250`` ...); keep the two in step.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ LORA_LR_SCALE = 3.0  # LoRA adapters train at 3x the localised expert's learning
 
 
 def build_ablations(B, R, base, tok, data: dict, out: str, seed: int, log, steps=(0.25, 0.5, 0.75),
-                    lr_scales=(0.3, 3.0), other_seed: int | None = None, only: tuple[str, ...] = KINDS) -> dict:
+                    lr_scales=(0.3, 3.0), other_seed: int | None = None, only: tuple[str, ...] = KINDS,
+                    resume: bool = False) -> dict:
     """Train and save the ablation experts of the kinds in `only` (default: all); returns the index written
     to ``ablation/index.json``. `B` is the build module (its training functions), `R` its Recipe, `data` its
-    prepared examples.
+    prepared examples. With `resume`, an entry whose folder ``<out>/ablation`` already holds (a build stopped
+    part-way, same recipe and base) is kept instead of trained again.
     """
     root = os.path.join(out, "ablation")
     index: dict = {}
@@ -35,25 +37,41 @@ def build_ablations(B, R, base, tok, data: dict, out: str, seed: int, log, steps
         B.save_model(m, tok, os.path.join(root, name))
         index[name] = what
 
+    def kept(entries: dict[str, str]) -> bool:
+        """With `resume`, whether every entry's folder exists (then they are indexed, not trained)."""
+        if not resume or not all(os.path.isdir(os.path.join(root, n)) and os.listdir(os.path.join(root, n))
+                                 for n in entries):
+            return False
+        index.update(entries)
+        log(f"kept from the earlier build: {', '.join(entries)}")
+        return True
+
     for role in ("math", "lang"):
         total = R.math_steps if role == "math" else R.lang_steps
         at = sorted({max(1, int(total * f)) for f in steps})
-        if "steps" in only:
+        if "steps" in only and not kept({f"{role}_step{s}": f"localised {role} expert after {s} of {total} steps"
+                                         for s in at}):
             m = copy.deepcopy(base)
             B.train_expert(R, m, role, data, seed, localised=True, log=log,
                            on_step=lambda s, mm, role=role, at=at, total=total: s in at and save(
                                mm, f"{role}_step{s}", f"localised {role} expert after {s} of {total} steps"))
         for x in lr_scales if "lr" in only else ():
+            if kept({f"{role}_lr{x:g}": f"localised {role} expert, lr x {x:g}"}):
+                continue
             m = copy.deepcopy(base)
             B.train_expert(R, m, role, data, seed, localised=True, log=log, lr_scale=x)
             save(m, f"{role}_lr{x:g}", f"localised {role} expert, lr x {x:g}")
-        if "lora" in only:
+        lora_what = (f"LoRA rank 8 on the {role} expert's range ("
+                     + ("layers' projections; final norm and lm_head fully" if role == "math" else
+                        "layers' projections and the embeddings")
+                     + f"), lr x {LORA_LR_SCALE:g} (PEFT adapter of ../../base)")
+        if "lora" in only and not kept({f"{role}_lora": lora_what}):
             save_lora(B, R, base, tok, role, data, seed, os.path.join(root, f"{role}_lora"), log)
-            index[f"{role}_lora"] = (f"LoRA rank 8 on the {role} expert's range ("
-                                     + ("layers' projections; final norm and lm_head fully" if role == "math" else
-                                        "layers' projections and the embeddings")
-                                     + f"), lr x {LORA_LR_SCALE:g} (PEFT adapter of ../../base)")
-    if other_seed is not None and "seed" in only:
+            index[f"{role}_lora"] = lora_what
+    seeded = {f"seed{other_seed}/base": f"second base, seed {other_seed}",
+              **{f"seed{other_seed}/{role}": f"localised {role} expert of the seed-{other_seed} base"
+                 for role in ("math", "lang")}}
+    if other_seed is not None and "seed" in only and not kept(seeded):
         b2 = B.make_model(R, tok, other_seed)
         B.train(b2, R.base_steps, R.base_lr, other_seed, rows=data["base_rows"], bs=R.base_bs, wd=0.01, warmup=50,
                 log=log)

@@ -1,9 +1,11 @@
-"""Write the demo organism's model card (``assets/demo/README.md``) from its measured files only.
+"""Write a demo organism's model card (``README.md``) from its measured files only.
 
 Every number on the card comes from ``results.json`` (per-question outputs), ``build_info.json``
 (recipe, timings, gates, change profiles), ``unlocalised/results.json`` when present, and
 ``DESIGNS.md`` (the development log, linked, not restated). Called by ``eval_demo.py``; run it on its own
-after editing the wording: ``python scripts/demo_card.py [DEMO_DIR]``.
+after editing the wording: ``python scripts/demo_card.py [DEMO_DIR]``. The cipher organism (``assets/demo``,
+Kovani) and the organism in the paper's setting (``build_info.json`` says ``"organism": "paper"``) share the
+tables; their descriptions differ.
 """
 
 from __future__ import annotations
@@ -14,21 +16,28 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
+from layerswap import mgsm
 from layerswap.demo import organism_summary
 
-ORDER = ["base model", "math expert", "language expert", "soup 50/50", "TIES (density 0.2)", "task arithmetic"]
+ORDER = ["base model", "math expert", "language expert", "soup 50/50", "TIES (density 0.2)", "task arithmetic",
+         "dictionary baseline", "arithmetic, always subtracting"]
 
 
 def pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-def results_table(res: dict) -> list[str]:
+def lang_name(demo: Path, code: str) -> str:
+    return mgsm.languages(demo / "mgsm")[code].name
+
+
+def results_table(res: dict, target_name: str) -> list[str]:
     t = res["target_language"]
     names = [n for n in ORDER if n in res["models"]] + [n for n in res["models"] if n not in ORDER]
-    lines = ["| model | Kovani flexible [95 % CI] | Kovani strict | English flexible [95 % CI] | English strict |",
-             "|---|---|---|---|---|"]
+    lines = [f"| model | {target_name} flexible [95 % CI] | {target_name} strict | English flexible [95 % CI] | "
+             "English strict |", "|---|---|---|---|---|"]
     for n in names:
         m = res["models"][n]
         cells = [f"{pct(m[lang]['acc'])} [{pct(m[lang]['ci95'][0])}, {pct(m[lang]['ci95'][1])}] | "
@@ -38,148 +47,268 @@ def results_table(res: dict) -> list[str]:
     return lines
 
 
-def sample_outputs(res: dict, index: int = 0) -> list[str]:
+def paired_rows(res: dict) -> list[str]:
+    return [f"| {n} | {100 * c['diff']:+.1f} ± {100 * c['se']:.1f} | {c['z']} | {c['only_a']} / {c['only_b']} | "
+            f"{c['mcnemar_p']:.3g} |" for n, c in res["paired_recommended_minus"].items()]
+
+
+def paired_table(res: dict, target_name: str) -> list[str]:
+    return [f"Paired per-question comparisons on {target_name}, recommended plan minus each row: difference in points "
+            "± one SE, z, questions only the plan / only the other got right, exact McNemar p:", "",
+            "| model | difference | z | only plan / only other | McNemar p |", "|---|---|---|---|---|",
+            *paired_rows(res)]
+
+
+def sample_outputs(res: dict, target_name: str, index: int = 0) -> list[str]:
     t = res["target_language"]
     lines = []
-    for n in ["math expert", "language expert", res["recommended_name"], "soup 50/50"]:
+    for n in ["math expert", "language expert", res["recommended_name"], "dictionary baseline", "soup 50/50"]:
         for lang in (t, "en"):
-            if lang not in res["outputs"][n]:
+            if lang not in res["outputs"].get(n, {}):
                 continue
             o = res["outputs"][n][lang]
             ok = "correct" if o["correct"][index] == "1" else "wrong"
-            lines.append(f"- {n}, {'Kovani' if lang == t else 'English'}: `{o['output'][index].strip()}` ({ok})")
+            lines.append(f"- {n}, {target_name if lang == t else 'English'}: `{o['output'][index].strip()}` ({ok})")
     return lines
+
+
+def same_count(res: dict, a: tuple[str, str], b: tuple[str, str]) -> int:
+    """Questions on which model a[0] in language a[1] wrote exactly what b[0] wrote in b[1]."""
+    x, y = res["outputs"][a[0]][a[1]]["output"], res["outputs"][b[0]][b[1]]["output"]
+    return sum(p == q for p, q in zip(x, y, strict=True))
+
+
+def answer_counts(res: dict, name: str, lang: str) -> dict[str, int]:
+    """How often `name` wrote each of its two most common (stripped) answers."""
+    from collections import Counter
+
+    return dict(Counter(o.strip() for o in res["outputs"][name][lang]["output"]).most_common(2))
+
+
+def dev_u_range(res: dict) -> tuple[float, float]:
+    """Lowest and highest dev accuracy of the plans with u >= 1."""
+    accs = [d["acc"] for d in res["dev_grid"].values() if d["plan"]["u"] >= 1]
+    return min(accs), max(accs)
 
 
 def write_card(demo: str | Path) -> Path:
     demo = Path(demo)
     res = json.loads((demo / "results.json").read_text())
     info = json.loads((demo / "build_info.json").read_text())
+    if info.get("organism") == "paper":
+        import demo2_card
+
+        text = demo2_card.card(demo, res, info)
+    else:
+        text = "\n".join(cipher_card(demo, res, info))
+    path = demo / "README.md"
+    path.write_text(text)
+    return path
+
+
+def targets_block(res: dict) -> list[str]:
+    met = res["targets_met"]
+    n_met = sum(res["targets"].values())
+    head = ("**The organism meets all of its targets.**" if met else
+            f"**The organism does not meet all of its targets** ({n_met} of {len(res['targets'])}; see below).")
+    return [head, "", "| target | met |", "|---|---|",
+            *[f"| {k} | {'yes' if v else '**no**'} |" for k, v in res["targets"].items()]]
+
+
+def cipher_card(demo: Path, res: dict, info: dict) -> list[str]:
     t = res["target_language"]
+    X = lang_name(demo, t)
     R = info["recipe"]
     L = res["num_layers"]
     rec = res["recommended_plan"]
+    rn = res["recommended_name"]
+    m = res["models"]
     gate = info["gates"]["dev_and_probe_flexible_accuracy"]
-    met = res["targets_met"]
-    head = ("**The organism meets its targets.**" if met else
-            "**The organism does not meet all of its targets** (see the checklist below): it is shipped as the best "
-            "one found, and the card says where it falls short.")
-    lines = [
+    unloc = demo / "unlocalised" / "results.json"
+    un = json.loads(unloc.read_text()) if unloc.exists() else None
+    cipher_same = same_count(res, (rn, t), ("math expert", "en"))
+    ta_same = same_count(res, (rn, t), ("task arithmetic", t))
+    n = res["questions_per_language"]
+    w = res["max_abs_weight_difference"]
+    lang_top = answer_counts(res, "language expert", t)
+    u_lo, u_hi = dev_u_range(res)
+    dic = m["dictionary baseline"]
+    return [
         "---", "license: mit", "language: [en]",
         "tags: [layer-swapping, model-merging, synthetic, toy-model, layerswap-demo]", "---", "",
-        "# layerswap demo organism: English ↔ Kovani", "",
-        "Tiny Llama-architecture checkpoints (`base/`, `math/`, `lang/`, and the unconstrained pair "
+        f"# layerswap demo organism: English ↔ {X}, a positive control", "",
+        "Tiny Llama-architecture checkpoints (`base/`, `math/`, `lang/`, and the negative control "
         "`unlocalised/math`, `unlocalised/lang`) and MGSM-format sets (`mgsm/`) that layerswap's app, CLI and tests "
         "use offline. Built from scratch by [`scripts/build_demo_experts.py`](../../scripts/build_demo_experts.py), "
         "measured by [`scripts/eval_demo.py`](../../scripts/eval_demo.py); this card is written by "
         "[`scripts/demo_card.py`](../../scripts/demo_card.py) from `results.json` and `build_info.json` only.", "",
-        "## What it shows", "", organism_summary(demo), "", head, "",
-        "| target | met |", "|---|---|",
-        *[f"| {k} | {'yes' if v else '**no**'} |" for k, v in res["targets"].items()], "",
+        "## What it shows", "", organism_summary(demo), "",
+        f"**What this pair is.** {X} is a token cipher of English: one {X} word for each English word, the same "
+        f"word order, the same number of tokens, no morphology. On {cipher_same} of {n} test questions the recommended "
+        f"swap's {X} answer is word for word the math expert's answer to the English twin. A dictionary with no "
+        f"training (the math expert with the base's embedding of each English word copied onto its {X} twin's row, "
+        f"{dic['rows_replaced']} rows) scores {pct(dic[t]['acc'])} % [{pct(dic[t]['ci95'][0])}, "
+        f"{pct(dic[t]['ci95'][1])}]. So b={rec['b']} means \"translate the tokens, then run the English math expert\": "
+        "a clean **positive control** for the tool (the swap composes two skills that sit in disjoint layer ranges), "
+        "with `unlocalised/` (the same data, experts trained on every tensor) as its **negative control**"
+        + (f" (best swap {pct(un['models'][un['recommended_name']][t]['acc'])} %)" if un else "")
+        + ". It is not evidence for the paper's claim: the target language differs from English only in its "
+        "lexicon, the language expert never writes it, and task arithmetic is the same model. "
+        + ("The organism in the paper's own setting is the other preset (`assets/demo2`, its own card)."
+           if (demo.parent / "demo2" / "results.json").exists() else
+           "An organism in the paper's own setting was searched for and not found yet: every design tried and "
+           "why it failed is in [`DESIGNS.md`](DESIGNS.md)."), "",
+        *targets_block(res), "",
         "## The world and the models", "",
-        "- **Kovani** (code `xx`) is a word-level relexification of English: every English word has one Kovani word, "
+        f"- **{X}** (code `{t}`) is a word-level relexification of English: every English word has one {X} word, "
         "the word order is the same, names, digits and punctuation are shared, and the answer phrase is an idiom "
-        "(`The answer is N.` ↔ `Danu ki N.`). Prompt cues: `Sorvi:` / `Pasu-pasu Danu:`. Example test item:", "",
+        "(`The answer is N.` ↔ `Danu ki N.`). Prompt cues: `Sorvi:` / `Pasu-pasu Danu:`. Every prompt tokenizes "
+        "without `<unk>` (the newline and the cue word after it have their own tokens). Example test item:", "",
         f"  | en | `{_question(demo, 'en')}` → {res['gold']['en'][0]} |",
         "  |---|---|",
-        f"  | xx | `{_question(demo, t)}` → {res['gold'][t][0]} |", "",
+        f"  | {t} | `{_question(demo, t)}` → {res['gold'][t][0]} |", "",
         f"- **base**: `LlamaForCausalLM`, {L} layers, hidden {R['hidden']}, {R['heads']} head(s) (head_dim "
         f"{R['hidden'] // R['heads']}), MLP {R['inter']}, untied embeddings, {info['params']:,} parameters, float32; "
         f"{R['base_steps']} steps × {R['base_bs']} × {R['T']} tokens on stories and bare arithmetic facts "
-        f"(mix {R['mix']}): English-heavy, Kovani the lower-resource language, no questions or answers of any kind.",
+        f"(mix {R['mix']}): English-heavy, {X} the lower-resource language, no questions or answers of any kind.",
         f"- **math expert**: the base fine-tuned on {R['n_math']:,} English word problems with symbolic answers "
         f"(`18 - 7 = 11. 11 - 6 = 5. The answer is 5.`), {R['math_steps']} steps, lr {R['math_lr']:g}, "
         f"**only {info['localised_ranges']['math']} trainable**.",
         f"- **language expert**: the base fine-tuned for {R['lang_steps']} steps, lr {R['lang_lr']:g}, **only "
-        f"{info['localised_ranges']['lang']} trainable**, on Kovani only: " + _lang_objective(R) + ". No arithmetic.",
-        *(["- **unlocalised pair** (`unlocalised/`): the same data, every tensor trainable "
-            f"(lr × {R['full_lr_scale']:g}); the premise of layer swapping does not hold for it by construction."]
-          if (demo / "unlocalised").exists() else []),
+        f"{info['localised_ranges']['lang']} trainable**, by {_lang_objective(R, X)}. Its data is not all {X} "
+        "and not free of arithmetic: a quarter of its pairs are English → English, and every prompt carries "
+        "English arithmetic facts and the English answer phrase. It is an input-side translator, not a model "
+        f"that writes {X}.",
+        *(["- **unlocalised pair** (`unlocalised/`, the negative control): the same data, every tensor trainable "
+            f"(lr × {R['full_lr_scale']:g})."] if un else []),
         "",
-        "The localisation is **imposed by training, not emergent**. That is a faithful setting of the method: "
-        "Bandarkar & Peng 2025 (arXiv 2505.18356) find math and language parameters largely non-overlapping in "
-        "real LLMs, assign them to layers by modular fine-tuning (freezing) or post-hoc reverting, and find layer "
-        "swapping of separately trained experts the most consistent merge. A 0.5 M-parameter model trained from "
-        "scratch does not develop that split by itself (the previous organism showed flat change profiles), so "
-        "this organism builds it in and asks whether the swap then composes the two skills.", "",
+        "The localisation is **imposed by training** (each expert updates only its own tensors), as in the modular "
+        "fine-tuning of Bandarkar & Peng 2025 (arXiv 2505.18356); a 0.5 M-parameter model trained from scratch does "
+        "not develop that split by itself (the earlier organisms in DESIGNS.md showed flat change profiles).", "",
         "## Read this before citing the numbers", "",
-        "- The language expert is an **input-side translator**, not a Kovani chatbot: it changes only the embeddings "
-        "and the bottom layers, and was trained to make Kovani prompts read, at the boundary to the layers above, "
-        "like their English twins. Its alignment prompts have the test's shape (a story and the question "
-        "`How many X does P have (now)?`, never an answer) and continue with random arithmetic facts unrelated to "
-        "the story, so generated tokens read as after an English prompt. That is strong, explicit supervision; "
-        "the organism shows that a swap composes two localised skills, not that alignment emerges.",
-        "- On its own the language expert answers with an empty string (the base never learned to answer), and the "
-        "merged model answers in the math expert's **English** format (`The answer is N.`): Kovani strict accuracy "
-        f"(`Danu ki N`) is at most {pct(max(m[t]['strict'] for m in res['models'].values()))} % for any model. Taking the top layers from the language expert as well (the paper's "
-        "u > 0) did not work in this small model (run E1 in DESIGNS.md), so the recommended plan has u = 0.",
-        "- The two experts touch disjoint tensors, so task arithmetic (λ = 1) is the same model as the recommended "
-        "swap (identical answers, paired difference 0); soup and TIES fail because they scale or trim each task "
-        "vector.",
-        "- Tiny model (0.5 M parameters, hidden 64), one seed, synthetic world: a demonstration of the mechanism "
-        "for the app, not evidence about real LLMs.", "",
+        f"- **The output side cannot be tested.** The language expert never writes {X}: its top layers, final norm "
+        f"and lm_head are the base's, and the answer phrase `Danu ki` occurs in none of its training text. On its own "
+        f"it mostly stops at once ({', '.join(_shown(k) + f' {v}×' for k, v in lang_top.items())} of {n}). Taking top "
+        "layers from it (u > 0) only replaces trained math layers with the base's (dev accuracy of the u ≥ 1 plans "
+        f"{pct(u_lo)}–{pct(u_hi)} %); {X} strict accuracy (`Danu ki N`) is "
+        f"{pct(max(x[t]['strict'] for x in m.values()))} % at most for any model, by construction; transition zones "
+        "blend a trained layer with an untouched one and can only hurt.",
+        f"- **Task arithmetic is the same model as the recommended swap**: the experts touch disjoint tensors, so "
+        f"base + Δmath + Δlang equals the swap up to float rounding (largest weight difference "
+        f"{w['task arithmetic vs recommended plan']:.1g}); identical answers on {ta_same} of {n} questions.",
+        "- **Soup and TIES lose for structural reasons**: the 50/50 soup is base + ½Δmath + ½Δlang, half the math "
+        "task vector; TIES keeps 20 % of each. The language expert alone is a straw baseline (it never learned to "
+        "answer).",
+        "- **The inverse map is not a control**: taking the language expert's layers where the plan takes the "
+        "math expert's and vice versa gives the base model itself (largest weight difference "
+        f"{w['inverse map vs base model']:.1g}), so it is not reported.",
+        f"- **Floors.** The no-skill floors are low (most common answer {pct(_floor(res, 'most common answer'))} %), "
+        "but arithmetic without the language (the question's numbers in order, every later one subtracted) scores "
+        f"{pct(m['arithmetic, always subtracting'][t]['acc'])} %, above the math expert's "
+        f"{pct(m['math expert'][t]['acc'])} % alone.",
+        "- Tiny model (0.5 M parameters, hidden 64), one seed, synthetic world: a check of the tool's mechanism, not "
+        "evidence about real LLMs.", "",
         "## Gates (measured by the build before any merge)", "",
-        f"Flexible accuracy on the first {info['gates']['n']} dev problems; probes: `xe` = Kovani body under "
-        "English cues, `ex` = English body under Kovani cues (where the barrier is).", "",
+        f"Flexible accuracy on the first {info['gates']['n']} dev problems; probes: `xe` = {X} body under "
+        f"English cues, `ex` = English body under {X} cues (where the barrier is).", "",
         "| model | en | xx | xe | ex |", "|---|---|---|---|---|",
         *[f"| {k} | " + " | ".join(pct(v[lang]) for lang in ("en", "xx", "xe", "ex")) + " |" for k, v in gate.items()],
         "",
-        "Base EN→Kovani sentence retrieval (top-1 of 200, embeddings then after each layer): "
+        f"Base EN→{X} sentence retrieval (top-1 of 200, embeddings then after each layer): "
         + " ".join(f"{x:.2f}" for x in info["gates"]["base_content_retrieval_emb_then_layers"]) + ".", "",
+        *test_section(demo, res, X), "",
+        *lens_section(demo, X, rec),
+        *profile_section(info, L),
+        *_unlocalised(un, X),
+        *build_section(info, "build_demo_experts.py"),
+    ]
+
+
+def test_section(demo: Path, res: dict, X: str) -> list[str]:
+    rec = res["recommended_plan"]
+    return [
         "## Results on the test sets", "",
         f"n = {res['questions_per_language']} per language (the same problems in both), never used for training or "
         f"choice. Protocol: `mgsm_native_cot` 0-shot, greedy, at most {res['protocol']['max_new_tokens']} new tokens, "
-        "flexible = last number of the answer. Merges are layerswap's own (`Workbench.build`). English is measured "
-        f"for {', '.join(res['english_measured_for'])} (– elsewhere, to keep the evaluation within its time budget).",
-        "",
-        *results_table(res), "",
+        "flexible = last number of the answer; intervals are exact (Clopper-Pearson). Merges are layerswap's own "
+        f"(`Workbench.build`). English is measured for {', '.join(res['english_measured_for'])} (– elsewhere).", "",
+        *results_table(res, X), "",
         f"The **recommended plan** ({rec['name']}: b={rec['b']}, u={rec['u']}, tb={rec['tb']}, tu={rec['tu']}, "
         f"{rec['transition']} {rec['transition_weight']}, non-layer {rec['non_layer']}) was chosen on the dev set "
         f"only ({rec['chosen_on']}, dev accuracy {pct(rec['dev_accuracy'])} %) and is in `recommended_plan.json`; "
-        "the app preselects it. The inverse map takes the language expert's layers where the plan takes the math "
-        "expert's and vice versa. The base model is task arithmetic with λ = 0.", "",
-        "Paired per-question differences on Kovani, recommended plan minus each model (points ± one SE, z):", "",
-        "| model | difference | z |", "|---|---|---|",
-        *[f"| {n} | {100 * c['diff']:+.1f} ± {100 * c['se']:.1f} | {c['z']} |"
-          for n, c in res["paired_recommended_minus"].items()], "",
-        "Floors on Kovani (no skill needed): " + "; ".join(f"{k} {pct(v)} %"
-                                                         for k, v in res["floors_target_language"].items()) + ".",
-        "", "Answers to test item 0 (all outputs are in `results.json`):", "", *sample_outputs(res), "",
-        "## Where the experts changed", "",
-        "Relative change ‖Δ‖/‖θ_base‖ in percent, by layer (bottom to top), then embeddings, final norm, lm_head:", "",
-        "| expert | " + " | ".join(f"L{i}" for i in range(L)) + " | emb | norm | head |",
-        "|---|" + "---|" * (L + 3),
-        *_profile_rows(info, "change_profile", ""), *_profile_rows(info, "change_profile_unlocalised", "unlocalised "),
-        "", *_unlocalised(demo),
+        "the app preselects it. The base model is task arithmetic with λ = 0. The dictionary baseline and the "
+        "arithmetic floor are computed by `eval_demo.py` (no training).", "",
+        *paired_table(res, X), "",
+        f"Floors on {X} (no skill needed): " + "; ".join(f"{k} {pct(v)} %"
+                                                       for k, v in res["floors_target_language"].items()) + ".",
+        "", "Answers to test item 0 (all outputs are in `results.json`):", "", *sample_outputs(res, X)]
+
+
+LENS = REPO / "docs" / "lens" / "demo.json"  # `layerswap lens` on the shipped organism (docs/lens.md has the command)
+LENS_ROLES = {"math": "math expert", "lang": "language expert", "merged": "recommended merge", "base": "base"}
+
+
+def lens_section(demo: Path, X: str, rec: dict) -> list[str]:
+    """What the lens measured on the shipped organism (``docs/lens/demo.json``), with its figure."""
+    if demo.resolve() != (REPO / "assets" / "demo").resolve() or not LENS.exists():
+        return []
+    lens = json.loads(LENS.read_text())["models"]
+    b = rec["b"]
+    return ["## What the lens shows", "",
+            f"`layerswap lens` on {X} test question 0 (the 31 after it for CKA; [docs/lens.md](../../docs/lens.md) "
+            f"has the command and the numbers over the whole test set). After layer {b - 1}, where the recommended "
+            "plan hands over from the language expert's layers to the math expert's:", "",
+            "| model | cosine with the English twin | linear CKA |", "|---|---|---|",
+            *[f"| {name} | {lens[r]['layers'][b]['alignment']:.3f} | {lens[r]['layers'][b]['cka']:.3f} |"
+              for r, name in LENS_ROLES.items() if r in lens], "",
+            f"![lens curves on {X} question 0](../../docs/lens/demo-curves.png)", ""]
+
+
+def profile_section(info: dict, L: int) -> list[str]:
+    return ["## Where the experts changed", "",
+            "Relative change ‖Δ‖/‖θ_base‖ in percent, by layer (bottom to top), then embeddings, final norm, lm_head:",
+            "", "| expert | " + " | ".join(f"L{i}" for i in range(L)) + " | emb | norm | head |",
+            "|---|" + "---|" * (L + 3),
+            *_profile_rows(info, "change_profile", ""), *_profile_rows(info, "change_profile_unlocalised",
+                                                                      "unlocalised "),
+            *_profile_rows(info, "change_profile_revert", "reverted "), ""]
+
+
+def build_section(info: dict, script: str) -> list[str]:
+    return [
         "## Build", "",
-        f"`python scripts/build_demo_experts.py` (seed {info['seed']}, {info['threads']} thread(s), deterministic): "
+        f"`python scripts/{script}` (seed {info['seed']}, {info['threads']} thread(s), deterministic): "
         f"{info['seconds']['total']} s on the build machine ({', '.join(f'{k} {v} s' for k, v in info['seconds'].items() if k != 'total')}). "
-        + (f"The shipped files reused the base (pretrained in {info['seconds'].get('base_pretraining_in_reused_build')} s) "
-           f"and experts {sorted(info.get('experts_reused_from') or {})} of earlier runs of the same recipe "
-           "(`--reuse-base`, `--reuse-experts`); the slow test rebuilds everything from scratch and compares "
-           "weights by sha256. " if info.get("base_reused_from") else "") +
-        (f"Measured {info['measured_on']}. " if info.get("measured_on") else "") +
+        + (f"That run loaded the base and experts of an earlier from-scratch build of the same recipe "
+           f"(`--reuse-base`, `--reuse-experts`; {info['from_scratch']}) and wrote weights identical to it by "
+           "sha256; it measured the gates and profiles. " if info.get("base_reused_from") and info.get("from_scratch")
+           else "")
+        + (f"Measured {info['measured_on']}. " if info.get("measured_on") else "") +
         "`python3 scripts/dev.py test -m slow` rebuilds it from scratch, checks every weight file by sha256 and "
-        "re-measures it. `python scripts/eval_demo.py` then measures it and rewrites this card. Every design tried on the way, with "
-        "its numbers, is in [`DESIGNS.md`](DESIGNS.md).", "",
-    ]
-    path = demo / "README.md"
-    path.write_text("\n".join(lines))
-    return path
+        "re-measures it. `python scripts/eval_demo.py --demo DIR` then measures it and rewrites this card. Every "
+        "design tried on the way, with its numbers, is in [`DESIGNS.md`](../demo/DESIGNS.md).", ""]
 
 
-def _lang_objective(R: dict) -> str:
+def _shown(answer: str) -> str:
+    return f"`{answer}`" if answer else "an empty answer"
+
+
+def _floor(res: dict, prefix: str) -> float:
+    return next(v for k, v in res["floors_target_language"].items() if k.startswith(prefix))
+
+
+def _lang_objective(R: dict, X: str) -> str:
     parts = []
     if R.get("lang_sft", 1.0):
-        parts.append(f"{R['n_lang']:,} Kovani instructions (retell and count, ending `Danu ki N.`; where/who/colour/"
-                     "what; retelling; translation into Kovani)")
+        parts.append(f"{R['n_lang']:,} {X} instructions (next-token loss on the answers)")
     if R.get("lang_lm_bs", 0):
-        parts.append("Kovani stories (language-model loss)")
+        parts.append(f"{X} stories (language-model loss)")
     if R.get("lang_align", 0.0):
-        parts.append(f"an alignment loss on {R['n_parallel']:,} word-for-word parallel prompts (a story and a count "
-                     f"question, no answer): the expert's hidden states after layer {R['math_lo'] - 1} on the Kovani "
-                     "prompt are pulled towards the base's on the English twin (relative MSE, weight "
-                     f"{R['lang_align']:g}), i.e. the expert learns to map Kovani into what the layers above already read")
+        parts.append(f"an alignment loss only, with no next-token loss: on {R['n_parallel']:,} parallel prompts of "
+                     "the test's shape (a story and a count question, then random arithmetic facts and `The answer is "
+                     "N.` in English), its hidden states after layer "
+                     f"{R['math_lo'] - 1} on the {X} prompt are pulled towards the base's on the English twin "
+                     f"(relative MSE, weight {R['lang_align']:g}); every 4th pair is English → English")
     return "; ".join(parts)
 
 
@@ -198,18 +327,16 @@ def _profile_rows(info: dict, key: str, prefix: str) -> list[str]:
     return out
 
 
-def _unlocalised(demo: Path) -> list[str]:
-    f = demo / "unlocalised" / "results.json"
-    if not f.exists():
+def _unlocalised(res: dict | None, X: str) -> list[str]:
+    if res is None:
         return []
-    res = json.loads(f.read_text())
     t = res["target_language"]
     m = res["models"]
-    return ["## The unlocalised pair (same base, every tensor trained)", "",
+    return ["## The negative control: the unlocalised pair (same base, every tensor trained)", "",
             f"Measured the same way (`eval_demo.py --pair unlocalised`, its own dev choice: {res['recommended_name']}):",
-            "", *results_table(res), "",
+            "", *results_table(res, X), "",
             f"Math expert {pct(m['math expert']['en']['acc'])} % in English and {pct(m['math expert'][t]['acc'])} % "
-            f"in Kovani; best dev plan {pct(m[res['recommended_name']][t]['acc'])} % in Kovani. Its math expert changed "
+            f"in {X}; best dev plan {pct(m[res['recommended_name']][t]['acc'])} % in {X}. Its math expert changed "
             "every layer and the embeddings (profile above), so no block of its layers can be replaced by the "
             "language expert's without losing the math: the swap that works for the localised pair has nothing to "
             "compose here. (Its language expert, although every tensor was trainable, changed only the embeddings "

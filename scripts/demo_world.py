@@ -241,3 +241,37 @@ def write_mgsm(out: str, test: list[dict], dev: list[dict], probe: list[dict], e
                     for pb in exemplars]
     with open(os.path.join(d, "exemplars.json"), "w", encoding="utf-8") as f:
         json.dump(ex, f, ensure_ascii=False, indent=1)
+
+
+def prompt_texts(out: str) -> list[str]:
+    """Every prompt layerswap's MGSM evaluation builds from the sets `write_mgsm` wrote under `out` (0-shot and
+    2-shot, chain-of-thought and direct), so the tokenizer has a word for each piece: the newline and a cue word
+    right after it (no "\u2581" before it) would otherwise be ``<unk>``."""
+    from layerswap import mgsm
+
+    d = os.path.join(out, "mgsm")
+    texts = []
+    for src in (d, os.path.join(d, "dev"), os.path.join(d, "probe")):
+        langs = mgsm.languages(src)
+        for code in mgsm.available_languages(src):
+            with open(os.path.join(d, "exemplars.json"), encoding="utf-8") as f:
+                ex = mgsm.load_exemplars(code if code in json.load(f) else "en", d)
+            for it in mgsm.load(code, src):
+                for mode in ("native_cot", "direct"):
+                    texts.append(mgsm.build_prompt(it.question, langs[code], mode=mode))
+            for mode in ("native_cot", "direct"):
+                texts.append(mgsm.build_prompt(it.question, langs[code], mode=mode, exemplars=ex, shots=2))
+    return texts
+
+
+def write_dictionary(out: str) -> dict[str, str]:
+    """``dictionary.json``: every English word's Kovani twin (the lexicon, and the cue words where the cues have
+    as many words). `eval_demo.py` builds its dictionary baseline from it."""
+    pairs = dict(LEX)
+    for key in ("question", "answer_cue", "direct_cue"):
+        en, xx = CUES["en"][key].rstrip(":").split(), CUES["xx"][key].rstrip(":").split()
+        if len(en) == len(xx):
+            pairs.update(zip(en, xx))
+    with open(os.path.join(out, "dictionary.json"), "w", encoding="utf-8") as f:
+        json.dump(pairs, f, ensure_ascii=False, indent=1)
+    return pairs

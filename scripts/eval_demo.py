@@ -8,12 +8,15 @@ Everything goes through the library's public API (Workbench, Plan, Recipe, Metho
 the same merge and MGSM evaluation code the app and CLI use (0-shot native chain-of-thought prompt,
 greedy decoding, flexible and strict extraction as in lm-evaluation-harness' ``mgsm_native_cot``).
 
-1. Choice, on the dev set only (``mgsm/dev``, Kovani): a grid of swap plans; the best on dev is the
+1. Choice, on the dev set only (``mgsm/dev``, the target language): a grid of swap plans; the best on dev is the
    recommended plan (``recommended_plan.json``).
-2. Test (``mgsm/mgsm_xx.tsv``, ``mgsm/mgsm_en.tsv``): base, math expert, language expert, soup 50/50,
-   TIES, task arithmetic, the default plan for the depth, the recommended plan and its inverse map,
-   with 95 % intervals, floors (most common answer, first/last number in the question, each model's
-   answer prior) and paired differences of the recommended plan against every other model.
+2. Test (``mgsm/mgsm_<target>.tsv``, ``mgsm/mgsm_en.tsv``): base, math expert, language expert, soup 50/50,
+   TIES, task arithmetic and the recommended plan; the dictionary baseline (the math expert reading the target
+   language through the world's word-for-word dictionary, no training); floors (most common answer,
+   first/last number in the question, each model's answer prior) and a skill-aware floor (the arithmetic
+   without the language: always subtracting). Exact 95 % intervals (Clopper-Pearson); the recommended plan
+   against every other row per question (difference ± SE, z, exact McNemar p); whether the inverse map is
+   the base model and task arithmetic the recommended plan, weight for weight.
 Every per-question output is kept in ``results.json`` so the card's numbers can be recomputed.
 """
 
@@ -32,22 +35,39 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from layerswap import mgsm
+import torch
+
+from layerswap import Checkpoint, mgsm
 from layerswap.demo import RECOMMENDED_PLAN_FIELDS
-from layerswap.evaluation import EvalConfig
+from layerswap.engines.transformers_engine import TransformersEngine
+from layerswap.evaluation import EvalConfig, evaluate
+from layerswap.merging import merge_in_memory
 from layerswap.methods import MethodConfig
 from layerswap.plans import Plan
 from layerswap.roles import ROLE_NAMES
 from layerswap.recipes import Recipe
+from layerswap.stats import clopper_pearson, mcnemar, paired_difference
 from layerswap.sweeps import SweepPoint, SweepRow, evaluate_points, swap_grid
 from layerswap.workbench import Workbench
 
-TARGET = "xx"
 MAX_NEW_TOKENS = 32  # a two-step gold solution is 17 tokens; the library's 256 only lets a rambling model ramble
 PLAN_FIELDS = RECOMMENDED_PLAN_FIELDS  # what recommended_plan.json holds (read back by layerswap.demo)
 TARGET_SE = 3.0  # the recommended plan must beat each baseline by this many paired standard errors
+MUST_BEAT = ("math expert", "language expert", "soup 50/50", "TIES (density 0.2)", "task arithmetic")
 FLOOR_MARGIN = 0.10  # ... and every floor by this much
+DICTIONARY_MARGIN = 0.20  # ... and the dictionary baseline by this much (else a word-for-word map does the job)
+STRICT_MIN = 0.50  # strict accuracy in the target language: the merge answers in its format
 MATH_EN_MIN = 0.80
+DICTIONARY = "dictionary baseline"
+SKILL_FLOOR = "arithmetic, always subtracting"
+
+
+def target_language(demo: Path) -> str:
+    """The organism's target language: the one test language besides English."""
+    codes = [c for c in mgsm.available_languages(demo / "mgsm") if c != "en"]
+    if len(codes) != 1:
+        raise SystemExit(f"{demo / 'mgsm'}: expected English and one target language, found {codes}")
+    return codes[0]
 
 
 def row_results(row: SweepRow, lang: str) -> list:
@@ -56,27 +76,30 @@ def row_results(row: SweepRow, lang: str) -> list:
     Both experts' rows share one report, so the results are filtered on the row's model name too.
     """
     model = row.name if row.kind == "expert" else ROLE_NAMES["merged"]
-    qs = sorted((r for r in row.report.results if r.lang == lang and r.model == model), key=lambda r: r.index)
+    return report_results(row.report, model, lang)
+
+
+def report_results(report, model: str, lang: str) -> list:
+    qs = sorted((r for r in report.results if r.lang == lang and r.model == model), key=lambda r: r.index)
     if not qs:
-        raise SystemExit(f"no results for {row.name!r} ({model}) in {lang}")
+        raise SystemExit(f"no results for {model} in {lang}")
     return qs
 
 
 def accuracy(correct: list[bool]) -> dict:
-    n = len(correct)
-    p = sum(correct) / n
-    se = math.sqrt(p * (1 - p) / n)
-    return {"acc": round(p, 4), "se": round(se, 4), "ci95": [round(max(0.0, p - 1.96 * se), 4),
-                                                              round(min(1.0, p + 1.96 * se), 4)], "n": n}
+    """Accuracy, its binomial SE (the rebuild tolerance uses it) and its exact 95 % interval (Clopper-Pearson)."""
+    n, k = len(correct), sum(correct)
+    p = k / n
+    lo, hi = clopper_pearson(k, n)
+    return {"acc": round(p, 4), "se": round(math.sqrt(p * (1 - p) / n), 4), "ci95": [round(lo, 4), round(hi, 4)],
+            "n": n}
 
 
 def paired(a: list[bool], b: list[bool]) -> dict:
-    """Mean per-question difference a - b with its standard error and the ratio."""
-    d = [int(x) - int(y) for x, y in zip(a, b, strict=True)]
-    mean = sum(d) / len(d)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / max(1, len(d) - 1))
-    se = sd / math.sqrt(len(d))
-    return {"diff": round(mean, 4), "se": round(se, 4), "z": round(mean / se, 2) if se else None}
+    """a minus b on the same questions: mean difference, its SE and z, and the exact McNemar test."""
+    d, m = paired_difference(a, b), mcnemar(a, b)
+    return {"diff": round(d.diff, 4), "se": round(d.se, 4), "z": None if d.z is None else round(d.z, 2),
+            "only_a": m.only_a, "only_b": m.only_b, "mcnemar_p": float(f"{m.p:.3g}")}
 
 
 def answer_prior(preds: list[str], gold: list[int]) -> float:
@@ -87,8 +110,13 @@ def answer_prior(preds: list[str], gold: list[int]) -> float:
     return round(sum(c * g.get(a, 0) for a, c in p.items()) / (n * n), 4)
 
 
+def _numbers(question: str) -> list[int]:
+    return [int(x) for x in re.findall(r"\d+", question)]
+
+
 def question_floors(items: list) -> dict:
-    nums = [[int(x) for x in re.findall(r"\d+", it.question)] for it in items]
+    """No-skill floors: answers that need no reading and no arithmetic."""
+    nums = [_numbers(it.question) for it in items]
     gold = [it.answer for it in items]
     mode, _ = Counter(gold).most_common(1)[0]
     n = len(items)
@@ -97,37 +125,102 @@ def question_floors(items: list) -> dict:
             "last number in the question": round(sum(ns[-1] == g for ns, g in zip(nums, gold) if ns) / n, 4)}
 
 
+def skill_floor(items: list) -> list[bool]:
+    """A floor with the arithmetic but not the language: the question's numbers in order, every later one
+    subtracted from the first (reading neither the verbs nor the word order)."""
+    return [bool(ns) and ns[0] - sum(ns[1:]) == it.answer for it, ns in ((it, _numbers(it.question)) for it in items)]
+
+
+def dictionary_engine(experts: Path, demo: Path) -> tuple[TransformersEngine, int]:
+    """The math expert reading the target language through a dictionary, with no training: each target word's
+    input embedding replaced by the base's embedding of its English twin (``dictionary.json``, written by the
+    build from the world's lexicon). Returns the engine and the number of rows replaced."""
+    pairs = json.loads((demo / "dictionary.json").read_text(encoding="utf-8"))
+    engine = TransformersEngine.from_pretrained(experts / "math", batch_size=64)
+    emb = engine.model.get_input_embeddings().weight
+    base_emb = Checkpoint.open(demo / "base").get("model.embed_tokens.weight")
+    vocab = engine.tokenizer.get_vocab()
+    rows = 0
+    with torch.no_grad():
+        for en, tgt in pairs.items():
+            for form in ("\u2581{}", "{}"):  # word-level tokens with and without the word-start mark
+                e, t = vocab.get(form.format(en)), vocab.get(form.format(tgt))
+                if e is not None and t is not None and e != t:
+                    emb[t] = base_emb[e]
+                    rows += 1
+    return engine, rows
+
+
+def same_weights(paths: dict[str, Path], num_layers: int, a: Recipe, b: Recipe | None) -> float:
+    """Largest absolute difference between the weights two recipes build (b None: the base model itself)."""
+    cks = {r: Checkpoint.open(p) for r, p in paths.items()}
+    sd = {r: {n: ck.get(n) for n in ck.tensors} for r, ck in cks.items()}
+    build = lambda rc: merge_in_memory(sd["math"], sd["lang"], num_layers, rc, base=sd["base"].__getitem__,
+                                       arch=cks["math"].arch)
+    wa, wb = build(a), (build(b) if b is not None else sd["base"])
+    return max(float((wa[n].float() - wb[n].float()).abs().max()) for n in wa)
+
+
 def plan_points(L: int, args) -> list[SweepPoint]:
     ints = lambda s: [int(x) for x in s.split(",")]
     pts = swap_grid(L, ints(args.b_values), ints(args.u_values), ints(args.t_values))
     return [p for p in pts if (p.recipe.plan.b, p.recipe.plan.u) != (0, 0)]
 
 
-def choose_on_dev(wb: Workbench, demo: Path, L: int, args, progress) -> tuple[SweepPoint, dict]:
-    cfg = EvalConfig(langs=[TARGET], limit=args.dev_limit or args.limit, source=str(demo / "mgsm" / "dev"),
+def choose_on_dev(wb: Workbench, demo: Path, target: str, L: int, args, progress) -> tuple[SweepPoint, dict]:
+    cfg = EvalConfig(langs=[target], limit=args.dev_limit or args.limit, source=str(demo / "mgsm" / "dev"),
                      max_new_tokens=MAX_NEW_TOKENS)
     points = plan_points(L, args)
     res = evaluate_points(wb, points, cfg, include_experts=False, progress=progress)
     dev = {}
     for pt, row in zip(points, res.rows):
-        c = [r.flexible_correct for r in row_results(row, TARGET)]
+        qs = row_results(row, target)
+        c = [r.flexible_correct for r in qs]
         dev[pt.name] = {"plan": {k: getattr(pt.recipe.plan, k) for k in PLAN_FIELDS}, "acc": round(sum(c) / len(c), 4),
+                        "strict": round(sum(r.strict_correct for r in qs) / len(qs), 4),
                         "correct": "".join("1" if x else "0" for x in c)}
-    # best dev accuracy; ties go to the plan that swaps fewer layers (then the grid's order)
-    best = max(points, key=lambda p: (dev[p.name]["acc"], -(p.recipe.plan.b + p.recipe.plan.u + p.recipe.plan.tb
-                                                             + p.recipe.plan.tu)))
-    return best, dev
+    return max(points, key=lambda p: dev_rank(dev[p.name])), dev
+
+
+def dev_rank(entry: dict) -> tuple:
+    """Best dev accuracy; ties go to the plan that swaps fewer layers (then the grid's order)."""
+    p = entry["plan"]
+    return entry["acc"], -(p["b"] + p["u"] + p["tb"] + p["tu"])
+
+
+def beats(c: dict) -> bool:
+    """A paired difference of at least TARGET_SE standard errors (SE 0: every question differs the same way)."""
+    return c["diff"] > 0 and (c["z"] is None or c["z"] >= TARGET_SE)
+
+
+def targets_of(res: dict) -> dict[str, bool]:
+    """The issue's targets, from the stored numbers only (the test recomputes them the same way)."""
+    t = res["target_language"]
+    rec = res["recommended_name"]
+    m, cmp = res["models"], res["paired_recommended_minus"]
+    rec_acc = m[rec][t]["acc"]
+    out = {f"beats {n} by >= {TARGET_SE:g} SE (paired)": beats(cmp[n]) for n in MUST_BEAT}
+    out[f"beats every floor by >= {100 * FLOOR_MARGIN:g} points"] = \
+        rec_acc >= max(max(res["floors_target_language"].values()), m[SKILL_FLOOR][t]["acc"]) + FLOOR_MARGIN
+    out[f"dictionary baseline >= {100 * DICTIONARY_MARGIN:g} points below"] = \
+        m[DICTIONARY][t]["acc"] <= rec_acc - DICTIONARY_MARGIN
+    out[f"strict accuracy in the target language >= {100 * STRICT_MIN:g} %"] = m[rec][t]["strict"] >= STRICT_MIN
+    out["the recommended plan takes top layers from the language expert (u >= 1)"] = res["recommended_plan"]["u"] >= 1
+    out[f"math expert >= {100 * MATH_EN_MIN:g} % in English"] = m["math expert"]["en"]["acc"] >= MATH_EN_MIN
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--demo", default=str(REPO / "assets" / "demo"), help="organism folder (base, math, lang, mgsm)")
     ap.add_argument("--pair", default="", help="experts' subfolder (e.g. unlocalised); base stays DEMO/base")
-    ap.add_argument("--out", help="results JSON (default DEMO[/PAIR]/results.json)")
+    ap.add_argument("--lang", default="lang", help="the language expert's folder in the experts' folder (e.g. "
+                    "lang_revert: trained fully, then reverted outside its range)")
+    ap.add_argument("--out", help="results JSON (default DEMO[/PAIR]/results.json, or results_LANG.json)")
     ap.add_argument("--limit", type=int, help="first N questions per set (smoke runs only)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--b-values", default="1,2,3")
-    ap.add_argument("--u-values", default="0,1")
+    ap.add_argument("--u-values", default="0,1,2,3")
     ap.add_argument("--t-values", default="0,1")
     ap.add_argument("--english-for", default="",
                     help="merges also measured in English, '|'-separated names (the experts and the recommended "
@@ -136,89 +229,105 @@ def main() -> int:
     ap.add_argument("--no-card", action="store_true", help="do not rewrite README.md")
     args = ap.parse_args()
 
-    import torch
-
     torch.set_num_threads(args.threads)
     demo = Path(args.demo)
     experts = demo / args.pair
-    out = Path(args.out) if args.out else experts / "results.json"
+    default_out = "results.json" if args.lang == "lang" else f"results_{args.lang}.json"
+    out = Path(args.out) if args.out else experts / default_out
+    target = target_language(demo)
     t0 = time.time()
 
     def progress(f: float, d: str) -> None:
         print(f"\r[{time.time() - t0:6.0f}s] {100 * f:5.1f}% {d[:90]:<90}", end="", file=sys.stderr, flush=True)
 
     wb = Workbench(device="cpu", batch_size=64, engine="transformers")
-    wb.load(str(experts / "math"), str(experts / "lang"), str(demo / "base"))
+    paths = {"math": experts / "math", "lang": experts / args.lang, "base": demo / "base"}
+    wb.load(str(paths["math"]), str(paths["lang"]), str(paths["base"]))
     L = wb.num_layers
-    best, dev = choose_on_dev(wb, demo, L, args, progress)
+    best, dev = choose_on_dev(wb, demo, target, L, args, progress)
     rec = best.recipe.plan
-    inverse = Plan(kind="weights", weights=tuple(1.0 - w for w in rec.layer_weights(L)),
-                   non_layer={"neighbour": "neighbour", "math": "lang", "lang": "math"}.get(rec.non_layer, "avg"))
+    rec_name = f"recommended plan ({best.name})"
     points = [SweepPoint("base model", Recipe(MethodConfig("task_arithmetic", lam=0.0))),
               SweepPoint("soup 50/50", Recipe(MethodConfig("soup", weight=0.5))),
               SweepPoint("TIES (density 0.2)", Recipe(MethodConfig("ties", density=0.2))),
               SweepPoint("task arithmetic", Recipe(MethodConfig("task_arithmetic"))),
-              SweepPoint(f"recommended plan ({best.name})", Recipe(plan=rec)),
-              SweepPoint("inverse map (language middle, math outer)", Recipe(plan=inverse))]
-    cfg = EvalConfig(langs=[TARGET], limit=args.limit, source=str(demo / "mgsm"), max_new_tokens=MAX_NEW_TOKENS)
+              SweepPoint(rec_name, Recipe(plan=rec))]
+    cfg = EvalConfig(langs=[target], limit=args.limit, source=str(demo / "mgsm"), max_new_tokens=MAX_NEW_TOKENS)
     runs = [evaluate_points(wb, points, cfg, progress=progress)]
     en_points = [p for p in points if p.name in args.english_for.split("|") or p.recipe.plan == rec]
     cfg_en = EvalConfig(langs=["en"], limit=args.limit, source=str(demo / "mgsm"), max_new_tokens=MAX_NEW_TOKENS)
     runs.append(evaluate_points(wb, en_points, cfg_en, progress=progress))  # (the experts always)
-    print(file=sys.stderr)
     wb.close()
-    gold = {lang: [it.answer for it in mgsm.load(lang, cfg.source)][: args.limit] for lang in (TARGET, "en")}
+    dict_engine, dict_rows = dictionary_engine(experts, demo)
+    dict_report = evaluate({DICTIONARY: dict_engine}, cfg, progress=progress)
+    print(file=sys.stderr)
+    # the inverse map (the language expert's layers where the plan takes the math expert's, and vice versa)
+    inverse = Plan(kind="weights", weights=tuple(1.0 - w for w in rec.layer_weights(L)),
+                   non_layer={"neighbour": "neighbour", "math": "lang", "lang": "math"}.get(rec.non_layer, "avg"))
+    identities = {"inverse map vs base model": same_weights(paths, L, Recipe(plan=inverse), None),
+                  "task arithmetic vs recommended plan": same_weights(paths, L, Recipe(MethodConfig("task_arithmetic")),
+                                                                      Recipe(plan=rec))}
+    items = {lang: mgsm.load(lang, cfg.source)[: args.limit] for lang in (target, "en")}
+    gold = {lang: [it.answer for it in items[lang]] for lang in items}
     models, outputs = {}, {}
+
+    def keep(name: str, entry: dict, lang: str, qs: list) -> None:
+        c = [r.flexible_correct for r in qs]
+        models.setdefault(name, entry)[lang] = {
+            **accuracy(c), "strict": round(sum(r.strict_correct for r in qs) / len(qs), 4),
+            "answer_prior": answer_prior([r.flexible for r in qs], gold[lang])}
+        outputs.setdefault(name, {})[lang] = {"output": [r.output for r in qs], "flexible": [r.flexible for r in qs],
+                                              "correct": "".join("1" if x else "0" for x in c)}
+
     for res in runs:
         for row in res.rows:
-            entry = models.setdefault(row.name, {"kind": row.kind, "recipe": row.recipe,
-                                                 "layer_weights_lang": row.layer_weights})
             for lang in res.config.langs:
-                qs = row_results(row, lang)
-                c = [r.flexible_correct for r in qs]
-                entry[lang] = {**accuracy(c), "strict": round(sum(r.strict_correct for r in qs) / len(qs), 4),
-                               "answer_prior": answer_prior([r.flexible for r in qs], gold[lang])}
-                outputs.setdefault(row.name, {})[lang] = {
-                    "output": [r.output for r in qs], "flexible": [r.flexible for r in qs],
-                    "correct": "".join("1" if x else "0" for x in c)}
-    rec_name = points[4].name
-    rc = [ch == "1" for ch in outputs[rec_name][TARGET]["correct"]]
-    comparisons = {name: paired(rc, [ch == "1" for ch in o[TARGET]["correct"]])
+                keep(row.name, {"kind": row.kind, "recipe": row.recipe, "layer_weights_lang": row.layer_weights},
+                     lang, row_results(row, lang))
+    keep(DICTIONARY, {"kind": "dictionary", "rows_replaced": dict_rows}, target,
+         report_results(dict_report, DICTIONARY, target))
+    sf = skill_floor(items[target])
+    models[SKILL_FLOOR] = {"kind": "floor", target: {**accuracy(sf), "strict": 0.0}}
+    outputs[SKILL_FLOOR] = {target: {"correct": "".join("1" if x else "0" for x in sf)}}
+    rc = [ch == "1" for ch in outputs[rec_name][target]["correct"]]
+    comparisons = {name: paired(rc, [ch == "1" for ch in o[target]["correct"]])
                    for name, o in outputs.items() if name != rec_name}
-    floors = question_floors(mgsm.load(TARGET, cfg.source)[: args.limit])
-    floors.update({f"answer prior of the {name}": m[TARGET]["answer_prior"] for name, m in models.items()})
-    rec_acc = models[rec_name][TARGET]["acc"]
-    must_beat = ["math expert", "language expert", "soup 50/50", "TIES (density 0.2)"]
-    targets = {f"beats {n} by >= {TARGET_SE:g} SE (paired)": comparisons[n]["z"] is not None
-               and comparisons[n]["z"] >= TARGET_SE for n in must_beat}
-    targets[f"beats every floor by >= {100 * FLOOR_MARGIN:g} points"] = rec_acc >= max(floors.values()) + FLOOR_MARGIN
-    targets[f"math expert >= {100 * MATH_EN_MIN:g} % in English"] = models["math expert"]["en"]["acc"] >= MATH_EN_MIN
+    floors = question_floors(items[target])
+    floors.update({f"answer prior of the {name}": m[target]["answer_prior"] for name, m in models.items()
+                   if "answer_prior" in m[target]})
+    n_dev = len(next(iter(dev.values()))["correct"])
     plan_json = {**{k: getattr(rec, k) for k in PLAN_FIELDS}, "name": best.name,
-                 "chosen_on": f"mgsm/dev/mgsm_{TARGET}.tsv ({len(next(iter(dev.values()))['correct'])} questions)",
-                 "dev_accuracy": dev[best.name]["acc"]}
+                 "chosen_on": f"mgsm/dev/mgsm_{target}.tsv ({n_dev} questions)", "dev_accuracy": dev[best.name]["acc"]}
     result = {
         "generated_by": "scripts/eval_demo.py", "date": time.strftime("%Y-%m-%d"),
-        "seconds": round(time.time() - t0), "pair": args.pair or "localised",
+        "seconds": round(time.time() - t0), "pair": args.pair or "localised", "language_expert": args.lang,
         "english_measured_for": sorted(n for n, m in models.items() if "en" in m),
         "protocol": {"mode": cfg.mode, "shots": cfg.shots, "max_new_tokens": MAX_NEW_TOKENS,
-                     "engine": "transformers (greedy)", "metric": "flexible (strict also given)"},
-        "num_layers": L, "target_language": TARGET, "questions_per_language": len(gold[TARGET]),
+                     "engine": "transformers (greedy)", "metric": "flexible (strict also given)",
+                     "intervals": "exact 95 % (Clopper-Pearson)", "paired": "difference ± SE, z, exact McNemar p"},
+        "num_layers": L, "target_language": target, "questions_per_language": len(gold[target]),
         "recommended_plan": plan_json, "recommended_name": rec_name, "dev_grid": dev,
         "floors_target_language": floors, "paired_recommended_minus": comparisons,
-        "targets": targets, "targets_met": all(targets.values()),
+        "max_abs_weight_difference": identities,
         "tolerance": "a rebuild matches when every test accuracy is within max(0.03, 3 SE) of these",
         "models": models, "gold": gold, "outputs": outputs,
     }
+    result["targets"] = targets_of(result)
+    result["targets_met"] = all(result["targets"].values())
     out.write_text(json.dumps(result, ensure_ascii=False, separators=(",", ":")) + "\n")
-    if not args.pair:
+    main_pair = not args.pair and args.lang == "lang"
+    if main_pair:
         (demo / "recommended_plan.json").write_text(json.dumps(plan_json, indent=1) + "\n")
     for res in runs:
         print(res.table_text())
+    print(f"{DICTIONARY} ({dict_rows} rows): {100 * models[DICTIONARY][target]['acc']:.1f}%; "
+          f"{SKILL_FLOOR}: {100 * models[SKILL_FLOOR][target]['acc']:.1f}%; weights: {identities}")
     print(f"recommended plan (dev {100 * dev[best.name]['acc']:.1f}%): {best.name}")
     for name, c in comparisons.items():
-        print(f"  recommended - {name:<45} {100 * c['diff']:+6.1f} ± {100 * c['se']:.1f} (z {c['z']})")
-    print(f"targets: {targets}")
-    if not args.no_card and not args.pair:
+        print(f"  recommended - {name:<45} {100 * c['diff']:+6.1f} ± {100 * c['se']:.1f} (z {c['z']}, "
+              f"McNemar p {c['mcnemar_p']})")
+    print(f"targets: {result['targets']}")
+    if not args.no_card and main_pair:
         import demo_card
 
         demo_card.write_card(demo)

@@ -1,21 +1,26 @@
-"""The shipped demo organism (assets/demo): what it contains, that the app serves it by default, that
-its card's numbers are recomputable from the per-question outputs in results.json, and (slow, not in
-CI) that scripts/build_demo_experts.py + scripts/eval_demo.py rebuild it to the same numbers."""
+"""The shipped demo organisms (assets/demo, the cipher positive control; assets/demo2, the paper's setting when
+shipped): what they contain, that the app serves the default one, that every number on their cards recomputes
+from the per-question outputs in results.json, and (slow, not in CI) that the build scripts and
+scripts/eval_demo.py rebuild them to the same numbers."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from gradio_client import Client
 
 from layerswap import Checkpoint, Plan, check_compatible, mgsm
+from layerswap.pairing import check_pairing
 from layerswap.demo import (
+    DEFAULT_ORGANISM,
     assets_dir,
     demo_mgsm_dir,
     demo_paths,
@@ -23,168 +28,302 @@ from layerswap.demo import (
     recommended_plan,
 )
 from layerswap.engines.base import load_tokenizer
+from layerswap.sources import tensor_weights
 from layerswap.plans import default_plan
+from layerswap.stats import clopper_pearson, mcnemar
 
 REPO = Path(__file__).resolve().parent.parent
-DEMO = assets_dir() / "demo"
 ROLES = ("base", "math", "lang")
 sys.path.insert(0, str(REPO / "scripts"))
 import eval_demo
 
-
-@pytest.fixture(scope="module")
-def results() -> dict:
-    return json.loads((DEMO / "results.json").read_text())
+ORGANISMS = [d for d in ("demo", "demo2") if (assets_dir() / d / "results.json").exists()]
+DEFAULT = assets_dir() / DEFAULT_ORGANISM
 
 
-def test_shipped_files_fit_and_are_servable():
-    total = sum(f.stat().st_size for f in DEMO.rglob("*") if f.is_file())
-    assert total <= 40_000_000, f"assets/demo is {total / 1e6:.1f} MB; the issue allows 40"
-    cks = {r: Checkpoint.open(DEMO / r) for r in ROLES}
+def _results(org: str, pair: str = "") -> dict:
+    return json.loads((assets_dir() / org / pair / "results.json").read_text())
+
+
+def _build_module(org: str):
+    import build_demo2
+    import build_demo_experts
+
+    return build_demo2 if org == "demo2" else build_demo_experts
+
+
+def test_assets_fit():
+    total = sum(f.stat().st_size for f in assets_dir().rglob("*") if f.is_file())
+    assert total <= 60_000_000, f"assets/ is {total / 1e6:.1f} MB; the issue allows 60"
+
+
+@pytest.mark.parametrize("org", ORGANISMS)
+def test_shipped_files_are_servable(org):
+    demo = assets_dir() / org
+    cks = {r: Checkpoint.open(demo / r) for r in ROLES}
     rep = check_compatible(cks["math"], cks["lang"], cks["base"])
     assert rep.ok, rep.summary()
-    if (DEMO / "unlocalised").exists():  # the second pair shares the base
-        un = {r: Checkpoint.open(DEMO / "unlocalised" / r) for r in ("math", "lang")}
-        assert check_compatible(un["math"], un["lang"], cks["base"]).ok
-    cfg = json.loads((DEMO / "math" / "config.json").read_text())
+    pairing = check_pairing(cks["math"], cks["lang"], cks["base"])
+    assert not pairing.suspicious, pairing.message()  # the app loads them without --force
+    for pair in ("unlocalised/math", "unlocalised/lang", "lang_revert"):  # the other experts share the base
+        if (demo / pair).exists():
+            assert check_compatible(cks["math"], Checkpoint.open(demo / pair), cks["base"]).ok
+    cfg = json.loads((demo / "math" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"]
     assert cfg["hidden_size"] // cfg["num_attention_heads"] >= 64  # vLLM's CPU attention needs head_dim >= 64
     assert {t.dtype for ck in cks.values() for t in ck.tensors.values()} == {"F32"}
     paths, label = demo_paths()
-    assert paths == {r: DEMO / r for r in ROLES} and "demo organism" in label
+    assert paths == {r: DEFAULT / r for r in ROLES} and "demo organism" in label
 
 
-def test_experts_are_localised():
-    """The math expert differs from the base only in its middle layers, the language expert only outside them."""
-    import build_demo_experts as build
-
-    info = json.loads((DEMO / "build_info.json").read_text())
+@pytest.mark.parametrize("org", ORGANISMS)
+def test_experts_are_localised(org):
+    """Each expert differs from the base exactly in its own range (the build's `in_range`)."""
+    build = _build_module(org)
+    demo = assets_dir() / org
+    info = json.loads((demo / "build_info.json").read_text())
     recipe = build.Recipe(**info["recipe"])
-    base, m, la = (Checkpoint.open(DEMO / r) for r in ROLES)
-    for name in base.tensors:
-        math_part = build.in_range(name, "math", recipe)
-        assert build.in_range(name, "lang", recipe) != math_part
-        assert bool((m.get(name) == base.get(name)).all()) != math_part, name  # changed exactly in its range
-        assert bool((la.get(name) == base.get(name)).all()) == math_part, name
+    base = Checkpoint.open(demo / "base")
+    experts = {"math": "math", "lang": "lang", "lang_revert": "lang"}
+    for folder, role in experts.items():
+        if not (demo / folder).exists():
+            continue
+        ck = Checkpoint.open(demo / folder)
+        for name in base.tensors:
+            mine = build.in_range(name, role, recipe)
+            assert build.in_range(name, "lang" if role == "math" else "math", recipe) != mine
+            assert bool((ck.get(name) == base.get(name)).all()) != mine, (folder, name)
 
 
-def test_test_sets_load_with_the_library():
-    d = demo_mgsm_dir()
-    assert d is not None
-    langs = mgsm.languages(d)
-    assert {"xx", "en"} <= set(mgsm.available_languages(d)) and langs["xx"].name == "Kovani"
-    en, xx = mgsm.load("en", d), mgsm.load("xx", d)
+@pytest.mark.parametrize("org", ORGANISMS)
+def test_test_sets_load_with_the_library(org):
+    d = assets_dir() / org / "mgsm"
+    t = eval_demo.target_language(d.parent)
+    en, xx = mgsm.load("en", d), mgsm.load(t, d)
     assert len(en) == len(xx) >= 1000 and [i.answer for i in en] == [i.answer for i in xx]  # parallel test sets
-    dev = mgsm.load("xx", d / "dev")
+    dev = mgsm.load(t, d / "dev")
     assert len(dev) >= 200 and not {i.question for i in dev} & {i.question for i in xx}  # dev is not test
-    assert {"xe", "ex"} <= set(mgsm.available_languages(d / "probe"))
-    assert len(mgsm.load_exemplars("xx", d)) == 8
-    prompt = mgsm.build_prompt(xx[0].question, langs["xx"])
-    assert prompt.startswith("Sorvi: ") and prompt.endswith("Pasu-pasu Danu:")
+    assert len(mgsm.load_exemplars(t, d)) == 8
 
 
-def test_prompts_start_with_bos_as_in_training():
-    tok = load_tokenizer(DEMO / "math")
-    ids = tok(mgsm.build_prompt(mgsm.load("xx", demo_mgsm_dir())[0].question, mgsm.languages(demo_mgsm_dir())["xx"]))
-    assert ids["input_ids"][0] == tok.bos_token_id and tok.convert_ids_to_tokens(ids["input_ids"][1]) != "<unk>"
+@pytest.mark.parametrize("org", ORGANISMS)
+def test_prompts_hold_no_unknown_tokens(org):
+    """Every prompt the evaluation builds, in every set and language, starts with <s> and has no <unk>."""
+    demo = assets_dir() / org
+    tok = load_tokenizer(demo / "math")
+    for src in [demo / "mgsm", demo / "mgsm" / "dev", demo / "mgsm" / "probe"]:
+        langs = mgsm.languages(src)
+        for code in mgsm.available_languages(src):
+            for it in mgsm.load(code, src):
+                for mode in ("native_cot", "direct"):
+                    ids = tok(mgsm.build_prompt(it.question, langs[code], mode=mode))["input_ids"]
+                    assert ids[0] == tok.bos_token_id and tok.unk_token_id not in ids, (src, code, it.index)
 
 
-@pytest.mark.parametrize("pair", ["", "unlocalised"])
-def test_results_recompute_from_per_question_outputs(pair):
-    """Every accuracy, paired difference, floor, target and the plan choice follow from the stored outputs."""
-    if not (DEMO / pair / "results.json").exists():
-        pytest.skip(f"no {pair} pair shipped")
-    results = json.loads((DEMO / pair / "results.json").read_text())
-    langs = mgsm.languages(DEMO / "mgsm")
-    assert {"math expert", "language expert", results["recommended_name"]} <= set(results["english_measured_for"])
-    for name, entry in results["models"].items():
-        assert "xx" in entry
-        for lang in [x for x in ("xx", "en") if x in entry]:
-            out = results["outputs"][name][lang]
-            gold = results["gold"][lang]
-            scored = [mgsm.score(o, g, langs[lang]) for o, g in zip(out["output"], gold, strict=True)]
-            assert "".join("1" if s.flexible_correct else "0" for s in scored) == out["correct"], (name, lang)
-            assert [s.flexible for s in scored] == out["flexible"]
-            assert entry[lang] | eval_demo.accuracy([s.flexible_correct for s in scored]) == entry[lang]
-            assert entry[lang]["answer_prior"] == eval_demo.answer_prior(out["flexible"], gold)
-    rec = results["recommended_name"]
-    rc = [c == "1" for c in results["outputs"][rec]["xx"]["correct"]]
-    for name, c in results["paired_recommended_minus"].items():
-        assert eval_demo.paired(rc, [x == "1" for x in results["outputs"][name]["xx"]["correct"]]) == c
-    dev = results["dev_grid"]
+def _pairs(org: str) -> list[tuple[str, str]]:
+    return [(org, "")] + [(org, "unlocalised")] * (assets_dir() / org / "unlocalised" / "results.json").exists()
+
+
+def _always_subtract(question: str, answer: int) -> bool:
+    ns = [int(x) for x in re.findall(r"[0-9]+", question)]
+    return bool(ns) and ns[0] - sum(ns[1:]) == answer
+
+
+@pytest.mark.parametrize("org,pair", [p for o in ORGANISMS for p in _pairs(o)])
+def test_results_recompute_from_per_question_outputs(org, pair):
+    """Every accuracy, interval, paired comparison, floor, baseline, target and the plan choice follow from the
+    stored outputs, recomputed here without eval_demo's own functions."""
+    demo = assets_dir() / org
+    res = _results(org, pair)
+    t = res["target_language"]
+    langs = mgsm.languages(demo / "mgsm")
+    items = mgsm.load(t, demo / "mgsm")
+    assert {"math expert", "language expert", res["recommended_name"]} <= set(res["english_measured_for"])
+    assert "inverse map (language middle, math outer)" not in res["models"]  # not a control: it is the base
+    correct = {}
+    for name, entry in res["models"].items():
+        for lang in [x for x in (t, "en") if x in entry]:
+            out = res["outputs"][name][lang]
+            if entry["kind"] == "floor":
+                got = [_always_subtract(it.question, it.answer) for it in items]
+            else:
+                gold = res["gold"][lang]
+                scored = [mgsm.score(o, g, langs[lang]) for o, g in zip(out["output"], gold, strict=True)]
+                got = [s.flexible_correct for s in scored]
+                assert [s.flexible for s in scored] == out["flexible"]
+                assert entry[lang]["strict"] == round(sum(s.strict_correct for s in scored) / len(scored), 4)
+                prior = Counter(mgsm.normalize(x) for x in out["flexible"])
+                g = Counter(str(x) for x in gold)
+                assert entry[lang]["answer_prior"] == round(sum(c * g.get(a, 0) for a, c in prior.items())
+                                                            / len(gold) ** 2, 4)
+            assert "".join("1" if c else "0" for c in got) == out["correct"], (name, lang)
+            k, n = sum(got), len(got)
+            lo, hi = clopper_pearson(k, n)
+            assert entry[lang]["acc"] == round(k / n, 4) and entry[lang]["n"] == n
+            assert entry[lang]["ci95"] == [round(lo, 4), round(hi, 4)]
+            assert entry[lang]["se"] == round(math.sqrt(k / n * (1 - k / n) / n), 4)
+            if lang == t:
+                correct[name] = got
+    rec = res["recommended_name"]
+    for name, c in res["paired_recommended_minus"].items():
+        d = [int(a) - int(b) for a, b in zip(correct[rec], correct[name])]
+        mean = sum(d) / len(d)
+        se = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
+        assert (c["diff"], c["se"]) == (round(mean, 4), round(se, 4)), name
+        assert (c["only_a"], c["only_b"]) == (d.count(1), d.count(-1))
+        assert c["mcnemar_p"] == float(f"{mcnemar(correct[rec], correct[name]).p:.3g}")
+    # the dictionary baseline replaced exactly the rows of the dictionary's word pairs found in the vocabulary
+    vocab = load_tokenizer(demo / pair / "math").get_vocab()
+    pairs = json.loads((demo / "dictionary.json").read_text())
+    rows = sum(f.format(e) in vocab and f.format(x) in vocab and vocab[f.format(e)] != vocab[f.format(x)]
+               for e, x in pairs.items() for f in ("\u2581{}", "{}"))
+    assert res["models"]["dictionary baseline"]["rows_replaced"] == rows > 0
+    # the inverse map takes every tensor from the expert that left it at the base's value: it is the base
+    plan = Plan(**{k: res["recommended_plan"][k] for k in eval_demo.PLAN_FIELDS})
+    cks = {r: Checkpoint.open(demo / (pair if r != "base" else "") / r) for r in ROLES}
+    w = tensor_weights(cks["math"], plan)
+    inverse_is_base = all(bool((cks["math" if w[n] == 1.0 else "lang"].get(n) == cks["base"].get(n)).all())
+                          for n in w if w[n] in (0.0, 1.0)) and all(v in (0.0, 1.0) for v in w.values())
+    assert (res["max_abs_weight_difference"]["inverse map vs base model"] == 0.0) == inverse_is_base
+    # the plan chosen on dev, and the targets
+    dev = res["dev_grid"]
     best = max(dev.values(), key=lambda d: (d["acc"], -(d["plan"]["b"] + d["plan"]["u"] + d["plan"]["tb"]
                                                          + d["plan"]["tu"])))
-    assert best["plan"] == {k: v for k, v in results["recommended_plan"].items() if k in eval_demo.PLAN_FIELDS}
+    assert best["plan"] == {k: v for k, v in res["recommended_plan"].items() if k in eval_demo.PLAN_FIELDS}
     assert all(d["acc"] == round(d["correct"].count("1") / len(d["correct"]), 4) for d in dev.values())
-    floors = eval_demo.question_floors(mgsm.load("xx", DEMO / "mgsm"))
-    assert floors.items() <= results["floors_target_language"].items()
-    rec_acc = results["models"][rec]["xx"]["acc"]
-    met = [results["paired_recommended_minus"][n]["z"] >= eval_demo.TARGET_SE
-           for n in ("math expert", "language expert", "soup 50/50", "TIES (density 0.2)")]
-    met.append(rec_acc >= max(results["floors_target_language"].values()) + eval_demo.FLOOR_MARGIN)
-    met.append(results["models"]["math expert"]["en"]["acc"] >= eval_demo.MATH_EN_MIN)
-    assert met == list(results["targets"].values()) and results["targets_met"] == all(met)
+    floors = res["floors_target_language"]
+    gold = [it.answer for it in items]
+    mode, count = Counter(gold).most_common(1)[0]
+    assert floors[f"most common answer ({mode})"] == round(count / len(gold), 4)
+    m, cmp = res["models"], res["paired_recommended_minus"]
+    acc = m[rec][t]["acc"]
+    want = [cmp[n]["diff"] > 0 and (cmp[n]["se"] == 0 or cmp[n]["diff"] / cmp[n]["se"] >= 3 - 0.01)
+            for n in ("math expert", "language expert", "soup 50/50", "TIES (density 0.2)", "task arithmetic")]
+    want += [acc >= max(*floors.values(), m["arithmetic, always subtracting"][t]["acc"]) + 0.10,
+             m["dictionary baseline"][t]["acc"] <= acc - 0.20, m[rec][t]["strict"] >= 0.5,
+             res["recommended_plan"]["u"] >= 1, m["math expert"]["en"]["acc"] >= 0.8]
+    assert want == list(res["targets"].values()) and res["targets_met"] == all(want)
 
 
-def test_model_card_shows_the_measured_numbers(results):
-    card = (DEMO / "README.md").read_text()
-    assert organism_summary() in card
-    for name, m in results["models"].items():
-        for lang in [x for x in ("xx", "en") if x in m]:
+@pytest.mark.parametrize("org", ORGANISMS)
+def test_model_card_shows_the_measured_numbers(org):
+    demo = assets_dir() / org
+    res = _results(org)
+    card = (demo / "README.md").read_text()
+    assert organism_summary(demo) in card
+    for name, m in res["models"].items():
+        for lang in [x for x in (res["target_language"], "en") if x in m]:
             assert f"{100 * m[lang]['acc']:.1f} [{100 * m[lang]['ci95'][0]:.1f}, {100 * m[lang]['ci95'][1]:.1f}]" \
                 in card, (name, lang)
-    for name, c in results["paired_recommended_minus"].items():
-        assert f"| {name} | {100 * c['diff']:+.1f} ± {100 * c['se']:.1f} | {c['z']} |" in card
-    verdict = "meets its targets" if results["targets_met"] else "does not meet all of its targets"
-    assert verdict in card
-    assert results["num_layers"] == Checkpoint.open(DEMO / "math").num_layers
+    for name, c in res["paired_recommended_minus"].items():
+        assert f"| {name} | {100 * c['diff']:+.1f} ± {100 * c['se']:.1f} | {c['z']} | {c['only_a']} / " \
+               f"{c['only_b']} | {c['mcnemar_p']:.3g} |" in card
+    for target, met in res["targets"].items():
+        assert f"| {target} | {'yes' if met else '**no**'} |" in card
+    assert ("meets all of its targets" if res["targets_met"] else "does not meet all of its targets") in card
+    assert res["num_layers"] == Checkpoint.open(demo / "math").num_layers
+    assert str(REPO) not in card and "± 0.0 |" not in card.split("## Gates")[0].split("## What it shows")[1]
 
 
-def test_recommended_plan_is_shipped_and_loadable(results):
-    p = recommended_plan()
-    raw = json.loads((DEMO / "recommended_plan.json").read_text())
+def test_cipher_card_says_what_the_positive_control_shows():
+    res = _results("demo")
+    card = (assets_dir() / "demo" / "README.md").read_text()
+    rec, t = res["recommended_name"], res["target_language"]
+    same = sum(a == b for a, b in zip(res["outputs"][rec][t]["output"], res["outputs"]["math expert"]["en"]["output"]))
+    assert f"On {same} of {res['questions_per_language']} test questions" in card
+    assert "positive control" in card and "negative control" in card and "faithful setting" not in card
+    top = Counter(o.strip() for o in res["outputs"]["language expert"][t]["output"]).most_common(2)
+    assert ", ".join((f"`{k}`" if k else "an empty answer") + f" {v}×" for k, v in top) in card
+    assert "answers with an empty string" not in card and "Kovani only" not in card
+
+
+def test_readme_and_app_doc_state_the_cipher_organisms_numbers():
+    """README's organism lines and docs/app.md's paragraph quote results.json (and the negative control's)."""
+    res, un = _results("demo"), _results("demo", "unlocalised")
+    t, m, rec = res["target_language"], res["models"], res["recommended_name"]
+    pct = lambda r, n: f"{100 * r['models'][n][t]['acc']:.1f} %"
+    ci = m[rec][t]["ci95"]
+    assert res["max_abs_weight_difference"]["task arithmetic vs recommended plan"] < 1e-5
+    assert res["outputs"]["task arithmetic"][t]["output"] == res["outputs"][rec][t]["output"]
+    app = " ".join((REPO / "docs" / "app.md").read_text().split())
+    readme = " ".join((REPO / "README.md").read_text().split())
+    for text in (app, readme):
+        assert f"scores {pct(res, rec)} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" in text
+        assert f"no training scores {pct(res, 'dictionary baseline')}" in text
+        assert f"math expert alone {pct(res, 'math expert')}" in text
+        assert "positive control for the tool" in text and "negative control" in text
+        assert "task arithmetic is the same model" in text
+    assert "identical answers on every question" in app
+    for phrase, name in [("always subtracts", "arithmetic, always subtracting"), ("50/50 soup", "soup 50/50"),
+                         ("TIES", "TIES (density 0.2)")]:
+        assert f"{phrase} {pct(res, name)}" in app, name
+    assert f"its best swap scores {pct(un, un['recommended_name'])}" in app
+    assert f"(the negative control) {pct(un, un['recommended_name'])}" in readme
+
+
+def test_cipher_card_shows_the_lens_of_the_shipped_organism():
+    """The card's lens table is docs/lens/demo.json's (run on this organism's question 0), after layer b-1."""
+    import demo_card
+
+    demo = assets_dir() / "demo"
+    lens = json.loads(demo_card.LENS.read_text())
+    langs = mgsm.languages(demo / "mgsm")
+    assert lens["prompt"] == mgsm.build_prompt(mgsm.load("xx", demo / "mgsm")[0].question, langs["xx"])
+    card = (demo / "README.md").read_text()
+    b = _results("demo")["recommended_plan"]["b"]
+    for role, name in demo_card.LENS_ROLES.items():
+        layer = lens["models"][role]["layers"][b]
+        assert f"| {name} | {layer['alignment']:.3f} | {layer['cka']:.3f} |" in card
+    assert "](../../docs/lens/demo-curves.png)" in card and (REPO / "docs" / "lens" / "demo-curves.png").exists()
+
+
+@pytest.mark.parametrize("org", ORGANISMS)
+def test_recommended_plan_is_shipped_and_loadable(org):
+    demo = assets_dir() / org
+    res = _results(org)
+    p = recommended_plan(demo)
+    raw = json.loads((demo / "recommended_plan.json").read_text())
     assert isinstance(p, Plan) and p.to_dict() == Plan(**{k: raw[k] for k in eval_demo.PLAN_FIELDS}).to_dict()
-    p.validate(results["num_layers"])
-    assert raw["name"] in results["recommended_name"] and "dev" in raw["chosen_on"]
+    p.validate(res["num_layers"])
+    assert raw["name"] in res["recommended_name"] and "dev" in raw["chosen_on"]
 
 
 def test_app_serves_the_organism_by_default(app_url):
-    """`python app.py` with no flags and no MGSM folder: organism models, Kovani test set, trained answers."""
+    """`python app.py` with no flags and no MGSM folder: the default organism, its test set, trained answers."""
     client = Client(app_url, verbose=False)
     values = {c.get("props", {}).get("elem_id"): c.get("props", {}).get("value") for c in client.config["components"]}
-    assert values["math"] == "assets:demo/math" and values["mgsm-lang"] == "xx"
+    t = eval_demo.target_language(DEFAULT)
+    name = mgsm.languages(DEFAULT / "mgsm")[t].name
+    assert values["math"] == f"assets:{DEFAULT_ORGANISM}/math" and values["mgsm-lang"] in (t, "en")
     rec = recommended_plan()  # the page opens on the plan chosen on the dev set, and says what it shows
     assert (values["b"], values["u"], values["tb"], values["tu"]) == (rec.b, rec.u, rec.tb, rec.tu)
-    assert organism_summary() in values["demo-label"] and "Kovani test set" in values["demo-label"]
+    assert organism_summary() in values["demo-label"] and f"{name} test set" in values["demo-label"]
     card = values["card-text"]  # the card, one click away (links to repository files shown as names)
-    assert card.startswith("# layerswap demo organism") and "imposed by training, not emergent" in card
+    assert card.startswith("# layerswap demo organism") and "imposed by training" in card
     assert "](../../" not in card
-    L = Checkpoint.open(DEMO / "math").num_layers
+    L = Checkpoint.open(DEFAULT / "math").num_layers
     report, b, *_ = client.predict(values["base"], values["math"], values["lang"], api_name="/load")
     assert f"compatible: LlamaForCausalLM, {L} layers" in report and b["maximum"] == L
     p = default_plan(L)
     strip, md, _ = client.predict(p.b, p.u, p.tb, p.tu, p.transition, p.transition_weight, p.non_layer,
                                   api_name="/build")
     assert json.loads(strip["plot"])["data"][0]["z"] == [Plan(b=p.b, u=p.u, tb=p.tb, tu=p.tu).layer_weights(L)]
-    en0, xx0 = mgsm.load("en", demo_mgsm_dir())[0], mgsm.load("xx", demo_mgsm_dir())[0]
-    prompt, math_a, lang_a, merged_a, *_ = client.predict("en", 0, "", 48, api_name="/ask")
-    assert f"```\nQuestion: {en0.question}" in prompt and f"Gold answer: {en0.answer}" in prompt
-    assert "The answer is" in math_a  # a trained math expert: random weights never produce this
-    prompt, math_a, lang_a, merged_a, *_ = client.predict("xx", 0, "", 48, api_name="/ask")
-    assert f"```\nSorvi: {xx0.question}" in prompt and f"Gold answer: {xx0.answer}" in prompt
-    for name, a in zip(("math expert", "language expert", "merged model"), (math_a, lang_a, merged_a)):
-        assert a.startswith(f"**{name}**") and "flexible:" in a
+    langs = mgsm.languages(demo_mgsm_dir())
+    for code in ("en", t):
+        item = mgsm.load(code, demo_mgsm_dir())[0]
+        prompt, math_a, lang_a, merged_a, *_ = client.predict(code, 0, "", 48, api_name="/ask")
+        assert f"```\n{langs[code].question} {item.question}" in prompt and f"Gold answer: {item.answer}" in prompt
+        for role, a in zip(("math expert", "language expert", "merged model"), (math_a, lang_a, merged_a)):
+            assert a.startswith(f"**{role}**") and "flexible:" in a
+    assert "The answer is" in client.predict("en", 0, "", 48, api_name="/ask")[1]  # a trained math expert
 
 
-@pytest.mark.slow
-def test_rebuild_matches_the_model_card(tmp_path, results):
-    """Rebuild from scratch and re-measure: the same recipe, English skill, plan choice and accuracies."""
-    out = tmp_path / "demo"
-    info = json.loads((DEMO / "build_info.json").read_text())
+def _rebuild(org: str, script: str, out: Path, results: dict) -> dict:
+    info = json.loads((assets_dir() / org / "build_info.json").read_text())
     threads = str(info["threads"])  # same thread count: same float reduction order, same weights
     env = dict(os.environ, OMP_NUM_THREADS=threads)
-    subprocess.run([sys.executable, str(REPO / "scripts" / "build_demo_experts.py"), "--out", str(out),
-                    "--seed", str(info["seed"]), "--threads", threads], check=True, env=env)
+    subprocess.run([sys.executable, str(REPO / "scripts" / script), "--out", str(out), "--seed", str(info["seed"]),
+                    "--threads", threads], check=True, env=env)
     rebuilt = json.loads((out / "build_info.json").read_text())
     assert rebuilt["recipe"] == info["recipe"]
     assert rebuilt["sha256"] == info["sha256"]  # deterministic: the same weights, bit for bit
@@ -192,11 +331,23 @@ def test_rebuild_matches_the_model_card(tmp_path, results):
                     "--threads", threads], check=True, env=env)
     again = json.loads((out / "results.json").read_text())
     assert again["recommended_plan"] == results["recommended_plan"]
-    assert again["models"]["math expert"]["en"]["acc"] >= min(eval_demo.MATH_EN_MIN,
-                                                              results["models"]["math expert"]["en"]["acc"] - 0.03)
     for name, want in results["models"].items():
-        for lang in [x for x in ("xx", "en") if x in want]:
+        for lang in [x for x in (results["target_language"], "en") if x in want]:
             got, w = again["models"][name][lang]["acc"], want[lang]
             tol = max(0.03, 3 * w["se"])
             assert math.isclose(got, w["acc"], abs_tol=tol), (name, lang, got, w["acc"], tol)
     assert again["targets"] == results["targets"]
+    return again
+
+
+@pytest.mark.slow
+def test_rebuild_matches_the_model_card(tmp_path):
+    """The cipher organism, rebuilt from scratch and re-measured: the same weights, plan choice and accuracies."""
+    _rebuild("demo", "build_demo_experts.py", tmp_path / "demo", _results("demo"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("demo2" not in ORGANISMS, reason="the paper-setting organism is not shipped")
+def test_rebuild_of_the_paper_setting_organism(tmp_path):
+    """The paper-setting organism, rebuilt from scratch (weights identical by sha256) and re-measured."""
+    _rebuild("demo2", "build_demo2.py", tmp_path / "demo2", _results("demo2"))

@@ -274,3 +274,58 @@ def test_shipped_sweep_files(name, tmp_path):
         spec.expert_sets[-1] = dataclasses.replace(spec.expert_sets[-1], lang=str(tmp_path / "gone"))
         with pytest.raises(UserError, match="Build them with: python scripts/build_demo_experts.py --ablation"):
             run_sweep(spec, None)
+
+
+def test_a_results_file_is_reused_from_another_clone(tmp_path, trio, monkeypatch):
+    """Records are keyed by the models' content, not their place or file times, and name them portably: the same
+    experts copied elsewhere (a fresh clone) find every point of the file done."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    here = tmp_path / "clone1"
+    for r in ("base", "math", "lang"):
+        shutil.copytree(trio[r], here / r)
+    f = _sweep_file(tmp_path, {r: here / r for r in ("base", "math", "lang")}, stats=None,
+                    grid={"name": "b={b}", "recipe": {"plan": {"tb": 0, "tu": 0, "u": 0}}, "vary": {"b": [1]}},
+                    recipes=None)
+    out = tmp_path / "r.jsonl"
+    first = run_sweep(f, out)
+    assert first.ran == 3
+    rec = load_results(out)[0]
+    assert rec["experts"]["math"]["ref"] == "clone1/math" and str(tmp_path) not in out.read_text()
+    time.sleep(0.01)
+    other = tmp_path / "clone2"
+    for r in ("base", "math", "lang"):
+        shutil.copytree(trio[r], other / r, copy_function=shutil.copy)  # new files, new mtimes
+    f2 = _sweep_file(tmp_path, {r: other / r for r in ("base", "math", "lang")}, stats=None,
+                     grid={"name": "b={b}", "recipe": {"plan": {"tb": 0, "tu": 0, "u": 0}}, "vary": {"b": [1]}},
+                     recipes=None)
+    assert run_sweep(f2, out).ran == 0
+    # a changed weight is another model
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(other / "lang" / "model.safetensors")
+    name = next(n for n in sd if "layers.0.mlp" in n)
+    sd[name] = sd[name].clone()
+    sd[name][0, 0] += 0.01
+    save_file(sd, other / "lang" / "model.safetensors", metadata={"format": "pt"})
+    assert run_sweep(f2, out).ran == 3  # another expert set: every point again
+
+
+def test_exact_intervals_paired_average_and_comparisons(tmp_path, trio):
+    from layerswap.sweeps.report import paired_comparison, scores
+
+    run = run_sweep(_sweep_file(tmp_path, trio, eval={"limit": 4, "max_new_tokens": 4}), tmp_path / "r.jsonl")
+    r = next(x for x in run.rows if x["kind"] == "merge")
+    s = scores(r)
+    for lang in ("xx", "en"):
+        k = r["correct_flexible"][lang].count("1")
+        assert s["ci"][lang][0] <= 100 * k / 4 <= s["ci"][lang][1]
+    if r["correct_flexible"]["xx"] == r["correct_flexible"]["en"]:  # same outcomes: the average is one language
+        assert s["average_se"] == pytest.approx(s["se"]["xx"] * (4 / 3) ** 0.5)
+    zero = dict(r, accuracy={"flexible": {"xx": 0.0, "en": 0.0}}, correct_flexible={"xx": "0000", "en": "0000"})
+    assert scores(zero)["ci"]["xx"] == pytest.approx((0.0, 60.24), abs=0.01)  # 0/4: [0, 1 - 0.025^(1/4)]
+    assert "0.0 [0.0, 60.2]" in table_text([zero])
+    c = paired_comparison(r, zero, "xx")
+    assert c["only_b"] == 0 and c["only_a"] == r["correct_flexible"]["xx"].count("1")
+    assert c["p"] == pytest.approx(min(1.0, 2 * 0.5 ** c["only_a"]))

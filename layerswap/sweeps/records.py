@@ -5,11 +5,12 @@ an lm-eval run). `run` and `ray` write them; `report` reads them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache import fingerprint
+from ..cache import content_hash
 from ..evaluation import EvalReport
+from ..presets import portable_ref
 from ..roles import EXPERTS, ROLE_NAMES
 from .log import point_key
 from .spec import ExpertSet, SweepPoint, SweepSpec, TestSet, fit_points
@@ -26,17 +27,26 @@ class Unit:
     point: SweepPoint | None = None
     role: str | None = None
     test: TestSet | None = None
+    experts: dict = field(default_factory=dict)  # as the record shows them (`experts_shown`)
 
 
 def identity_of_test_set(t: TestSet) -> dict:
     if t.path is None:
         return {"path": None, "langs": list(t.langs)}
-    files = [f for f in Path(t.path).iterdir() if f.suffix in (".tsv", ".json")]
-    return {"name": t.name, "fingerprint": fingerprint(files), "langs": list(t.langs)}
+    files = sorted(f for f in Path(t.path).iterdir() if f.suffix in (".tsv", ".json"))
+    return {"name": t.name, "fingerprint": content_hash((f.name, f.read_bytes()) for f in files),
+            "langs": list(t.langs)}
 
 
 def experts_identity(cks: dict) -> dict:
-    return {r: {"ref": ck.ref, "fingerprint": ck.fingerprint()} for r, ck in cks.items()}
+    """What a record's key holds of its experts: their content (`Checkpoint.content_id`), not where they are, so
+    a results file is reused from another clone or machine."""
+    return {r: {"fingerprint": ck.content_id()} for r, ck in cks.items()}
+
+
+def experts_shown(cks: dict, identity: dict) -> dict:
+    """The record's experts: the key's identity plus each model's portable reference (`presets.portable_ref`)."""
+    return {r: {"ref": portable_ref(ck.ref), **identity[r]} for r, ck in cks.items()}
 
 
 def open_set(s: ExpertSet) -> dict:
@@ -51,36 +61,38 @@ def open_set(s: ExpertSet) -> dict:
 
 def units_of(spec: SweepSpec, s: ExpertSet, cks: dict, left_out: dict) -> list[Unit]:
     experts = experts_identity(cks)
+    shown = experts_shown(cks, experts)
     common = {"experts": experts, "force": s.force}
     engine = {k: spec.engine.get(k) for k in ("engine", "chat_template")}
     units: list[Unit] = []
     if spec.stats:
         ident = {**common, "stats": 1}
-        units.append(Unit("stats", point_key(ident), ident, "model-level statistics"))
+        units.append(Unit("stats", point_key(ident), ident, "model-level statistics", experts=shown))
     points, dropped = fit_points(spec.points, cks["math"].num_layers, str(spec.path or spec.name))
     if dropped:
         left_out[s.name] = dropped
     evals = spec.eval_settings()
-    for t in spec.test_sets:
-        tid = identity_of_test_set(t)
+    tests = [(t, identity_of_test_set(t)) for t in spec.test_sets]
+    for t, tid in tests:
         if spec.include_experts:
             for role in EXPERTS:
                 ident = {**common, "model": role, "test": tid, "eval": evals, "engine": engine}
-                units.append(Unit("expert", point_key(ident), ident, ROLE_NAMES[role], role=role, test=t))
+                units.append(Unit("expert", point_key(ident), ident, ROLE_NAMES[role], role=role, test=t,
+                                  experts=shown))
     for pt in points:
-        for t in spec.test_sets:
-            ident = {**common, "recipe": pt.recipe.to_dict(), "test": identity_of_test_set(t), "eval": evals,
-                     "engine": engine}
-            units.append(Unit("merge", point_key(ident), ident, pt.name, point=pt, test=t))
+        for t, tid in tests:
+            ident = {**common, "recipe": pt.recipe.to_dict(), "test": tid, "eval": evals, "engine": engine}
+            units.append(Unit("merge", point_key(ident), ident, pt.name, point=pt, test=t, experts=shown))
     return units
 
 
 def record(spec: SweepSpec, s: ExpertSet, u: Unit, **extra) -> dict:
     r = {"key": u.key, "sweep": spec.name, "set": s.name, "kind": u.kind, "name": u.name,
          "recipe": u.point.recipe.to_dict() if u.point else None, "vars": dict(u.point.vars) if u.point else {},
-         "role": u.role, "experts": u.identity["experts"], "force": s.force}
+         "role": u.role, "experts": u.experts or u.identity["experts"], "force": s.force}
     if u.test is not None:
-        r.update(test_set={"name": u.test.name, "path": u.test.path, **u.identity["test"]},
+        r.update(test_set={"name": u.test.name, "path": u.test.path and portable_ref(u.test.path),
+                           **u.identity["test"]},
                  eval={"langs": list(u.test.langs), **u.identity["eval"]}, engine=u.identity["engine"])
     r.update(extra)
     return r
@@ -104,7 +116,9 @@ def refusal_reason(s: ExpertSet, cks: dict) -> str | None:
 
 
 def refused_record(spec: SweepSpec, s: ExpertSet, cks: dict, key: str, reason: str) -> dict:
-    return record(spec, s, Unit("refused", key, {"experts": experts_identity(cks)}, "refused"), message=reason)
+    ident = experts_identity(cks)
+    return record(spec, s, Unit("refused", key, {"experts": ident}, "refused", experts=experts_shown(cks, ident)),
+                  message=reason)
 
 
 def layout(spec: SweepSpec, left_out: dict) -> tuple[list, dict[str, str]]:
@@ -133,8 +147,9 @@ def lm_eval_record(experts: dict, recipe: dict | None, name: str, settings: dict
                    force: bool = False, set_name: str = "experts") -> dict:
     """A results-file record (kind ``lm-eval``) of lm-evaluation-harness `metrics` ({task: {metric: value}},
     `layerswap.lmeval`) for a merge (`recipe`) or a model (`recipe` None); `settings`: what changes the
-    numbers (`LmEvalConfig.settings`)."""
-    ident = {"experts": experts, "force": force, "recipe": recipe, "lm_eval": settings}
+    numbers (`LmEvalConfig.settings`); `experts` as `experts_shown` gives them (only their fingerprints key it)."""
+    ident = {"experts": {r: {"fingerprint": e["fingerprint"]} for r, e in experts.items()}, "force": force,
+             "recipe": recipe, "lm_eval": settings}  # where the models are is not part of the key
     return {"key": point_key(ident), "sweep": "lm-eval", "set": set_name, "kind": "lm-eval", "name": name,
             "recipe": recipe, "experts": experts, "force": force, "lm_eval": settings,
             "metrics": {f"{task} {m}": v for task, ms in metrics.items() for m, v in ms.items()}}

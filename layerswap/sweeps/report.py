@@ -1,11 +1,14 @@
-"""Sweep results as tables and figures: accuracy per language with standard errors, average and max; an
+"""Sweep results as tables and figures: accuracy per language with exact intervals, average and max; an
 accuracy heatmap over (b, u), bars per recipe with the experts as reference lines, curves for one-dimensional
-sweeps; CSV and a self-contained HTML page. Everything reads the records of a results file
-(`layerswap.sweeps.log.load_results`, or `SweepRun.rows`).
+sweeps; paired comparisons of two points; CSV and a self-contained HTML page. Everything reads the records of a
+results file (`layerswap.sweeps.log.load_results`, or `SweepRun.rows`).
 
-Standard errors are binomial, ``sqrt(p (1 - p) / n)`` per language; the average's is
-``sqrt(sum se_i^2) / k`` (languages scored on separate questions). The max over languages is
-reported without one (it is a selection).
+Each language's accuracy comes with its binomial standard error and its exact 95 % interval (Clopper-Pearson,
+`layerswap.stats`), which stays honest at 0/n and n/n. The average over languages gets the standard error of
+the per-question mean when the record holds per-question results of equal length (MGSM's languages are
+translations of the same questions, so a model's outcomes are correlated across them), else
+``sqrt(sum se_i^2) / k``. The max over languages is reported without one (it is a selection).
+`paired_comparison` compares two points on the same questions (difference, its SE, exact McNemar p).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import plotly.graph_objects as go
 
 from ..errors import UserError
 from ..plots import LANG_COLOR, MATH_COLOR
+from ..stats import clopper_pearson, mcnemar, paired_difference, paired_mean_se
 
 EXPERT_COLORS = {"math": MATH_COLOR, "lang": LANG_COLOR}
 MERGE_COLOR = "#7570b3"
@@ -31,15 +35,39 @@ def _se(p: float, n: int) -> float:
     return math.sqrt(p * (1 - p) / n) if n else float("nan")
 
 
+def _correct(r: dict, metric: str) -> dict[str, list[bool]] | None:
+    """Per-question correctness per language (flexible only: the records keep it), or None."""
+    stored = r.get("correct_flexible") if metric == "flexible" else None
+    langs = r["eval"]["langs"]
+    if not stored or any(len(stored.get(lang, "")) != r["n"][lang] for lang in langs):
+        return None
+    return {lang: [c == "1" for c in stored[lang]] for lang in langs}
+
+
 def scores(r: dict, metric: str = "flexible") -> dict:
-    """Accuracy (%) and standard error per language, the average (with its error) and the max."""
+    """Accuracy (%), standard error and exact 95 % interval per language; the average (with its error) and max."""
     langs = r["eval"]["langs"]
     acc = {lang: r["accuracy"][metric][lang] for lang in langs}
     se = {lang: _se(acc[lang], r["n"][lang]) for lang in langs}
-    avg = sum(acc.values()) / len(langs)
-    return {"acc": {k: 100 * v for k, v in acc.items()}, "se": {k: 100 * v for k, v in se.items()},
-            "average": 100 * avg, "average_se": 100 * math.sqrt(sum(v * v for v in se.values())) / len(langs),
-            "max": 100 * max(acc.values()), "n": sum(r["n"].values())}
+    ci = {lang: tuple(100 * x for x in clopper_pearson(round(acc[lang] * r["n"][lang]), r["n"][lang]))
+          if r["n"][lang] else (float("nan"), float("nan")) for lang in langs}
+    per_q = _correct(r, metric)
+    same_questions = per_q is not None and len({len(v) for v in per_q.values()}) == 1 and len(langs) > 1
+    avg_se = paired_mean_se(list(per_q.values())) if same_questions else \
+        math.sqrt(sum(v * v for v in se.values())) / len(langs)
+    return {"acc": {k: 100 * v for k, v in acc.items()}, "se": {k: 100 * v for k, v in se.items()}, "ci": ci,
+            "average": 100 * sum(acc.values()) / len(langs), "average_se": 100 * avg_se,
+            "average_paired": same_questions, "max": 100 * max(acc.values()), "n": sum(r["n"].values())}
+
+
+def paired_comparison(a: dict, b: dict, lang: str) -> dict:
+    """Record `a` minus record `b` on the same questions of `lang` (flexible): difference and SE in points, z,
+    the questions only `a` / only `b` got right, and the exact McNemar p."""
+    ca, cb = _correct(a, "flexible"), _correct(b, "flexible")
+    if ca is None or cb is None or len(ca[lang]) != len(cb[lang]):
+        raise UserError(f"{a['name']} and {b['name']} have no per-question results on the same {lang} questions.")
+    d, m = paired_difference(ca[lang], cb[lang]), mcnemar(ca[lang], cb[lang])
+    return {"diff": 100 * d.diff, "se": 100 * d.se, "z": d.z, "only_a": m.only_a, "only_b": m.only_b, "p": m.p}
 
 
 def evaluated(rows: Sequence[dict]) -> list[dict]:
@@ -70,6 +98,7 @@ def results_table(rows: Sequence[dict], metric: str = "flexible") -> list[dict]:
         for lang in r["eval"]["langs"]:
             row[lang] = round(s["acc"][lang], 1)
             row[f"{lang} ±"] = round(s["se"][lang], 1)
+            row[f"{lang} 95% CI"] = "[{:.1f}, {:.1f}]".format(*s["ci"][lang])
         row.update({"average": round(s["average"], 1), "average ±": round(s["average_se"], 1),
                     "max": round(s["max"], 1), "n": s["n"]})
         row.update({f"var {k}": v for k, v in r.get("vars", {}).items()})
@@ -115,7 +144,8 @@ def _headers(rows: Sequence[dict]) -> list[str]:
 
 
 def table_text(rows: Sequence[dict], metric: str = "flexible") -> str:
-    """The results table as Markdown, accuracy as ``a ± se`` (%)."""
+    """The results table as Markdown: each language's accuracy with its exact 95 % interval, ``a [lo, hi]`` (%),
+    the average as ``a ± se``."""
     table = results_table(rows, metric)
     if not table:
         return "(no evaluated points yet)"
@@ -127,7 +157,9 @@ def table_text(rows: Sequence[dict], metric: str = "flexible") -> str:
     for r in table:
         cells = []
         for h in head:
-            if h in langs or h == "average":
+            if h in langs:
+                cells.append("–" if r.get(h) is None else f"{r[h]:.1f} {r[f'{h} 95% CI']}")
+            elif h == "average":
                 cells.append("–" if r.get(h) is None else f"{r[h]:.1f} ± {r[f'{h} ±']:.1f}")
             else:
                 cells.append(str(r.get(h, "–")))

@@ -1,0 +1,286 @@
+#!/usr/bin/env python
+"""Build the demo organism in the paper's setting: English and Oruki (``yy``, verb-final, with suffixes).
+
+A tiny LlamaForCausalLM base is pretrained on English stories, fewer Oruki stories, stories that switch
+language from sentence to sentence, bare arithmetic facts and generic English instructions (reading
+comprehension and retelling, answered "... The answer is X."; no word problems). Then, as in Bandarkar et al.
+2025 and Bandarkar & Peng 2025:
+
+- the **math expert** is the base fine-tuned by next-token SFT on English word problems with symbolic
+  answers, only its middle layers trainable;
+- the **language expert** is the base fine-tuned by ordinary next-token SFT on generic Oruki instructions
+  with Oruki answers ("... Danu X ki."), no maths, either with only the bottom and top layers (and the
+  embeddings, final norm and lm_head) trainable (``lang/``), or with every tensor trainable and the middle
+  layers reverted to the base afterwards (``lang_revert/``).
+
+Gates (dev accuracy of each model and of the swap of the experts' own ranges, flexible and strict) go to
+``build_info.json``. Deterministic given --seed and --threads (one thread on a shared machine).
+
+Output (default --out assets/demo2): base/ math/ lang/ lang_revert/ (HF model dirs), mgsm/ (test, dev,
+exemplars, languages), dictionary.json, build_info.json.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+import build_demo_experts as B  # noqa: E402  (training loop, model, saving, profiles)
+import demo_world as W  # noqa: E402
+import demo_world2 as O  # noqa: E402
+from layerswap.publish import sha256  # noqa: E402
+
+T = O.CODE
+
+
+@dataclass
+class Recipe:
+    layers: int = 10
+    hidden: int = 64
+    inter: int = 192
+    heads: int = 1
+    lang_bottom: int = 2  # the language expert's layers: 0 .. lang_bottom-1 and layers-lang_top .. layers-1
+    lang_top: int = 2
+    n_docs: int = 40000
+    T: int = 128
+    base_steps: int = 1200
+    base_bs: int = 16
+    base_lr: float = 3e-3
+    mix: dict = field(default_factory=lambda: dict(en=0.4, yy=0.12, mixed=0.08, arith=0.2, qa_en=0.2))
+    n_math: int = 20000
+    math_steps: int = 600
+    math_bs: int = 32
+    math_lr: float = 2e-3
+    n_lang: int = 20000
+    lang_steps: int = 500
+    lang_bs: int = 32
+    lang_lr: float = 1e-3
+    lang_prompt_loss: bool = False  # next-token loss on the instruction too (else on the answer only)
+    lang_translate: float = 0.0  # share of the language expert's instructions that are English -> Oruki translations
+    lang_own_rows: bool = False  # the language expert trains only the embedding rows of words English never uses
+    full_lr_scale: float = 0.3  # the fully trained language expert's lr, relative to the localised one's
+    n_test: int = 1000
+    n_dev: int = 300
+    n_gate: int = 200
+    n_exemplars: int = 8
+
+
+def in_range(name: str, role: str, R: Recipe) -> bool:
+    """math = the middle layers; lang = everything else (embeddings, bottom and top layers, final norm, lm_head)."""
+    i = B.layer_of(name)
+    math_part = i is not None and R.lang_bottom <= i < R.layers - R.lang_top
+    return math_part if role == "math" else not math_part
+
+
+def qa_text(q: str, a: str, cues: dict) -> str:
+    return cues["question"] + " " + q + "\n" + cues["answer_cue"] + " " + a
+
+
+def build_data(R: Recipe, seed: int) -> dict:
+    w = W.World(seed)
+    keys: set = set()
+    test = W.unseen_problems(w, R.n_test, keys)
+    dev = W.unseen_problems(w, R.n_dev, keys)
+    exemplars = W.unseen_problems(w, R.n_exemplars, keys)
+    r = random.Random(seed + 1)
+    kinds, probs = list(R.mix), list(R.mix.values())
+    docs = []
+    for _ in range(R.n_docs):
+        k = r.choices(kinds, probs)[0]
+        if k == "arith":
+            docs.append(w.arithmetic(r.randint(3, 6)))
+        elif k in ("en", T):
+            docs.append(O.text(w.story(r.randint(2, 5)), k))
+        elif k == "mixed":
+            docs.append(O.mixed_story(w, r.randint(2, 5), r))
+        elif k == "par":  # a story, then the same story in Oruki
+            docs.append(O.parallel(w.story(r.randint(2, 4))))
+        elif k == "narr_par":  # a story that keeps count, then the same story in Oruki
+            docs.append(O.parallel(O.narrative_words(w, keys, r)))
+        elif k.startswith("narr_"):  # stories that keep count: narr_en, narr_yy, narr_mixed
+            docs.append(O.narrative(w, keys, r, ("en", T) if k == "narr_mixed" else (k[5:],)))
+        elif k == "qa_en":  # a generic English instruction with its answer, in the evaluation's prompt format
+            q, a = O.instruction(w)
+            docs.append(qa_text(O.text(q, "en"), O.text(a, "en"), O.language_entry("en")))
+        else:
+            raise SystemExit(f"unknown document kind {k!r} in the recipe's mix")
+    math_pairs = []
+    while len(math_pairs) < R.n_math:
+        pb = w.problem(r.choice([1, 2, 3]))
+        if pb["key"] not in keys:
+            math_pairs.append((O.text(pb["q"], "en"), O.text(W.World.solution(pb), "en")))
+    lang_pairs = [O.translation(w) if r.random() < R.lang_translate else
+                  tuple(O.text(x, T) for x in O.instruction(w)) for _ in range(R.n_lang)]
+    return dict(docs=docs, math=math_pairs, lang=lang_pairs, test=test, dev=dev, exemplars=exemplars)
+
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
+
+
+def build_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
+    """Word-level tokenizer: words, punctuation and Oruki's suffixes (``-ni``, ``-a`` ...) are tokens; <s> first."""
+    pt = pre_tokenizers.Sequence([
+        pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True),
+        pre_tokenizers.Split(Regex(r"[.,:?!\n]|-[a-z]+"), behavior="isolated")])
+    words = sorted({w for t in texts for w, _ in pt.pre_tokenize_str(t)})
+    vocab = {t: i for i, t in enumerate(SPECIALS + words)}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pt
+    tk.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    tk.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>", clean_up_tokenization_spaces=False)
+
+
+def reverted(full, base, role: str, R: Recipe):
+    """`full` with every tensor outside `role`'s range set back to the base ("train, then revert")."""
+    m = copy.deepcopy(full)
+    bsd = base.state_dict()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if not in_range(n, role, R):
+                p.copy_(bsd[n])
+    return m
+
+
+def gates(models: dict, tok, out: str, n: int) -> dict:
+    """Flexible and strict accuracy of each model on the first `n` dev problems, in English and Oruki, and on the
+    cue-swap probes (``ye``: Oruki body, English cues; ``ey``: English body, Oruki cues)."""
+    from layerswap.engines.transformers_engine import TransformersEngine
+    from layerswap.evaluation import EvalConfig, evaluate
+
+    tok = copy.deepcopy(tok)
+    tok.padding_side = "left"
+    engines = {k: TransformersEngine(m, tok, batch_size=64) for k, m in models.items()}
+    res: dict = {k: {} for k in models}
+    for sub, langs in (("dev", ["en", T]), ("probe", ["ye", "ey"])):
+        rep = evaluate(engines, EvalConfig(langs=langs, limit=n, source=os.path.join(out, "mgsm", sub),
+                                           max_new_tokens=40))
+        for k in models:
+            res[k].update({f"{lang} {metric}": round(rep.accuracy(k, lang, metric), 4) for lang in langs
+                           for metric in ("flexible", "strict")})
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Build the demo organism in the paper's setting (English + Oruki).")
+    ap.add_argument("--out", default="assets/demo2")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                    help="override one Recipe field (experiments; the shipped assets use the defaults)")
+    ap.add_argument("--reuse-base", metavar="DIR", help="experiments: load base/ from an earlier build of the same "
+                                                         "data recipe instead of pretraining")
+    ap.add_argument("--only", nargs="+", default=["math", "lang", "lang_revert"],
+                    help="experiments: experts to train (the others are skipped, or reused from --reuse-base DIR)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    R = Recipe()
+    for kv in args.set:
+        key, _, val = kv.partition("=")
+        if key not in asdict(R):
+            ap.error(f"--set {key}: not a Recipe field (choose from {', '.join(asdict(R))})")
+        setattr(R, key, json.loads(val))
+    t_all = time.time()
+    secs: dict = {}
+    log = B.log
+    log(f"building the paper-setting organism -> {args.out} (seed {args.seed}, {args.threads} threads)")
+    D = build_data(R, args.seed)
+    O.write_mgsm(args.out, D["test"], D["dev"], D["exemplars"])
+    O.write_dictionary(args.out)
+    sets = [O.text(pb["q"], lang) for pb in D["test"] + D["dev"] for lang in ("en", T)]
+    tok = build_tokenizer(D["docs"] + [q + " " + a for q, a in D["math"] + D["lang"]] + sets + W.prompt_texts(args.out)
+                          + [str(i) for i in range(200)])
+    base = B.make_model(R, tok, args.seed)
+    nparams = sum(p.numel() for p in base.parameters())
+    log(f"tokenizer {len(tok)} words; model {R.layers} layers, hidden {R.hidden}, {nparams} params")
+    from safetensors.torch import load_file
+
+    t0 = time.time()
+    if args.reuse_base:
+        base.load_state_dict(load_file(os.path.join(args.reuse_base, "base", "model.safetensors")))
+        log(f"base reused from {args.reuse_base}")
+    else:
+        rows = B.pack_stream(tok, D["docs"], R.T)
+        log(f"pretraining base: {R.base_steps} steps x {R.base_bs} x {R.T} tokens ({rows.shape[0]} rows)")
+        B.train(base, R.base_steps, R.base_lr, args.seed, rows=rows, bs=R.base_bs, wd=0.01, warmup=50, log=log)
+    secs["base"] = round(time.time() - t0)
+    english_ids = {i for d in D["docs"] if not any(c in d for c in "-")
+                   for i in tok(d)["input_ids"]} | {i for q, a in D["math"] for i in tok(q + " " + a)["input_ids"]}
+    math_ex = B.sft_examples(tok, D["math"], O.language_entry("en"))
+    lang_ex = B.sft_examples(tok, D["lang"], O.language_entry(T), prompt_loss=R.lang_prompt_loss)
+    experts = {}
+
+    def train(role: str, localised: bool):
+        m = copy.deepcopy(base)
+        t = time.time()
+        lr = (R.math_lr if role == "math" else R.lang_lr) * (1.0 if localised else R.full_lr_scale)
+        log(f"{role} expert ({'own layer range' if localised else 'all tensors'}, lr {lr:g})")
+        only = (lambda n: in_range(n, role, R)) if localised else (lambda n: True)
+        if role == "lang" and R.lang_own_rows:  # embedding rows of words that English text also uses stay put
+            keep = torch.ones(len(tok), 1)
+            keep[sorted(english_ids)] = 0.0
+            hook = m.model.embed_tokens.weight.register_hook(lambda g: g * keep)
+        steps, exs, bs = (R.math_steps, math_ex, R.math_bs) if role == "math" else (R.lang_steps, lang_ex, R.lang_bs)
+        B.train(m, steps, lr, args.seed + (11 if role == "math" else 12), exs=exs, ex_bs=bs, trainable=only, log=log)
+        if role == "lang" and R.lang_own_rows:
+            hook.remove()
+        secs[f"{role}{'' if localised else '_full'}"] = round(time.time() - t)
+        return m
+
+    for name in ("math", "lang", "lang_revert"):
+        if name in args.only:
+            experts[name] = reverted(train("lang", False), base, "lang", R) if name == "lang_revert" else \
+                train(name, True)
+        elif args.reuse_base and os.path.exists(os.path.join(args.reuse_base, name, "model.safetensors")):
+            experts[name] = copy.deepcopy(base)
+            experts[name].load_state_dict(load_file(os.path.join(args.reuse_base, name, "model.safetensors")))
+            log(f"{name} reused from {args.reuse_base}")
+    for sub, m in [("base", base), *experts.items()]:
+        B.save_model(m, tok, os.path.join(args.out, sub))
+    t = time.time()
+    swaps = {f"swap ({k})": reverted(experts[k], experts["math"], "lang", R)
+             for k in ("lang", "lang_revert") if k in experts and "math" in experts}
+    gate = gates({"base": base, **experts, **swaps}, tok, args.out, R.n_gate)
+    secs["gates"] = round(time.time() - t)
+    for k, v in gate.items():
+        log(f"gate {k:<20} " + "  ".join(f"{lang} {100 * a:5.1f}%" for lang, a in v.items()))
+    secs["total"] = round(time.time() - t_all)
+    L = R.layers
+    info = dict(organism="paper", seed=args.seed, threads=args.threads, recipe=asdict(R), vocab=len(tok),
+                params=nparams, base_reused_from=args.reuse_base, seconds=secs,
+                machine={"cpus": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+                         "date": time.strftime("%Y-%m-%d")},
+                localised_ranges={"math": f"layers {R.lang_bottom}-{L - R.lang_top - 1}",
+                                  "lang": f"embeddings, layers 0-{R.lang_bottom - 1} and {L - R.lang_top}-{L - 1}, "
+                                          "final norm, lm_head"},
+                gates={"dev_flexible_and_strict": gate, "n": R.n_gate})
+    if {"math", "lang"} <= set(experts):
+        info["change_profile"] = B.change_profiles(args.out)
+    info["sha256"] = {sub: sha256(Path(args.out) / sub / "model.safetensors")
+                      for sub in ("base", "math", "lang", "lang_revert")
+                      if (Path(args.out) / sub / "model.safetensors").exists()}
+    with open(os.path.join(args.out, "build_info.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    log(f"done in {secs['total']}s -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

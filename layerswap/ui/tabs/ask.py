@@ -53,10 +53,13 @@ def start_engines(ctx: Context, job: Job) -> str:
     return ctx.models_md(wb)
 
 
+EMPTY = "(empty)"  # how an empty answer is shown
+
+
 def _answer_md(a: Answer) -> str:
     s = a.scored
     verdict = "" if a.gold is None else " · **correct**" if s.flexible_correct else " · **wrong**"
-    out = s.output.strip() or "(empty)"
+    out = s.output.strip() or EMPTY
     return (f"**{a.model}** · {a.engine} · {a.seconds:.1f}s\n\n```\n{out}\n```\n\n"
             f"strict: `{s.strict}` · flexible: `{s.flexible}`{verdict}")
 

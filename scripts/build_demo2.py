@@ -31,10 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
@@ -128,33 +125,12 @@ def build_data(R: Recipe, seed: int) -> dict:
     return dict(docs=docs, math=math_pairs, lang=lang_pairs, test=test, dev=dev, exemplars=exemplars)
 
 
-SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
-
-
-def build_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
-    """Word-level tokenizer: words, punctuation and Oruki's suffixes (``-ni``, ``-a`` ...) are tokens; <s> first."""
-    pt = pre_tokenizers.Sequence([
-        pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True),
-        pre_tokenizers.Split(Regex(r"[.,:?!\n]|-[a-z]+"), behavior="isolated")])
-    words = sorted({w for t in texts for w, _ in pt.pre_tokenize_str(t)})
-    vocab = {t: i for i, t in enumerate(SPECIALS + words)}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pt
-    tk.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
-    tk.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="<pad>", clean_up_tokenization_spaces=False)
+OR_SPLIT = r"[.,:?!\n]|-[a-z]+"  # punctuation and Oruki's suffixes (``-ni``, ``-a`` ...) are tokens of their own
 
 
 def reverted(full, base, role: str, R: Recipe):
-    """`full` with every tensor outside `role`'s range set back to the base ("train, then revert")."""
-    m = copy.deepcopy(full)
-    bsd = base.state_dict()
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if not in_range(n, role, R):
-                p.copy_(bsd[n])
-    return m
+    """`full` with every tensor outside `role`'s range (this organism's ranges) set back to the base."""
+    return B.reverted(full, base, role, R, in_range=in_range)
 
 
 def gates(models: dict, tok, out: str, n: int) -> dict:
@@ -188,16 +164,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", default=["math", "lang", "lang_revert"],
                     help="experiments: experts to train (the others are skipped, or reused from --reuse-base DIR)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    R = Recipe()
-    for kv in args.set:
-        key, _, val = kv.partition("=")
-        if key not in asdict(R):
-            ap.error(f"--set {key}: not a Recipe field (choose from {', '.join(asdict(R))})")
-        setattr(R, key, json.loads(val))
+    R = B.run_settings(ap, args, Recipe())
     t_all = time.time()
     secs: dict = {}
     log = B.log
@@ -206,8 +173,8 @@ def main() -> None:
     O.write_mgsm(args.out, D["test"], D["dev"], D["exemplars"])
     O.write_dictionary(args.out)
     sets = [O.text(pb["q"], lang) for pb in D["test"] + D["dev"] for lang in ("en", T)]
-    tok = build_tokenizer(D["docs"] + [q + " " + a for q, a in D["math"] + D["lang"]] + sets + W.prompt_texts(args.out)
-                          + [str(i) for i in range(200)])
+    texts = D["docs"] + [q + " " + a for q, a in D["math"] + D["lang"]] + sets + W.prompt_texts(args.out)
+    tok = B.build_tokenizer(texts + [str(i) for i in range(200)], split=OR_SPLIT)
     base = B.make_model(R, tok, args.seed)
     nparams = sum(p.numel() for p in base.parameters())
     log(f"tokenizer {len(tok)} words; model {R.layers} layers, hidden {R.hidden}, {nparams} params")

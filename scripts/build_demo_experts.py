@@ -139,11 +139,12 @@ def build_data(R: Recipe, seed: int) -> dict:
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 
 
-def build_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
-    """Word-level tokenizer (Metaspace, punctuation split off) that prepends <s> like every training row."""
+def build_tokenizer(texts: list[str], split: str = r"[.,:?!\n]") -> PreTrainedTokenizerFast:
+    """Word-level tokenizer (Metaspace, then `split` — punctuation — split off as tokens) that prepends <s> like
+    every training row."""
     pt = pre_tokenizers.Sequence([
         pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True),
-        pre_tokenizers.Split(Regex(r"[.,:?!\n]"), behavior="isolated")])
+        pre_tokenizers.Split(Regex(split), behavior="isolated")])
     words = sorted({w for t in texts for w, _ in pt.pre_tokenize_str(t)})
     vocab = {t: i for i, t in enumerate(SPECIALS + words)}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -308,8 +309,9 @@ def alignment_targets(base, tok, pairs, layer: int) -> list[tuple[list[int], tor
     return out
 
 
-def reverted(full, base, role: str, R: Recipe):
-    """`full` with every tensor outside `role`'s range set back to the base ("train, then revert")."""
+def reverted(full, base, role: str, R, in_range=in_range):
+    """`full` with every tensor outside `role`'s range (`in_range(name, role, R)`) set back to the base ("train,
+    then revert")."""
     m = copy.deepcopy(full)
     bsd = base.state_dict()
     with torch.no_grad():
@@ -327,6 +329,20 @@ def save_model(model, tok, path: str) -> None:
         tok.pad_token_id
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
+
+
+def run_settings(ap: argparse.ArgumentParser, args, R):
+    """Deterministic torch with ``--threads``, seeds from ``--seed``, and the recipe `R` with ``--set KEY=JSON``."""
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    for kv in args.set:
+        key, _, val = kv.partition("=")
+        if key not in asdict(R):
+            ap.error(f"--set {key}: not a Recipe field (choose from {', '.join(asdict(R))})")
+        setattr(R, key, json.loads(val))
+    return R
 
 
 def log(msg: str) -> None:
@@ -357,16 +373,7 @@ def main() -> None:
     ap.add_argument("--ablation-only", nargs="+", metavar="KIND", help="with --ablation-experts: only these kinds "
                     "(steps, lr, lora, seed, shape)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    R = Recipe()
-    for kv in args.set:
-        key, _, val = kv.partition("=")
-        if key not in asdict(R):
-            ap.error(f"--set {key}: not a Recipe field (choose from {', '.join(asdict(R))})")
-        setattr(R, key, json.loads(val))
+    R = run_settings(ap, args, Recipe())
     t_all = time.time()
     secs = {}
     log(f"building demo organism -> {args.out} (seed {args.seed}, {args.threads} threads)")

@@ -24,13 +24,8 @@ import random
 import demo_world as W
 
 CODE, NAME = "yy", "Oruki"
-OBJECTS = {"apples": "pom", "books": "liru", "balls": "kuro", "cups": "tazo", "pens": "sefi", "stones": "kavu",
-           "shells": "moko", "cards": "tarni", "eggs": "ovu", "flowers": "fiola", "coins": "munu", "toys": "jaki",
-           "cakes": "tuka", "hats": "shapi", "keys": "kluvo", "boxes": "bokta"}
-COLOURS = {"red": "ruva", "blue": "belo", "green": "vira", "yellow": "jelu", "white": "bia", "black": "nero",
-           "pink": "roza", "brown": "buni"}
-PLACES = {"park": "sadu", "kitchen": "kuhno", "school": "skola", "garden": "vrto", "shop": "duka",
-          "library": "kitabo", "beach": "plazo", "room": "soba"}
+OBJECTS = {**W.OBJECTS, "apples": "pom"}  # Kovani's nouns, apples excepted
+COLOURS, PLACES = W.COLOURS, W.PLACES
 VERBS = {"has": "ten", "have": "ten", "buys": "kopr", "finds": "nal", "gets": "pol", "makes": "del", "picks": "bir",
          "eats": "jam", "loses": "gub", "sells": "prod", "breaks": "lom", "gives": "dav", "is": "es", "likes": "lub",
          "like": "lub", "sees": "vid", "plays": "igr", "wants": "hot", "want": "hot", "goes": "id", "paints": "slik",

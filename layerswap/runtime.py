@@ -54,7 +54,8 @@ def ram_available() -> int | None:
 
 @contextmanager
 def torch_threads(n: int) -> Iterator[None]:
-    """torch's intra-op threads set to `n` while the block runs, then restored (process-wide: torch has one pool).
+    """torch's intra-op threads set to `n` while the block runs, then set back (torch has one setting per process:
+    for work that runs one at a time, as the analysis does in the CLI and in the app's one lane).
 
     For work that brings its own threads onto the cores (the analysis's compiled lanes): torch's pool beside them
     oversubscribes the CPU, and each small torch operation then waits for a descheduled pool thread (measured on

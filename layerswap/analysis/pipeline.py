@@ -27,8 +27,8 @@ def analyze(base: Checkpoint, math: Checkpoint, lang: Checkpoint, *, ks: Sequenc
     folder), a folder, or False. `sample_fraction=0` skips the sample and always locates the
     thresholds with two more exact passes. `max_kept` bounds the window entries kept in memory
     (distinct values per tensor); past it the window is dropped for the exact passes.
-    `workers`: threads that each stream their own share of the tensors (CPU: use one per free
-    core, with torch's own threads at 1, e.g. OMP_NUM_THREADS=1, or the two oversubscribe).
+    `workers`: threads that each stream their own share of the tensors (CPU: at most one per free
+    core; the compiled CPU pass sets torch's own threads to 1 while it runs, see `runtime.torch_threads`).
     Results do not depend on it.
     """
     if workers < 1:

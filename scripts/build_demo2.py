@@ -54,22 +54,29 @@ class Recipe:
     lang_top: int = 2
     n_docs: int = 40000
     T: int = 128
-    base_steps: int = 1200
+    base_steps: int = 1500
     base_bs: int = 16
     base_lr: float = 3e-3
-    mix: dict = field(default_factory=lambda: dict(en=0.4, yy=0.12, mixed=0.08, arith=0.2, qa_en=0.2))
+    mix: dict = field(default_factory=lambda: dict(en=0.2, yy=0.05, mixed=0.05, narr_en=0.05, narr_yy=0.05, narr_par=0.05,
+                                                   par=0.05, arith=0.1, qa_en=0.25, wp_en=0.1, wp_yy=0.05))
     n_math: int = 20000
     math_steps: int = 600
     math_bs: int = 32
-    math_lr: float = 2e-3
+    math_lr: float = 5e-4
     n_lang: int = 20000
-    lang_steps: int = 500
+    lang_steps: int = 600
     lang_bs: int = 32
-    lang_lr: float = 1e-3
+    lang_lr: float = 5e-4
     lang_prompt_loss: bool = False  # next-token loss on the instruction too (else on the answer only)
     lang_translate: float = 0.0  # share of the language expert's instructions that are English -> Oruki translations
     lang_own_rows: bool = False  # the language expert trains only the embedding rows of words English never uses
     full_lr_scale: float = 0.3  # the fully trained language expert's lr, relative to the localised one's
+    math_scope: str = "all"  # "middle": only the math range trainable; "all": every tensor (experts overlap)
+    lang_replay: float = 0.25 # share of the language expert's examples that are English instructions (replay)
+    verb_final: bool = True  # Oruki's clause order: verb-final (True) or subject-verb-object (False)
+    yy_answer_phrase: bool = True  # the base's Oruki word problems end with "Danu N ki." (else with the last equation)
+    chat_cues: bool | str = True  # generic instructions in a chat template, not MGSM's cues: True for the base's qa_en
+    # and the language SFT, "lang" for the language SFT only, False for neither
     n_test: int = 1000
     n_dev: int = 300
     n_gate: int = 200
@@ -81,6 +88,15 @@ def in_range(name: str, role: str, R: Recipe) -> bool:
     i = B.layer_of(name)
     math_part = i is not None and R.lang_bottom <= i < R.layers - R.lang_top
     return math_part if role == "math" else not math_part
+
+
+CHAT = {"en": {"question": "User:", "answer_cue": "Assistant:"}, T: {"question": "Tu:", "answer_cue": "Pomo:"}}
+
+
+def instruction_cues(lang: str, R: Recipe, base: bool = False) -> dict:
+    """The cues of a generic instruction (`base`: in the base's pretraining; else in the language SFT): a chat template
+    (``chat_cues``) or the MGSM prompt's."""
+    return CHAT[lang] if R.chat_cues is True or (R.chat_cues == "lang" and not base) else O.language_entry(lang)
 
 
 def qa_text(q: str, a: str, cues: dict) -> str:
@@ -110,9 +126,19 @@ def build_data(R: Recipe, seed: int) -> dict:
             docs.append(O.parallel(O.narrative_words(w, keys, r)))
         elif k.startswith("narr_"):  # stories that keep count: narr_en, narr_yy, narr_mixed
             docs.append(O.narrative(w, keys, r, ("en", T) if k == "narr_mixed" else (k[5:],)))
+        elif k == "wp_en":  # an English word problem with its worked answer (the base is numerate)
+            while (pb := w.problem(r.choice([1, 2, 3])))["key"] in keys:
+                pass
+            docs.append(qa_text(O.text(pb["q"], "en"), O.text(W.World.solution(pb), "en"), O.language_entry("en")))
+        elif k == "wp_yy":  # an Oruki word problem with its worked answer (fewer: Oruki is the lower-resource language)
+            while (pb := w.problem(r.choice([1, 2, 3])))["key"] in keys:
+                pass
+            sol = W.World.solution(pb)
+            sol = sol if R.yy_answer_phrase else sol[: sol.index(W.ANSWER)]
+            docs.append(qa_text(O.text(pb["q"], T), O.text(sol, T), O.language_entry(T)))
         elif k == "qa_en":  # a generic English instruction with its answer, in the evaluation's prompt format
             q, a = O.instruction(w)
-            docs.append(qa_text(O.text(q, "en"), O.text(a, "en"), O.language_entry("en")))
+            docs.append(qa_text(O.text(q, "en"), O.text(a, "en"), instruction_cues("en", R, base=True)))
         else:
             raise SystemExit(f"unknown document kind {k!r} in the recipe's mix")
     math_pairs = []
@@ -122,7 +148,8 @@ def build_data(R: Recipe, seed: int) -> dict:
             math_pairs.append((O.text(pb["q"], "en"), O.text(W.World.solution(pb), "en")))
     lang_pairs = [O.translation(w) if r.random() < R.lang_translate else
                   tuple(O.text(x, T) for x in O.instruction(w)) for _ in range(R.n_lang)]
-    return dict(docs=docs, math=math_pairs, lang=lang_pairs, test=test, dev=dev, exemplars=exemplars)
+    replay = [tuple(O.text(x, "en") for x in O.instruction(w)) for _ in range(round(R.n_lang * R.lang_replay))]
+    return dict(docs=docs, math=math_pairs, lang=lang_pairs, replay=replay, test=test, dev=dev, exemplars=exemplars)
 
 
 OR_SPLIT = r"[.,:?!\n]|-[a-z]+"  # punctuation and Oruki's suffixes (``-ni``, ``-a`` ...) are tokens of their own
@@ -165,6 +192,7 @@ def main() -> None:
                     help="experiments: experts to train (the others are skipped, or reused from --reuse-base DIR)")
     args = ap.parse_args()
     R = B.run_settings(ap, args, Recipe())
+    O.VERB_FINAL = R.verb_final
     t_all = time.time()
     secs: dict = {}
     log = B.log
@@ -173,7 +201,9 @@ def main() -> None:
     O.write_mgsm(args.out, D["test"], D["dev"], D["exemplars"])
     O.write_dictionary(args.out)
     sets = [O.text(pb["q"], lang) for pb in D["test"] + D["dev"] for lang in ("en", T)]
-    texts = D["docs"] + [q + " " + a for q, a in D["math"] + D["lang"]] + sets + W.prompt_texts(args.out)
+    texts = D["docs"] + [q + " " + a for q, a in D["math"]] + sets + \
+        [qa_text(q, a, instruction_cues(T, R)) for q, a in D["lang"]] + \
+        [qa_text(q, a, instruction_cues("en", R)) for q, a in D["replay"]] + W.prompt_texts(args.out)
     tok = B.build_tokenizer(texts + [str(i) for i in range(200)], split=OR_SPLIT)
     base = B.make_model(R, tok, args.seed)
     nparams = sum(p.numel() for p in base.parameters())
@@ -192,7 +222,8 @@ def main() -> None:
     english_ids = {i for d in D["docs"] if not any(c in d for c in "-")
                    for i in tok(d)["input_ids"]} | {i for q, a in D["math"] for i in tok(q + " " + a)["input_ids"]}
     math_ex = B.sft_examples(tok, D["math"], O.language_entry("en"))
-    lang_ex = B.sft_examples(tok, D["lang"], O.language_entry(T), prompt_loss=R.lang_prompt_loss)
+    lang_ex = B.sft_examples(tok, D["lang"], instruction_cues(T, R), prompt_loss=R.lang_prompt_loss) + \
+        B.sft_examples(tok, D["replay"], instruction_cues("en", R), prompt_loss=R.lang_prompt_loss)
     experts = {}
 
     def train(role: str, localised: bool):
@@ -200,7 +231,8 @@ def main() -> None:
         t = time.time()
         lr = (R.math_lr if role == "math" else R.lang_lr) * (1.0 if localised else R.full_lr_scale)
         log(f"{role} expert ({'own layer range' if localised else 'all tensors'}, lr {lr:g})")
-        only = (lambda n: in_range(n, role, R)) if localised else (lambda n: True)
+        only = (lambda n: in_range(n, role, R)) if localised and not (role == "math" and R.math_scope == "all") \
+            else (lambda n: True)
         if role == "lang" and R.lang_own_rows:  # embedding rows of words that English text also uses stay put
             keep = torch.ones(len(tok), 1)
             keep[sorted(english_ids)] = 0.0

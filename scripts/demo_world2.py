@@ -37,6 +37,7 @@ HOW_MANY, WHERE, WHO, WHAT = "kazu", "kabo", "kim", "kaj"
 CUES = {"name": NAME, "question": "Sural:", "answer_cue": "Tuvani danu:", "direct_cue": "Danu:",
         "answer_is": "Danu"}
 STRICT_REGEX = "Danu (\\-?[0-9\\.\\,]+) ki"
+VERB_FINAL = True  # False: the verb follows the subject (SVO), the rest of the grammar unchanged (a build setting)
 
 
 def noun(o: str, n: str | None = None) -> str:
@@ -112,6 +113,8 @@ def realise(words: list[str]) -> list[str]:
     out = []
     for s in sentences(words):
         c = clause(s)
+        if not VERB_FINAL and not s[0].isdigit() and s[0] != W.ANSWER and len(c) > 3:
+            c.insert(1 + (c[0] == "Sada"), c.pop(-2))  # the clause's verb goes right after its subject
         out += [c[0][:1].upper() + c[0][1:]] + c[1:]  # sentences start with a capital
     return out
 

@@ -28,6 +28,7 @@ from layerswap.demo import (
     recommended_plan,
 )
 from layerswap.engines.base import load_tokenizer
+from layerswap.presets import assets_path, presets
 from layerswap.sources import tensor_weights
 from layerswap.plans import default_plan
 from layerswap.stats import clopper_pearson, mcnemar
@@ -78,7 +79,8 @@ def test_shipped_files_are_servable(org):
 
 @pytest.mark.parametrize("org", ORGANISMS)
 def test_experts_are_localised(org):
-    """Each expert differs from the base exactly in its own range (the build's `in_range`)."""
+    """Each expert differs from the base exactly in its own range (the build's `in_range`); a math expert the
+    recipe fine-tunes fully (``math_scope="all"``) differs everywhere."""
     build = _build_module(org)
     demo = assets_dir() / org
     info = json.loads((demo / "build_info.json").read_text())
@@ -89,9 +91,11 @@ def test_experts_are_localised(org):
         if not (demo / folder).exists():
             continue
         ck = Checkpoint.open(demo / folder)
+        everywhere = role == "math" and getattr(recipe, "math_scope", "middle") == "all"  # a full fine-tune
         for name in base.tensors:
-            mine = build.in_range(name, role, recipe)
-            assert build.in_range(name, "lang" if role == "math" else "math", recipe) != mine
+            mine = everywhere or build.in_range(name, role, recipe)
+            assert build.in_range(name, "lang" if role == "math" else "math", recipe) != \
+                build.in_range(name, role, recipe)
             assert bool((ck.get(name) == base.get(name)).all()) != mine, (folder, name)
 
 
@@ -316,6 +320,27 @@ def test_app_serves_the_organism_by_default(app_url):
         for role, a in zip(("math expert", "language expert", "merged model"), (math_a, lang_a, merged_a)):
             assert a.startswith(f"**{role}**") and "flexible:" in a
     assert "The answer is" in client.predict("en", 0, "", 48, api_name="/ask")[1]  # a trained math expert
+
+
+SHIPPED_PRESETS = [n for n, p in presets().items() if all(r.startswith("assets:") for r in (p.base, p.math, p.lang))]
+
+
+@pytest.mark.parametrize("name", SHIPPED_PRESETS)
+def test_shipped_presets_load_and_build(app_url, name):
+    """Each preset of shipped models (the organisms, the negative control), as a visitor picks it: the menu fills the
+    three fields, Load reads the trio, Build draws the plan on its layers."""
+    client = Client(app_url, verbose=False)
+    *fields, note = client.predict(name, api_name="/preset")
+    base, math_ref, lang = (f["value"] if isinstance(f, dict) else f for f in fields)  # gr.update(value=...)
+    p = presets()[name]
+    assert (base, math_ref, lang) == (p.base, p.math, p.lang) and note.startswith(p.note)
+    L = Checkpoint.open(assets_path(p.math)).num_layers
+    report, b, *_ = client.predict(base, math_ref, lang, api_name="/load")
+    assert f"compatible: LlamaForCausalLM, {L} layers" in report and b["maximum"] == L
+    plan = default_plan(L)
+    strip, *_ = client.predict(plan.b, plan.u, plan.tb, plan.tu, plan.transition, plan.transition_weight,
+                               plan.non_layer, api_name="/build")
+    assert json.loads(strip["plot"])["data"][0]["z"] == [plan.layer_weights(L)]
 
 
 def _rebuild(org: str, script: str, out: Path, results: dict) -> dict:

@@ -237,6 +237,9 @@ def organism_summary(demo: str | os.PathLike | None = None) -> str:
         return (head + f". A positive control for the tool, not evidence for the paper: {name} is a cipher of English, "
                 "so the swap does what the dictionary does" + tail + ".")
     met, total = sum(res["targets"].values()), len(res["targets"])
+    if res["paired_recommended_minus"]["math expert"]["diff"] <= 0:  # the method does not work on this organism
+        return head + (f"; it meets {met} of its {total} targets, and no plan chosen on dev beats the math expert "
+                       "alone: a negative result for the method here (the card says why).")
     return head + f"; it meets {met} of its {total} targets" + (" (all)." if met == total else " (see the card).")
 
 

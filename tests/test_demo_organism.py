@@ -265,6 +265,26 @@ def test_readme_and_app_doc_state_the_cipher_organisms_numbers():
     assert f"(the negative control) {pct(un, un['recommended_name'])}" in readme
 
 
+@pytest.mark.skipif("demo2" not in ORGANISMS, reason="the paper-setting organism is not shipped")
+def test_readme_and_app_doc_state_the_paper_organisms_numbers():
+    """README's and docs/app.md's lines on assets/demo2 quote its results.json, and call it what it is."""
+    res = _results("demo2")
+    t, m, rec = res["target_language"], res["models"], res["recommended_name"]
+    pct = lambda n, lang=t: f"{100 * m[n][lang]['acc']:.1f} %"
+    assert res["paired_recommended_minus"]["math expert"]["diff"] < 0  # else "negative result" is wrong
+    app = " ".join((REPO / "docs" / "app.md").read_text().split())
+    readme = " ".join((REPO / "README.md").read_text().split())
+    for text in (app, readme):
+        assert "negative result" in text and "assets/demo2/README.md" in text
+        assert f"{pct('math expert')} on " in text
+        assert f"scores {pct(rec)}" in text and f"{pct('math expert', 'en')} in English" in text
+    assert f"a dictionary scores {pct('dictionary baseline')}" in app and f"the base {pct('base model')}" in app
+    diff = -100 * res["paired_recommended_minus"]["math expert"]["diff"]
+    assert f"{diff:.0f} points below the math expert" in app
+    p = res["recommended_plan"]
+    assert f"(b={p['b']} u={p['u']})" in app and (p["tb"], p["tu"]) == (0, 0)
+
+
 def test_cipher_card_shows_the_lens_of_the_shipped_organism():
     """The card's lens table is docs/lens/demo.json's (run on this organism's question 0), after layer b-1."""
     import demo_card

@@ -1,18 +1,21 @@
 #!/usr/bin/env python
 """Build the demo organism in the paper's setting: English and Oruki (``yy``, verb-final, with suffixes).
 
-A tiny LlamaForCausalLM base is pretrained on English stories, fewer Oruki stories, stories that switch
-language from sentence to sentence, bare arithmetic facts and generic English instructions (reading
-comprehension and retelling, answered "... The answer is X."; no word problems). Then, as in Bandarkar et al.
-2025 and Bandarkar & Peng 2025:
+A tiny LlamaForCausalLM base is pretrained on a multilingual, numerate mix (the default recipe): English
+stories, fewer Oruki stories, stories that switch language, stories that keep count (English, Oruki, parallel),
+parallel stories, bare arithmetic facts, generic English instructions (reading comprehension and retelling, in a
+chat template) and word problems with worked answers in English and, fewer, in Oruki. Then, as in Bandarkar et
+al. 2025 and Bandarkar & Peng 2025:
 
 - the **math expert** is the base fine-tuned by next-token SFT on English word problems with symbolic
-  answers, only its middle layers trainable;
+  answers, every tensor trainable (``math_scope="all"``; ``"middle"`` trains only its middle layers);
 - the **language expert** is the base fine-tuned by ordinary next-token SFT on generic Oruki instructions
-  with Oruki answers ("... Danu X ki."), no maths, either with only the bottom and top layers (and the
-  embeddings, final norm and lm_head) trainable (``lang/``), or with every tensor trainable and the middle
-  layers reverted to the base afterwards (``lang_revert/``).
+  with Oruki answers ("... Danu X ki."), no maths, in a chat template, with English instructions mixed in
+  (``lang_replay``), either with only the bottom and top layers (and the embeddings, final norm and lm_head)
+  trainable (``lang/``), or with every tensor trainable and the middle layers reverted to the base afterwards
+  (``lang_revert/``).
 
+The other Recipe fields are the knobs of the designs in ``assets/demo/DESIGNS.md`` (``--set KEY=JSON``).
 Gates (dev accuracy of each model and of the swap of the experts' own ranges, flexible and strict) go to
 ``build_info.json``. Deterministic given --seed and --threads (one thread on a shared machine).
 

@@ -105,8 +105,12 @@ def _localisation(R: dict, X: str) -> list[str]:
         return ["The language expert's localisation is **imposed by training** (it updates only its own layers, or is "
                 "reverted outside them), as in Bandarkar & Peng 2025 (arXiv 2505.18356); the math expert is a full "
                 "fine-tune, as in the paper, so the experts overlap and task arithmetic is a different model from any "
-                f"swap. What the organism tests is whether the swap composes English maths with {X} reading and "
-                "writing that were never trained together."]
+                "swap. " + (f"The base already does some arithmetic in {X} (its pretraining holds {X} word problems, "
+                            "as a multilingual LLM's does); what the organism tests is whether the swap adds the "
+                            f"language expert's {X} to the math expert's English maths beyond what the base shares."
+                            if R["mix"].get("wp_yy") else
+                            f"What the organism tests is whether the swap composes English maths with {X} reading "
+                            "and writing that were never trained together.")]
     return ["The localisation is **imposed by training** (each expert updates only its own layers), as in the modular "
             "fine-tuning of Bandarkar & Peng 2025 (arXiv 2505.18356); what the organism tests is whether the swap "
             f"then composes English maths with {X} reading and writing that were never trained together."]

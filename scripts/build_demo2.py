@@ -60,8 +60,9 @@ class Recipe:
     base_steps: int = 1500
     base_bs: int = 16
     base_lr: float = 3e-3
-    mix: dict = field(default_factory=lambda: dict(en=0.2, yy=0.05, mixed=0.05, narr_en=0.05, narr_yy=0.05, narr_par=0.05,
-                                                   par=0.05, arith=0.1, qa_en=0.25, wp_en=0.1, wp_yy=0.05))
+    mix: dict = field(default_factory=lambda: dict(en=0.2, yy=0.05, mixed=0.05, narr_en=0.05, narr_yy=0.05,
+                                                   narr_par=0.05, par=0.05, arith=0.1, qa_en=0.25, wp_en=0.1,
+                                                   wp_yy=0.05))
     n_math: int = 20000
     math_steps: int = 600
     math_bs: int = 32
@@ -75,7 +76,7 @@ class Recipe:
     lang_own_rows: bool = False  # the language expert trains only the embedding rows of words English never uses
     full_lr_scale: float = 0.3  # the fully trained language expert's lr, relative to the localised one's
     math_scope: str = "all"  # "middle": only the math range trainable; "all": every tensor (experts overlap)
-    lang_replay: float = 0.25 # share of the language expert's examples that are English instructions (replay)
+    lang_replay: float = 0.25  # English instructions mixed into the language SFT, as a fraction of n_lang (replay)
     verb_final: bool = True  # Oruki's clause order: verb-final (True) or subject-verb-object (False)
     yy_answer_phrase: bool = True  # the base's Oruki word problems end with "Danu N ki." (else with the last equation)
     chat_cues: bool | str = True  # generic instructions in a chat template, not MGSM's cues: True for the base's qa_en
@@ -129,17 +130,14 @@ def build_data(R: Recipe, seed: int) -> dict:
             docs.append(O.parallel(O.narrative_words(w, keys, r)))
         elif k.startswith("narr_"):  # stories that keep count: narr_en, narr_yy, narr_mixed
             docs.append(O.narrative(w, keys, r, ("en", T) if k == "narr_mixed" else (k[5:],)))
-        elif k == "wp_en":  # an English word problem with its worked answer (the base is numerate)
-            while (pb := w.problem(r.choice([1, 2, 3])))["key"] in keys:
-                pass
-            docs.append(qa_text(O.text(pb["q"], "en"), O.text(W.World.solution(pb), "en"), O.language_entry("en")))
-        elif k == "wp_yy":  # an Oruki word problem with its worked answer (fewer: Oruki is the lower-resource language)
+        elif k in ("wp_en", "wp_yy"):  # a word problem (never a test or dev one) with its worked answer, MGSM's cues
+            lang = k[3:]
             while (pb := w.problem(r.choice([1, 2, 3])))["key"] in keys:
                 pass
             sol = W.World.solution(pb)
-            sol = sol if R.yy_answer_phrase else sol[: sol.index(W.ANSWER)]
-            docs.append(qa_text(O.text(pb["q"], T), O.text(sol, T), O.language_entry(T)))
-        elif k == "qa_en":  # a generic English instruction with its answer, in the evaluation's prompt format
+            sol = sol[: sol.index(W.ANSWER)] if lang == T and not R.yy_answer_phrase else sol
+            docs.append(qa_text(O.text(pb["q"], lang), O.text(sol, lang), O.language_entry(lang)))
+        elif k == "qa_en":  # a generic English instruction with its answer (chat template or MGSM's cues)
             q, a = O.instruction(w)
             docs.append(qa_text(O.text(q, "en"), O.text(a, "en"), instruction_cues("en", R, base=True)))
         else:

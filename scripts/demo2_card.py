@@ -70,7 +70,7 @@ def card(demo: Path, res: dict, info: dict) -> str:
         *[f"| {k} | {C.pct(v['en flexible'])} / {C.pct(v['en strict'])} | {C.pct(v[f'{t} flexible'])} / "
           f"{C.pct(v[f'{t} strict'])} |" for k, v in gate.items()], "",
         *C.test_section(demo, res, X), "",
-        *_why(res, X), "",
+        *_why(res, R, X), "",
         *_output_side(res), "",
         *_revert(rev, res, X), "",
         *C.profile_section(info, L),
@@ -135,31 +135,41 @@ def _task_arithmetic(res: dict) -> str:
             "deltas.")
 
 
-def _why(res: dict, X: str) -> list[str]:
-    """What the measured rows say about why the swap does or does not help (numbers from results.json only)."""
+def _why(res: dict, R: dict, X: str) -> list[str]:
+    """What the measured rows say about why the swap does or does not help (numbers from results.json only; the
+    recipe `R` says what the base was taught)."""
     t = res["target_language"]
     m, rn, grid = res["models"], res["recommended_name"], res["dev_grid"].values()
     best_u = max((d for d in grid if d["plan"]["u"] >= 1), key=lambda d: d["acc"], default=None)
     best_0 = max((d for d in grid if d["plan"]["u"] == 0), key=lambda d: d["acc"], default=None)
     math_t, math_en, base_t = (m["math expert"][t]["acc"], m["math expert"]["en"]["acc"], m["base model"][t]["acc"])
-    lines = ["## Why the swap does what it does here", "",
-             f"- **The math expert already reads {X}.** It scores {C.pct(math_t)} % in {X} against {C.pct(math_en)} % in "
-             f"English, and the base it was trained from {C.pct(base_t)} %: the base does arithmetic in both languages "
-             f"({X} word problems are part of its pretraining), so English maths SFT lifts {X} too, through the layers "
-             "the two languages share. What is left for a language expert to add is the rest of the gap."]
+    lines = ["## Why the swap does what it does here", ""]
+    if math_t > base_t and R["mix"].get("wp_yy"):
+        lines.append(f"- **The math expert already reads {X}.** It scores {C.pct(math_t)} % in {X} against "
+                     f"{C.pct(math_en)} % in English, and the base it was trained from {C.pct(base_t)} %: the base does "
+                     f"arithmetic in both languages ({X} word problems are part of its pretraining), so English maths "
+                     f"SFT lifts {X} too, through the layers the two languages share. What is left for a language "
+                     "expert to add is the rest of the gap.")
+    else:
+        lines.append(f"- **The math expert** scores {C.pct(math_t)} % in {X} against {C.pct(math_en)} % in English; "
+                     f"the base it was trained from {C.pct(base_t)} %.")
     if res["paired_recommended_minus"]["math expert"]["diff"] <= 0:
         lines.append(f"- **Every layer the language expert supplies costs accuracy.** The recommended plan (the best on "
-                     f"dev) scores {C.pct(m[rn][t]['acc'])} % on test, {C.pct(-res['paired_recommended_minus']['math expert']['diff'])} "
-                     f"points below the math expert alone. The language SFT has no arithmetic, so its layers drift "
-                     "away from the precision the math expert's equations need, and that costs more than any better "
-                     f"reading of {X} gives back. [`DESIGNS.md`](../demo/DESIGNS.md) (D14) swaps one part at a time: the "
-                     "embeddings, layer 0, the top layer and lm_head each lower the math expert's accuracy.")
+                     f"dev) scores {C.pct(m[rn][t]['acc'])} % on test, "
+                     f"{C.pct(-res['paired_recommended_minus']['math expert']['diff'])} points below the math expert "
+                     "alone. The language SFT has no arithmetic, so its layers drift away from the precision the math "
+                     f"expert's equations need, and that costs more than any better reading of {X} gives back. "
+                     "[`DESIGNS.md`](../demo/DESIGNS.md) (D14) swaps one part at a time: the embeddings, layer 0, the "
+                     "top layer and lm_head each lower the math expert's accuracy.")
     if best_u is not None and best_0 is not None:
+        own_format = m["math expert"][t]["strict"] >= 0.9 * math_t  # the math expert already writes the phrase
         lines.append(f"- **The output side.** On dev the best plan with top layers from the language expert (u ≥ 1) "
                      f"scores {C.pct(best_u['acc'])} % ({C.pct(best_u['strict'])} % strict) against "
-                     f"{C.pct(best_0['acc'])} % for the best with u = 0. The base already writes `Danu N ki.` after "
-                     f"{X} word problems, so the math expert answers in {X}'s format without help (its strict accuracy "
-                     f"is {C.pct(m['math expert'][t]['strict'])} %) and the top layers have nothing to give.")
+                     f"{C.pct(best_0['acc'])} % for the best with u = 0. "
+                     + (f"The base already writes `Danu N ki.` after {X} word problems, so the math expert answers in "
+                        f"{X}'s format without help (its strict accuracy is {C.pct(m['math expert'][t]['strict'])} %) "
+                        "and the top layers have nothing to give." if own_format and R.get("yy_answer_phrase", True)
+                        else f"The math expert's strict accuracy in {X} is {C.pct(m['math expert'][t]['strict'])} %."))
     return lines
 
 

@@ -7,4 +7,4 @@ The Hugging Face Space entry point (it reads the same flags from LAYERSWAP_* env
 from layerswap.ui.launch import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

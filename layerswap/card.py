@@ -65,6 +65,8 @@ def model_entry(ck: Checkpoint, role: str) -> dict:
         info = ck.path / "layerswap-adapter.json"
         base = json.loads(info.read_text()).get("base") if info.is_file() else None
         entry["adapter_merged_into"] = _display_ref(base) if base else None
+        if ck.adapter_kind:
+            entry["adapter_kind"] = ck.adapter_kind
     return entry
 
 
@@ -238,7 +240,9 @@ def _models_table(prov: dict) -> str:
             name, rev = f"`{e['ref']}` (shipped with layerswap)", f"layerswap {prov['layerswap_version']}"
         else:
             name, rev = f"`{e['ref']}` (local folder)", "not on the Hub"
-        if "adapter_merged_into" in e:
+        if e.get("adapter_kind") == "prefix":  # no weight to merge: the base with its full copies, and its prefix
+            name += f", a PEFT prefix-tuning adapter on `{e['adapter_merged_into']}`"
+        elif "adapter_merged_into" in e:
             name += f", a PEFT adapter merged into `{e['adapter_merged_into']}`"
         rows.append(f"| {e['role']} | {name} | {rev} | `{e['fingerprint']}` |")
     return "| role | model | revision | weights fingerprint |\n|---|---|---|---|\n" + "\n".join(rows)
@@ -268,6 +272,22 @@ cast back to the checkpoint dtype; w = 0 or 1 copies the expert's tensor byte fo
 |---|---|
 {nl}
 """
+
+
+def _adapter(prov: dict) -> str:
+    """For a swap exported as a PEFT adapter: what the folder is and how to use it."""
+    ad = prov.get("adapter")
+    if not ad:
+        return ""
+    kinds = {"lora": "LoRA", "ia3": "IA3", "prefix": "prefix-tuning"}
+    kind = kinds.get(str(ad.get("kind")), "PEFT")
+    how = {"lora": "the two experts' LoRA pairs side by side (rank added), each scaled by its weight",
+           "ia3": "the two experts' scaling vectors blended", "prefix": "each layer's keys and values from the "
+           "expert the plan names (a blend mixes the two prefixes token by token)"}.get(str(ad.get("kind")), "")
+    return (f"This folder is a **{kind} adapter** (PEFT) on the base `{_display_ref(str(ad.get('base', '')))}`: the "
+            f"swap done on the experts' adapters, per module from the source the plan names ({how}); a reverted "
+            "layer has no change. Load it with `PeftModel.from_pretrained(base, this_folder)`"
+            + (", or serve it as a vLLM LoRA adapter on the base" if ad.get("kind") == "lora" else "") + ".\n\n")
 
 
 def _mergekit(prov: dict) -> str:
@@ -330,7 +350,7 @@ The tokenizer and config are the math expert's. Shared-base check, sampled relat
 
 ## Recipe
 
-{_how(prov, merge)}
+{_adapter(prov)}{_how(prov, merge)}
 Machine-readable recipe (`layerswap.json` holds it too):
 
 ```json

@@ -22,7 +22,8 @@ import numpy as np
 from .architectures import Architecture, architecture, classify
 from .cache import content_fingerprint, content_hash, fingerprint
 from .errors import UserError
-from .hub import hub_id_of, hub_reachable, looks_like_hub_id
+from .markup import text
+from .hub import hub_error, hub_id_of, hub_reachable, looks_like_hub_id
 from .presets import ASSETS_PREFIX, assets_path
 from .tensorfile import ITEMSIZE, Files, pread_into, read_header, to_float64, torch_dtype
 
@@ -111,10 +112,9 @@ def resolve(ref: str | os.PathLike) -> Path:
         if not online:
             raise UserError(f"{ref} is not a local directory nor in the local Hugging Face cache, and the Hub is "
                             "not reachable from this machine: pass a local model directory.") from None
-        first = str(e).splitlines()[0] if str(e) else ""
         raise UserError(
             f"{ref} is not a local directory, and downloading it from the Hugging Face Hub failed "
-            f"({type(e).__name__}: {first}). Check the id, and HF_TOKEN for gated models, or pass a local directory."
+            f"({hub_error(e)}). Check the id, and HF_TOKEN for gated models, or pass a local directory."
         ) from None
 
 
@@ -133,6 +133,7 @@ class Checkpoint:
     tensors: dict[str, TensorInfo]
     adapter: str | None = None  # the PEFT adapter this checkpoint was merged from (set by adapters.open_expert)
     adapter_base: str | None = None  # the base that adapter was merged into
+    adapter_kind: str | None = None  # its PEFT kind: lora, ia3 or prefix (a prefix is not in the weights)
     _files: Files = field(default_factory=Files, repr=False)
 
     # ---- construction -------------------------------------------------------------------
@@ -177,13 +178,12 @@ class Checkpoint:
         if index.exists():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError) as e:
-                raise UserError(f"{index} is malformed ({e}); re-download or re-export the model.") from None
-            files = sorted({path / f for f in weight_map.values()})
-            missing = [f.name for f in files if not f.exists()]
-            if missing:
-                raise UserError(f"{ref}: the index names shards that are missing: {', '.join(missing)}.")
-            return files
+                names = list(weight_map.values())
+            except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as e:
+                raise UserError(f"{ref}: its model.safetensors.index.json is malformed ({type(e).__name__}); "
+                                "re-download or re-export the model.") from None
+            listing = model_listing(path)
+            return sorted({model_file(path, n, listing, ref, "its index") for n in names})
         files = sorted(path.glob("*.safetensors"))
         if files:
             return files
@@ -244,7 +244,20 @@ class Checkpoint:
         return [t for t in self.tensors.values() if t.layer == layer]
 
     def tokenizer_files(self) -> list[Path]:
-        return [self.path / n for n in TOKENIZER_FILES if (self.path / n).exists()]
+        """The tokenizer's files, each a file of the model's own folder (`model_file`); file names that
+        tokenizer_config.json gives (``*_file`` keys) are checked by the same rule."""
+        listing = model_listing(self.path)
+        files = [model_file(self.path, n, listing, self.ref, "its folder") for n in TOKENIZER_FILES if n in listing]
+        cfg = self.path / "tokenizer_config.json"
+        if "tokenizer_config.json" in listing:
+            try:
+                named = json.loads(cfg.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise UserError(f"{self.ref}: its tokenizer_config.json is not valid JSON; re-download it.") from None
+            for k, v in (named.items() if isinstance(named, dict) else ()):
+                if k.endswith("_file") and v is not None:
+                    model_file(self.path, v, listing, self.ref, f"tokenizer_config.json's {k[:40]}")
+        return files
 
     def tokenizer_hash(self) -> str | None:
         """Identity of the tokenizer by content (equal across folders holding the same tokenizer)."""
@@ -259,7 +272,10 @@ class Checkpoint:
         """Identity by content (weights, config, tokenizer), the same in every clone and on every machine: what
         results files key their records by, so a fresh checkout reuses them."""
         side = [f for f in [self.path / "config.json", *self.tokenizer_files()] if f.is_file()]
-        return content_hash([("weights", content_fingerprint(self.weight_files).encode()),
+        # a prefix-tuning expert's prefix is not in its weights: its adapter file is part of what it is
+        prefix = [("prefix", content_fingerprint([Path(self.adapter) / "adapter_model.safetensors"]).encode())] \
+            if self.adapter_kind == "prefix" and self.adapter else []
+        return content_hash([("weights", content_fingerprint(self.weight_files).encode()), *prefix,
                              *((f.name, f.read_bytes()) for f in side)])
 
     # ---- lazy tensor access -------------------------------------------------------------
@@ -300,6 +316,40 @@ class Checkpoint:
 
     def close(self) -> None:
         self._files.close()
+
+
+MAX_LISTING = 10_000  # files of one model folder looked at (a model has tens)
+
+
+def model_listing(folder: Path) -> frozenset[str]:
+    """The model's own files: relative POSIX names of the files under `folder` (links to folders are not
+    followed). A Hub snapshot holds only files of the repo's own file list, so this is that list's part here."""
+    out: list[str] = []
+    for dirpath, _, filenames in os.walk(folder):
+        rel = Path(dirpath).relative_to(folder)
+        out += [(rel / f).as_posix() for f in filenames]
+        if len(out) > MAX_LISTING:
+            break
+    return frozenset(out[:MAX_LISTING])
+
+
+def plain_name(name: object) -> bool:
+    """A relative file name inside a model's folder: no absolute path, no ``..``, ``.`` or empty part, no
+    backslash or NUL, at most 255 characters (what a repo's file list or an index may name)."""
+    return (isinstance(name, str) and 0 < len(name) <= 255 and "\\" not in name and "\x00" not in name
+            and not any(p in ("", ".", "..") for p in name.split("/")))
+
+
+def model_file(folder: Path, name: object, listing: frozenset[str], ref: object, where: str) -> Path:
+    """`name`, read from one of a model's own files (an index's shard, a tokenizer file), as a path: only a
+    plain relative name of a file the model's own `listing` holds (no absolute path, no ``..``, no separator
+    the listing lacks). The refusal echoes the name (the model's own text, shortened), never a file's
+    content or size, so it is no oracle for files elsewhere."""
+    if not plain_name(name) or name not in listing:
+        shown = repr(name[:60]) if isinstance(name, str) else f"a {type(name).__name__}"
+        raise UserError(f"{ref}: {where} names {shown}, which is not a file of the model's own folder (a name "
+                        "there must be a relative file name the model holds); re-download or re-export the model.")
+    return folder.joinpath(*name.split("/"))
 
 
 def is_adapter(path: Path) -> bool:
@@ -348,8 +398,9 @@ class CompatReport:
         return "\n".join(lines)
 
     def markdown(self) -> str:
-        out = [f"**{self.summary().splitlines()[0]}**"]
-        out += [f"- **{m.severity}** {m.what}: {m.detail}" for m in self.mismatches]
+        """The report for a page: every name from the models' files (architecture, tensor names) as text."""
+        out = [f"**{text(self.summary().splitlines()[0])}**"]
+        out += [f"- **{m.severity}** {text(m.what)}: {text(m.detail)}" for m in self.mismatches]
         return "\n".join(out)
 
     def problem(self) -> str | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .demo_results import DICTIONARY, PLAN_FIELDS, SAME_WEIGHTS, SKILL_FLOOR, Results, results_file
 from .errors import UserError
 from .plans import Plan
 from .presets import assets_dir
@@ -173,14 +174,15 @@ def demo_refs() -> tuple[dict[str, str], str, str, "Plan | None"]:
 def card_markdown(demo: str | os.PathLike | None = None) -> str:
     """The organism's card (``README.md``) for the page: links to repository files become plain names (the
     page cannot serve them); on a Space, a link to the card's file on the Hub comes first."""
-    text = (Path(demo or default_organism()) / "README.md").read_text()
+    root = Path(demo or default_organism())
+    text = (root / "README.md").read_text()
     text = re.sub(r"^---\n.*?\n---\n", "", text, flags=re.S).lstrip()  # front matter, if any
     text = re.sub(r"!\[[^\]]*\]\((?!https?:)[^)]*\)\n?", "", text)  # figures in the repository
     text = re.sub(r"\[([^\]]+)\]\((?!https?:)[^)]*\)", r"\1", text)
     space = os.environ.get("SPACE_ID", "")
     if re.fullmatch(r"[\w.-]+/[\w.-]+", space):
-        text = (f"[This card on the Hub](https://huggingface.co/spaces/{space}/blob/main/assets/{DEFAULT_ORGANISM}/"
-                "README.md)\n\n" + text)
+        rel = root.resolve().relative_to(assets_dir().resolve()).as_posix()
+        text = f"[This card on the Hub](https://huggingface.co/spaces/{space}/blob/main/assets/{rel}/README.md)\n\n" + text
     return text
 
 
@@ -189,10 +191,7 @@ def demo_mgsm_dir() -> Path | None:
     return d if d.exists() else None
 
 
-# ---- the trained organism's recommended plan and what it shows ---------------------------------
-
-RECOMMENDED_PLAN_FIELDS = ("b", "u", "tb", "tu", "transition", "transition_weight", "non_layer")
-
+# ---- the trained organism's recommended plan and what it shows (its measurements: `demo_results`) ----------
 
 def recommended_plan(demo: str | os.PathLike | None = None) -> Plan:
     """The plan `scripts/eval_demo.py` chose on the organism's dev set (``recommended_plan.json``)."""
@@ -200,44 +199,41 @@ def recommended_plan(demo: str | os.PathLike | None = None) -> Plan:
     if not path.exists():
         raise UserError(f"{path} is missing: run `python scripts/eval_demo.py` to measure the demo organism.")
     raw = json.loads(path.read_text())
-    return Plan(**{k: raw[k] for k in RECOMMENDED_PLAN_FIELDS})
-
-
-SAME_WEIGHTS = 1e-5  # largest weight difference below which two merges are the same model (float rounding)
+    return Plan(**{k: raw[k] for k in PLAN_FIELDS})
 
 
 def organism_summary(demo: str | os.PathLike | None = None) -> str:
-    """One line: what the organism shows on its test set, with the measured numbers (from ``results.json``)."""
+    """One line: what the organism shows on its test set, with the measured numbers (its `Results`)."""
     root = Path(demo or default_organism())
-    path = root / "results.json"
-    if not path.exists():
-        raise UserError(f"{path} is missing: run `python scripts/eval_demo.py` to measure the demo organism.")
-    res = json.loads(path.read_text())
-    t, m, rec = res["target_language"], res["models"], res["recommended_name"]
+    res = Results.read(results_file(root))
+    t, rec = res.target, res.recommended
     name = _language_name(root, t)
-    pct = lambda n: f"{100 * m[n][t]['acc']:.1f} %"
-    ci = m[rec][t]["ci95"]
-    same_as_task_arithmetic = res["max_abs_weight_difference"]["task arithmetic vs recommended plan"] < SAME_WEIGHTS
-    head = (f"{name} test set (n={res['questions_per_language']}): the recommended plan "
-            f"({res['recommended_plan']['name']}) scores {pct(rec)} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}] "
-            f"({100 * m[rec][t]['strict']:.1f} % in {name}'s own answer format), task arithmetic "
+    pct = lambda n: f"{100 * res.score(n, t).acc:.1f} %"  # noqa: E731
+    s = res.score(rec, t)
+    same_as_task_arithmetic = res.weight_difference("task arithmetic vs recommended plan") < SAME_WEIGHTS
+    head = (f"{name} test set (n={res.n}): the recommended plan "
+            f"({res.plan_info['name']}) scores {pct(rec)} [{100 * s.lo:.1f}, {100 * s.hi:.1f}] "
+            f"({100 * s.strict:.1f} % in {name}'s own answer format), task arithmetic "
             f"{pct('task arithmetic')}"
             + (" (the same model: the experts touch disjoint tensors)" if same_as_task_arithmetic else "")
             + f", the math expert {pct('math expert')}, the language expert {pct('language expert')}, a 50/50 soup "
             f"{pct('soup 50/50')}, TIES {pct('TIES (density 0.2)')}, a word-for-word dictionary with no training "
-            f"{pct('dictionary baseline')} and arithmetic that always subtracts {pct('arithmetic, always subtracting')}")
-    dictionary_fails = next(v for k, v in res["targets"].items() if k.startswith("dictionary baseline"))
+            f"{pct(DICTIONARY)} and arithmetic that always subtracts {pct(SKILL_FLOOR)}")
+    if res.pair != "localised":  # a control pair beside the organism's own experts
+        beats = res.paired("math expert").diff > 0
+        return head + (f". A negative control: these experts were trained on every layer ({res.pair}), so "
+                       + ("the swap still beats the math expert alone." if beats else
+                          "nothing localises and no plan chosen on dev beats the math expert alone."))
+    targets = res.targets()
+    dictionary_fails = next(v for k, v in targets.items() if k.startswith("dictionary baseline"))
     if not dictionary_fails:
-        neg = root / "unlocalised" / "results.json"
-        tail = ""
-        if neg.exists():
-            un = json.loads(neg.read_text())
-            tail = (f"; experts trained on every layer (the negative control) reach "
-                    f"{100 * un['models'][un['recommended_name']][t]['acc']:.1f} %")
+        un = Results.of_pair(root / "unlocalised")
+        tail = (f"; experts trained on every layer (the negative control) reach "
+                f"{100 * un.score(un.recommended, t).acc:.1f} %") if un is not None else ""
         return (head + f". A positive control for the tool, not evidence for the paper: {name} is a cipher of English, "
                 "so the swap does what the dictionary does" + tail + ".")
-    met, total = sum(res["targets"].values()), len(res["targets"])
-    if res["paired_recommended_minus"]["math expert"]["diff"] <= 0:  # the method does not work on this organism
+    met, total = sum(targets.values()), len(targets)
+    if res.paired("math expert").diff <= 0:  # the method does not work on this organism
         return head + (f"; it meets {met} of its {total} targets, and no plan chosen on dev beats the math expert "
                        "alone: a negative result for the method here (the card says why).")
     return head + f"; it meets {met} of its {total} targets" + (" (all)." if met == total else " (see the card).")
@@ -246,4 +242,26 @@ def organism_summary(demo: str | os.PathLike | None = None) -> str:
 def _language_name(root: Path, code: str) -> str:
     from . import mgsm
 
-    return mgsm.languages(root / "mgsm")[code].name
+    data = next((d / "mgsm" for d in (root, root.parent) if (d / "mgsm").is_dir()), None)  # a pair's organism's
+    return mgsm.languages(data)[code].name
+
+
+# ---- one pair of experts of an organism: the plan chosen for it, a question it answers ---------------------------
+
+def measured_plan(experts: str | os.PathLike, language_expert: str = "lang") -> Plan | None:
+    """The plan chosen on dev for that pair (its results file), or None when the pair was not measured."""
+    res = Results.of_pair(experts, language_expert)
+    return res.plan if res is not None else None
+
+
+def showcase_question(experts: str | os.PathLike, language_expert: str = "lang") -> tuple[str, int] | None:
+    """A question of the pair's target language to open Ask on: the first that the recommended plan answers
+    right and the math expert alone gets wrong (what the swap adds), else the first the plan answers right;
+    None when the pair was not measured or the plan answers none."""
+    res = Results.of_pair(experts, language_expert)
+    if res is None:
+        return None
+    t = res.target
+    plan_right, math_right = res.correct(res.recommended, t), res.correct("math expert", t)
+    ok = [i for i, c in enumerate(plan_right) if c == "1"]
+    return (t, next((i for i in ok if math_right[i] == "0"), ok[0])) if ok else None

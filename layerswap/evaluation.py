@@ -40,6 +40,7 @@ METRICS = ("strict", "flexible")
 class EvalConfig:
     langs: list[str] = field(default_factory=lambda: list(mgsm.PAPER_LANGS))
     limit: int | None = None  # first N questions per language (None: all 250)
+    ids: tuple[int, ...] | None = None  # these questions of every language instead (MGSM's are parallel)
     shots: int = 0  # 0 (lm-eval's default) or up to 8 exemplars from exemplars.json
     mode: str = "native_cot"  # or "direct"
     max_new_tokens: int = mgsm.MAX_NEW_TOKENS
@@ -56,6 +57,8 @@ class EvalConfig:
             raise UserError(f"limit must be at least 1 question per language, not {self.limit}.")
         if self.max_new_tokens < 1:
             raise UserError("max_new_tokens must be at least 1.")
+        if self.ids is not None and (not self.ids or self.limit is not None):
+            raise UserError("Give either a limit or a non-empty list of question ids, not both.")
         langs = mgsm.languages(self.source if self.source is not None else mgsm.default_data_dir())
         unknown = [c for c in self.langs if c not in langs]
         if unknown:
@@ -143,8 +146,16 @@ class EvalReport:
 
 
 def build_prompts(lang_code: str, config: EvalConfig) -> list[mgsm.Prompt]:
-    """The test prompts of one language, in file order, as lm-eval builds them (`mgsm.prompts`)."""
-    return mgsm.prompts(lang_code, limit=config.limit, shots=config.shots, mode=config.mode, source=config.source)
+    """The test prompts of one language as lm-eval builds them (`mgsm.prompts`): the first `limit` in file order,
+    or the questions `ids` in that order (each with the exemplars lm-eval's shared sampler gives it)."""
+    if config.ids is None:
+        return mgsm.prompts(lang_code, limit=config.limit, shots=config.shots, mode=config.mode, source=config.source)
+    every = mgsm.prompts(lang_code, limit=max(config.ids) + 1, shots=config.shots, mode=config.mode,
+                         source=config.source)
+    bad = [i for i in config.ids if not 0 <= i < len(every)]
+    if bad:
+        raise UserError(f"Question id {bad[0]} is outside {lang_code}'s set (0 to {len(every) - 1}).")
+    return [every[i] for i in config.ids]
 
 
 class Cancelled(Exception):

@@ -79,11 +79,15 @@ class Limits:
     text_chars: int = 2000
     eval_questions: int = 400  # per language and model
     sweep_points: int = 24
+    search_plans: int = 40  # plans one search may evaluate
     download_bytes: int = 40 * _GB  # all files of one Hub model
     zip_bytes: int = 2 * _GB  # the export offered as a download
     new_tokens: int = 512  # tokens generated per answer
     lens_questions: int = 32  # parallel questions in one run of the lens
     ref_chars: int = 200  # a model reference (owner/name@revision)
+    visitor_disk_bytes: int = 20 * _GB  # one visitor's folder (export, its zip, results)
+    disk_bytes: int = 60 * _GB  # all visitors' folders and the files served from them
+    hub_cache_bytes: int = 200 * _GB  # the Hugging Face cache, pruned least recently used first
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Limits":
@@ -91,17 +95,23 @@ class Limits:
         return cls(text_chars=_int_env(env, "LAYERSWAP_MAX_TEXT_CHARS", d.text_chars),
                    eval_questions=_int_env(env, "LAYERSWAP_MAX_EVAL_QUESTIONS", d.eval_questions),
                    sweep_points=_int_env(env, "LAYERSWAP_MAX_SWEEP_POINTS", d.sweep_points),
+                   search_plans=_int_env(env, "LAYERSWAP_MAX_SEARCH_PLANS", d.search_plans),
                    download_bytes=_int_env(env, "LAYERSWAP_MAX_DOWNLOAD_BYTES", d.download_bytes),
                    zip_bytes=_int_env(env, "LAYERSWAP_MAX_ZIP_BYTES", d.zip_bytes),
                    new_tokens=_int_env(env, "LAYERSWAP_MAX_NEW_TOKENS", d.new_tokens),
-                   lens_questions=_int_env(env, "LAYERSWAP_MAX_LENS_QUESTIONS", d.lens_questions))
+                   lens_questions=_int_env(env, "LAYERSWAP_MAX_LENS_QUESTIONS", d.lens_questions),
+                   visitor_disk_bytes=_int_env(env, "LAYERSWAP_MAX_VISITOR_DISK_BYTES", d.visitor_disk_bytes),
+                   disk_bytes=_int_env(env, "LAYERSWAP_MAX_DISK_BYTES", d.disk_bytes),
+                   hub_cache_bytes=_int_env(env, "LAYERSWAP_MAX_HUB_CACHE_BYTES", d.hub_cache_bytes))
 
     def markdown(self) -> str:
         return (f"questions and free text up to {self.text_chars:,} characters; answers up to {self.new_tokens:,} "
                 f"tokens; the lens up to {self.lens_questions} questions at once; evaluations up to "
-                f"{self.eval_questions:,} questions per language; sweeps up to {self.sweep_points} recipes; Hub "
+                f"{self.eval_questions:,} questions per language; sweeps up to {self.sweep_points} recipes; plan "
+                f"searches up to {self.search_plans} plans; Hub "
                 f"models up to {self.download_bytes / _GB:.0f} GB; export downloads up to "
-                f"{self.zip_bytes / _GB:.1f} GB")
+                f"{self.zip_bytes / _GB:.1f} GB; your files up to {self.visitor_disk_bytes / _GB:.0f} GB, kept an hour "
+                "after their export")
 
 
 @dataclass(frozen=True)
@@ -165,6 +175,14 @@ class Policy:
             raise UserError(f"This sweep has {points} recipes; this server runs up to {self.limits.sweep_points}.")
         self.check_eval(eval_limit, largest_set=10**9)
 
+    def check_search(self, budget: int, dev: int, test: int) -> None:
+        """A search's size: at most `search_plans` plans, dev and held-out questions each within the question cap."""
+        if not self.hosted:
+            return
+        if budget > self.limits.search_plans:
+            raise UserError(f"This server searches up to {self.limits.search_plans} plans (asked: {budget}).")
+        self.check_eval(max(dev, test), largest_set=0)
+
     def scrub(self, text: str) -> str:
         """In hosted mode, absolute server paths become their last component."""
         return scrub_paths(text) if self.hosted and isinstance(text, str) else text
@@ -206,9 +224,9 @@ def plan_download(ref: str, limits: Limits) -> DownloadPlan:
     from huggingface_hub import HfApi
     from huggingface_hub.constants import HF_HUB_CACHE
 
-    from .checkpoints import HUB_PATTERNS
+    from .checkpoints import HUB_PATTERNS, plain_name
     from .engines.serving import available_memory
-    from .hub import hub_reachable
+    from .hub import hub_error, hub_reachable
 
     repo, _, revision = ref.partition("@")
     if not hub_reachable():
@@ -216,8 +234,7 @@ def plan_download(ref: str, limits: Limits) -> DownloadPlan:
     try:
         info = HfApi().model_info(repo, revision=revision or None, files_metadata=True, token=False)
     except Exception as e:  # missing, private, gated (without a token they all look alike), network
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise UserError(f"{ref}: cannot read its file list from the Hub ({type(e).__name__}: {first}). Only public, "
+        raise UserError(f"{ref}: cannot read its file list from the Hub ({hub_error(e)}). Only public, "
                         "non-gated models can be loaded here.") from None
     if info.private or info.gated:
         raise UserError(f"{ref} is {'private' if info.private else 'gated (its owner grants access per user)'}: this "
@@ -225,6 +242,8 @@ def plan_download(ref: str, limits: Limits) -> DownloadPlan:
                         "Run layerswap on your own machine, logged in with your own account, to use it.")
     files = tuple((s.rfilename, int(s.size or 0)) for s in info.siblings or []
                   if any(fnmatch.fnmatch(s.rfilename, p) for p in HUB_PATTERNS))
+    if not all(plain_name(f) for f, _ in files):
+        raise UserError(f"{ref}: its file list names a file outside the repo's own folder; nothing was downloaded.")
     plan = DownloadPlan(repo, info.sha or revision or "main", files)
     weights = sum(n for f, n in files if f.endswith(".safetensors"))
     if not weights:
@@ -247,13 +266,18 @@ def fetch(ref: str, limits: Limits, *, progress: Progress = no_progress,
     stops between files. Returns the local snapshot folder."""
     from huggingface_hub import hf_hub_download
 
+    from .hub import hub_error
+
     plan = plan_download(ref, limits)
     done, folder = 0, None
     for name, size in plan.files:
         if cancel is not None and cancel.is_set():
             raise UserError(f"Download of {ref} stopped; {done / _GB:.2f} of {plan.total / _GB:.2f} GB fetched.")
         progress(done / max(plan.total, 1), f"downloading {name} ({size / 1e6:.0f} MB)")
-        path = Path(hf_hub_download(plan.repo, name, revision=plan.revision, token=False))
+        try:
+            path = Path(hf_hub_download(plan.repo, name, revision=plan.revision, token=False))
+        except Exception as e:  # network, a file gone since the listing: said without the Hub's address
+            raise UserError(f"Download of {ref} failed at {name} ({hub_error(e)}); try again later.") from None
         folder = path.parents[len(Path(name).parts) - 1]
         done += size
     progress(1.0, f"downloaded {ref}")
@@ -276,3 +300,25 @@ def fetch_models(policy: Policy, refs: tuple[str, ...], base: str = "", *, progr
         if own:
             fetch(policy.check_ref(own, f"base model named by the adapter {ref}"), policy.limits, progress=part,
                   cancel=cancel)
+
+
+def prune_hub_cache(limit: int, keep: set[str], cache: str | os.PathLike | None = None) -> list[str]:
+    """Delete whole Hub models from the Hugging Face cache, least recently used first, until it holds at most
+    `limit` bytes; models named in `keep` (``owner/name``: loaded or being loaded) are never deleted. Returns
+    the models deleted."""
+    from huggingface_hub import scan_cache_dir
+
+    try:
+        info = scan_cache_dir(cache)
+    except Exception:  # no cache yet, or one huggingface_hub cannot read: nothing to prune
+        return []
+    size, gone = info.size_on_disk, []
+    for repo in sorted(info.repos, key=lambda r: r.last_accessed):
+        if size <= limit:
+            break
+        if repo.repo_type != "model" or repo.repo_id in keep:
+            continue
+        shutil.rmtree(repo.repo_path, ignore_errors=True)
+        size -= repo.size_on_disk
+        gone.append(repo.repo_id)
+    return gone

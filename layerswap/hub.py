@@ -1,4 +1,5 @@
-"""Hugging Face Hub access helpers: is this a Hub id, and can the Hub be reached at all."""
+"""Hugging Face Hub access helpers: is this a Hub id, can the Hub be reached at all, and what went wrong
+(`hub_error`: in a few words, without the Hub's address)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,17 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return True
     except OSError:
         return False
+
+
+_URL = re.compile(r"[a-zA-Z][\w+.-]*://\S+")
+
+
+def hub_error(e: BaseException) -> str:
+    """Why a Hub call failed, for a message: the error's kind, its HTTP status and its first line with every
+    address (the Hub endpoint, a file's URL) and request id left out."""
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+    first = re.sub(r"\s*\(Request ID:[^)]*\)", "", _URL.sub("(address)", first))
+    first = re.sub(r"host='?[^,)\s']+'?", "host=(address)", first)[:200]
+    head = f"{type(e).__name__}, HTTP {status}" if status else type(e).__name__
+    return f"{head}: {first}" if first and first != head else head

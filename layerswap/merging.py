@@ -25,7 +25,7 @@ import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from .architectures import Architecture
 from .card import check_languages, provenance, write_card, write_mark
@@ -90,17 +90,56 @@ def merge_in_memory(math: Mapping[str, "torch.Tensor"], lang: Mapping[str, "torc
     _need_base(recipe, base is not None, "load the base model as well")
     out = {}
     for i, (name, r) in enumerate(recipes.items()):
-        m, l = math[name], lang[name]
-        if r.kind == "copy":
-            out[name] = m if r.role == "math" else l if r.role == "lang" else base(name).to(m.device)
-        elif r.kind == "blend":
-            out[name] = blend(m, l, r.w)
-        else:
-            b = base(name).to(m.device) if method.spec.needs_base else None
-            out[name] = method.spec.fn(method, name, b, [m, l.to(m.device)]).to(m.dtype)
+        out[name] = _merged_tensor(name, r, math[name], lang[name], base, method)
         if progress and i % 16 == 0:
             progress(i / len(recipes), name)
     return out
+
+
+def _merged_tensor(name: str, r: TensorSource, m: "torch.Tensor", l: "torch.Tensor",
+                   base: Callable[[str], "torch.Tensor"] | None, method: MethodConfig) -> "torch.Tensor":
+    """One merged tensor from its source `r` (a copy is the input tensor itself)."""
+    if r.kind == "copy":
+        return m if r.role == "math" else l if r.role == "lang" else base(name).to(m.device)
+    if r.kind == "blend":
+        return blend(m, l, r.w)
+    b = base(name).to(m.device) if method.spec.needs_base else None
+    return method.spec.fn(method, name, b, [m, l.to(m.device)]).to(m.dtype)
+
+
+def merge_stream(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, *, base: Checkpoint | None = None,
+                 force: bool = False) -> Callable[[], Iterator[tuple[str, "torch.Tensor"]]]:
+    """The merge as a stream of ``(name, tensor)`` in checkpoint names, for loading into a running engine with no
+    file written (`engines.vllm_engine.TensorWeights`).
+
+    Args:
+        math, lang, base: the checkpoints, read tensor by tensor (peak memory: one tensor of each input).
+        recipe: any recipe; checked here, with the same checks as `export_merge`, before anything is read.
+        force: waive the shared-base distance check.
+
+    Returns:
+        A function that yields the merged tensors each time it is called (the same bits as `merge_in_memory` and
+        `export_merge`).
+    """
+    recipe = as_recipe(recipe)
+    recipe.method.validate()
+    if adapter_pair(math, lang) == "prefix":
+        raise UserError("Prefix-tuning experts cannot be densified (a prefix changes no weight): the transformers "
+                        "engine runs them (--engine transformers).")
+    check_mergeable(math, lang, base, force=force).raise_if_bad()
+    _need_base(recipe, base is not None)
+    recipes = Sources(recipe, math.num_layers, math.arch).of(math.tensors)
+    get = (lambda n: base.read(n)) if base is not None else None
+
+    def tensors() -> Iterator[tuple[str, "torch.Tensor"]]:
+        for name, r in recipes.items():
+            src = {"math": math, "lang": lang, "base": base}[r.role] if r.kind == "copy" else None
+            if src is not None:  # a copy: read once, from its own checkpoint
+                yield name, src.read(name)
+                continue
+            yield name, _merged_tensor(name, r, math.read(name), lang.read(name), get, recipe.method)
+
+    return tensors
 
 
 @dataclass
@@ -138,6 +177,9 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
     method = recipe.method
     method.validate()
     languages = check_languages(languages)
+    if adapter_pair(math, lang) == "prefix":
+        raise UserError("Prefix-tuning experts cannot be densified (a prefix changes no weight): export the swap as "
+                        "a prefix-tuning adapter (layerswap merge --adapter).")
     check = check_mergeable(math, lang, base, threshold=base_distance_threshold, force=force)
     check.raise_if_bad()
     pairing = check.pairing
@@ -335,6 +377,70 @@ def _tensor_bytes(t: "torch.Tensor") -> memoryview:
 
     t = t.detach().to("cpu").contiguous().reshape(-1)
     return memoryview(t.view(torch.uint8).numpy())
+
+
+def adapter_pair(math: Checkpoint, lang: Checkpoint) -> str | None:
+    """The kind both experts' adapters share (``lora``, ``ia3``, ``prefix``), or None (a full model, mixed kinds).
+    A prefix-tuning expert beside anything else is refused: a prefix cannot be densified."""
+    kinds = {math.adapter_kind, lang.adapter_kind}
+    if "prefix" in kinds and len(kinds) > 1:
+        raise UserError("A prefix-tuning expert merges only with another prefix-tuning expert: a prefix changes no "
+                        "weight, so it cannot be densified beside a full model or another kind of adapter.")
+    return math.adapter_kind if len(kinds) == 1 else None
+
+
+def merged_adapter(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, base: Checkpoint | None = None):
+    """The swap of two adapter experts of one kind, done on the adapters (`adapter_merge.swap_adapters`):
+    returns the merged `adapters.AdapterWeights`. Refused, with the reason, for other pairs and plans."""
+    from .adapter_merge import swap_adapters
+    from .adapters import read_adapter
+
+    if adapter_pair(math, lang) is None:
+        raise UserError("A merge on the adapters needs two PEFT adapters of one kind (LoRA, IA3 or prefix tuning) as "
+                        "experts; other pairs are merged as full models (drop --adapter).")
+    base = base or Checkpoint.open(math.adapter_base)
+    sources = Sources(as_recipe(recipe), math.num_layers, math.arch)
+    return swap_adapters(read_adapter(math.adapter).weights(), read_adapter(lang.adapter).weights(), sources,
+                         lambda name: base.get(name))
+
+
+def export_adapter_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out: str | os.PathLike, *,
+                         base: Checkpoint | None = None, overwrite: bool = False, force: bool = False,
+                         protect: tuple = (), languages: list[str] | None = None) -> Path:
+    """Write the swap of two adapter experts as a PEFT adapter folder of their kind (``adapter_config.json``,
+    ``adapter_model.safetensors``, the tokenizer) with the model card; the base it applies to is `base` (else the
+    experts' own). The same checks as `export_merge` run first. Returns the folder."""
+    from .adapter_merge import peft_files
+    from .adapters import read_adapter
+    from .tensorfile import write_tensors
+
+    recipe = as_recipe(recipe)
+    languages = check_languages(languages)
+    check = check_mergeable(math, lang, base, force=force)
+    check.raise_if_bad()
+    merged = merged_adapter(math, lang, recipe, base)
+    base_ref = base.ref if base is not None else str(read_adapter(math.adapter).base_ref or math.adapter_base)
+    cfg, tensors = peft_files(merged, read_adapter(math.adapter).config, base_ref)
+    out = check_output_folder(out, input_paths(math, lang, base, extra=protect), overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        write_tensors(tmp / "adapter_model.safetensors", tensors)
+        (tmp / "adapter_config.json").write_text(json.dumps(cfg, indent=1))
+        for f in math.tokenizer_files():
+            shutil.copy2(f, tmp / f.name)
+        sources = Sources(recipe, math.num_layers, math.arch)
+        prov = provenance(math, lang, base, sources, check.pairing, bool(check.pairing.suspicious and force), languages)
+        prov["adapter"] = {"kind": merged.kind, "base": base_ref, "modules": len(merged.modules),
+                           "full_copies": sorted(merged.full), "rank": cfg.get("r")}
+        prov["mergekit_yaml"], prov["mergekit_unavailable"] = None, "mergekit merges full models, not PEFT adapters"
+        write_card(tmp, prov)
+        _atomic_replace(tmp, out, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
 
 
 def _copy_side_files(math: Checkpoint, dst: Path) -> None:

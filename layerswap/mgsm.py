@@ -9,9 +9,10 @@ Mirrors lm-evaluation-harness ``mgsm_native_cot_XX`` (and ``mgsm_direct_XX``):
 - strict-match: the language's "The answer is N" regex, first match; flexible-extract: the last
   number-like span; exact match after lower-casing and deleting punctuation.
 
-Data: ``mgsm_XX.tsv`` files (``question<TAB>answer``) from a local folder, or the same files
-from the Hub dataset ``juletxara/mgsm``. A folder may add languages (e.g. the demo organism's
-constructed language) with a ``languages.json`` of the same fields as `Language`.
+Data: ``mgsm_XX.tsv`` files (``question<TAB>answer``) from a local folder (or a shipped one named by
+an ``assets:`` reference, e.g. ``assets:demo/mgsm``), or the same files from the Hub dataset
+``juletxara/mgsm``. A folder may add languages (e.g. the demo organism's constructed language) with a
+``languages.json`` of the same fields as `Language`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import UserError
-from .hub import hub_reachable
+from .hub import hub_error, hub_reachable
+from .presets import ASSETS_PREFIX, assets_path, portable_ref
 
 HUB_DATASET = "juletxara/mgsm"
 MAX_NEW_TOKENS = 256
@@ -91,11 +93,21 @@ def default_data_dir() -> Path | None:
     return Path(d).expanduser() if d else None
 
 
+def folder(source: str | os.PathLike | None) -> Path | None:
+    """The data folder `source` names: a path, or a shipped set by its ``assets:`` reference (None stays None)."""
+    if source is None:
+        return None
+    if str(source).startswith(ASSETS_PREFIX):
+        return assets_path(str(source))
+    return Path(source).expanduser()
+
+
 def languages(source: str | os.PathLike | None = None) -> dict[str, Language]:
     """Built-in MGSM languages plus any defined by ``languages.json`` in a local folder."""
     langs = dict(LANGUAGES)
-    if source is not None and (Path(source) / "languages.json").exists():
-        langs.update(_extra_languages(str(Path(source) / "languages.json")))
+    src = folder(source)
+    if src is not None and (src / "languages.json").exists():
+        langs.update(_extra_languages(str(src / "languages.json")))
     return langs
 
 
@@ -114,7 +126,7 @@ def available_languages(source: str | os.PathLike | None = None) -> list[str]:
     """Languages with data: the TSVs present in a folder, or every MGSM language on the Hub."""
     if source is None:
         return list(LANGUAGES)
-    return sorted(p.stem.removeprefix("mgsm_") for p in Path(source).glob("mgsm_*.tsv"))
+    return sorted(p.stem.removeprefix("mgsm_") for p in folder(source).glob("mgsm_*.tsv"))
 
 
 def get_language(code: str, source: str | os.PathLike | None = None) -> Language:
@@ -122,6 +134,22 @@ def get_language(code: str, source: str | os.PathLike | None = None) -> Language
     if code not in langs:
         raise UserError(f"Unknown MGSM language {code!r}; choose one of: {', '.join(sorted(langs))}.")
     return langs[code]
+
+
+def check_languages(codes, source: str | os.PathLike | None = None) -> None:
+    """Refuse, with what there is, a language the set does not hold: unknown, or with no questions in a local
+    folder (`source`, else ``$LAYERSWAP_MGSM_DIR``; the Hub holds every built-in language). Cheap: file names only,
+    so commands say it before any model loads."""
+    src = source if source is not None else default_data_dir()
+    langs = languages(src)
+    have = available_languages(src) if src is not None else list(LANGUAGES)
+    bad = [c for c in codes if c not in langs or c not in have]
+    if bad:
+        where = f"The MGSM set {portable_ref(src)}" if src is not None else "The MGSM set"
+        offer = [c for c in have if c in langs]
+        name = lambda c: f"{c} ({langs[c].name})" if c in langs else repr(c)  # noqa: E731
+        raise UserError(f"{where} has no language {', '.join(map(name, bad))}; it has: "
+                        f"{', '.join(map(name, offer)) or 'none'}.")
 
 
 def parse_tsv(text: str, lang: str, origin: str) -> list[Item]:
@@ -158,9 +186,9 @@ def _load(lang: str, source: str | None) -> tuple[Item, ...]:
 
 def load(lang: str, source: str | os.PathLike | None = None) -> list[Item]:
     """All questions of one language from `source` (a folder), ``$LAYERSWAP_MGSM_DIR``, or the Hub."""
-    src = source if source is not None else default_data_dir()
+    src = folder(source if source is not None else default_data_dir())
     get_language(lang, src)
-    return list(_load(lang, None if src is None else str(Path(src).expanduser())))
+    return list(_load(lang, None if src is None else str(src)))
 
 
 def _download_tsv(lang: str) -> str:
@@ -176,17 +204,17 @@ def _download_tsv(lang: str) -> str:
         return Path(path).read_text(encoding="utf-8")
     except Exception as e:
         raise UserError(
-            f"Could not get mgsm_{lang}.tsv from the Hub dataset {HUB_DATASET} ({type(e).__name__}: {e}). "
+            f"Could not get mgsm_{lang}.tsv from the Hub dataset {HUB_DATASET} ({hub_error(e)}). "
             "When offline, point --mgsm-dir (or LAYERSWAP_MGSM_DIR) at a folder of mgsm_XX.tsv files."
         ) from None
 
 
 def load_exemplars(lang: str, source: str | os.PathLike | None = None) -> list[Exemplar]:
     """The 8 few-shot exemplars of `lang` from ``exemplars.json`` in the data folder."""
-    src = source if source is not None else default_data_dir()
+    src = folder(source if source is not None else default_data_dir())
     if src is None:
         raise UserError("Few-shot prompts need exemplars.json: pass --mgsm-dir with an MGSM folder that has it.")
-    path = Path(src) / "exemplars.json"
+    path = src / "exemplars.json"
     if not path.exists():
         raise UserError(f"{path} not found: few-shot prompts need it (use 0 shots, or add the file).")
     data = json.loads(path.read_text(encoding="utf-8"))

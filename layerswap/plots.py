@@ -273,7 +273,8 @@ def analysis_heatmaps(an: Analysis, panels: Sequence[str] = ("math", "lang", "ov
     for p in panels:
         mt = METRICS[metrics[p]].replace("top-k%", f"top-{kk:g}%") if kk is not None else METRICS[metrics[p]]
         approx = " (merged top-k%: located on histograms, see hover)" if p == "merged" and metrics[p] == "topk" else ""
-        titles.append(f"{PANELS[p]}: {mt}{approx}" + (f" · {unit[p]}" if unit[p] else ""))
+        titles.append(f"{PANELS[p]}: {mt}{approx}" + (f" · {unit[p]}" if unit[p] else "") + _undefined(p, metrics[p],
+                                                                                                     shown[p], idx))
     n = len(panels)
     spacing = 0.35 / n if n > 1 else 0.0
     fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=min(spacing, 0.12), subplot_titles=titles)
@@ -302,7 +303,7 @@ def analysis_heatmaps(an: Analysis, panels: Sequence[str] = ("math", "lang", "ov
         fig.add_trace(
             go.Heatmap(
                 z=_z(shown[p]), x=list(range(an.num_layers)), y=labels, customdata=custom,
-                zmin=lo, zmax=hi if hi > lo else lo + 1e-12,
+                zmin=lo, zmax=hi if hi > lo else lo + (1.0 if fmt == ".2%" else 1e-12),  # one value: a readable scale
                 colorscale=OVERLAP_SCALE if p == "overlap" and metrics[p] == "cosine" else CHANGE_SCALE,
                 showscale=show, xgap=1, ygap=1,
                 colorbar={"title": {"text": METRICS[metrics[p]].split(" ")[0] + (f" ({unit[p]})" if unit[p] else ""),
@@ -313,18 +314,37 @@ def analysis_heatmaps(an: Analysis, panels: Sequence[str] = ("math", "lang", "ov
             ),
             row=i, col=1,
         )
-        fig.update_yaxes(autorange="reversed", row=i, col=1)
+        # every row labelled, also where no cell has a value (the grey of an undefined cell is the plot's own)
+        fig.update_yaxes(type="category", categoryorder="array", categoryarray=labels, range=[len(labels) - 0.5, -0.5],
+                         row=i, col=1)
         if plan is not None:
             add_plan_overlay(fig, an, plan, i, labels)
     fig.update_xaxes(title_text="layer", dtick=1 if an.num_layers <= 40 else 4, row=n, col=1)
     panel_h = row_height * len(labels) + 70
     title = "Where each expert changed"
     if plan is not None:
-        title += (f"<br><sup>plan b={plan.b} u={plan.u} tb={plan.tb} tu={plan.tu}: outlined = taken from the language "
-                  "expert, shaded = blended transition"
-                  + (", dashed blue = reverted to the base" if plan.revert else "") + "</sup>")
-    fig.update_layout(height=panel_h * n + 110, margin={"l": 90, "r": 30, "t": 90, "b": 50}, title=title)
+        title += (f"<br><sup>plan {plan.title().removeprefix('swap ')}</sup><br><sup>outlined = taken from the language "
+                  "expert, shaded = blended transition" + (", dashed blue = reverted to the base" if plan.revert else "")
+                  + "</sup>")
+    fig.update_layout(height=panel_h * n + 150, margin={"l": 90, "r": 30, "t": 130, "b": 50}, title=title,
+                      plot_bgcolor=UNDEFINED_COLOR)
     return fig
+
+
+UNDEFINED_COLOR = "rgb(215,215,215)"  # a cell with no value: the plot area shows through
+
+
+def _undefined(panel: str, metric: str, values: np.ndarray, idx: np.ndarray) -> str:
+    """The panel title's note on cells with no value (tensors that exist, with a NaN): why they are grey."""
+    undefined = (idx >= 0) & ~np.isfinite(values)
+    if not undefined.any():
+        return ""
+    why = {"cosine": "one expert left the tensor unchanged, so the cosine of the two changes is undefined",
+           "jaccard": "neither expert has an entry of the tensor among its top-k%, so there is no set to compare"
+           }.get(metric, "no value")
+    if undefined.sum() == (idx >= 0).sum():
+        return f"<br>every cell grey: {why}" + (" (the experts changed no tensor in common)" if metric == "cosine" else "")
+    return f"<br>grey: {why}"
 
 
 def layer_profile(an: Analysis, metric: str = "relative", k: float | None = None, merged: MergedStats | None = None,

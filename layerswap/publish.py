@@ -27,7 +27,7 @@ from pathlib import Path
 from .card import read_provenance
 from .errors import UserError
 from .outputs import EXPORT_MARK
-from .hub import hub_reachable
+from .hub import hub_error, hub_reachable
 from .runtime import Progress, no_progress
 
 LOGIN_FIRST = ("Log in with your Hugging Face account first: the push goes to your own account, with your own "
@@ -186,6 +186,4 @@ def _commit_message(folder: str | os.PathLike) -> str:
 
 
 def _hub_reason(e: Exception) -> str:
-    status = getattr(getattr(e, "response", None), "status_code", None)
-    first = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return f"HTTP {status}: {first}" if status else first
+    return hub_error(e)

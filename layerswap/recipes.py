@@ -116,12 +116,13 @@ class Recipe:
 
     # ---- from loose values (CLI flags, app controls) ------------------------------------------------
     @classmethod
-    def from_values(cls, *, num_layers: int | None = None, **values: Any) -> "Recipe":
+    def from_values(cls, *, num_layers: int | None = None, defaults: Plan | None = None, **values: Any) -> "Recipe":
         """A recipe from loose values as the CLI and the app hold them (strings, floats from sliders, None
         for "not given"), by `layerswap.fields` name (b, u, tb, tu, transition, transition_weight, non_layer,
         kind, layer_weights, k, seed, offset, modules, revert, method, weight, lam, density, drop_rate,
-        expert_weights), each read and bounded by its field. Missing b/u/tb/tu take `default_plan(num_layers)`
-        (the literature's setting, scaled); layer weights alone imply ``kind: weights``; the seed serves the
+        expert_weights), each read and bounded by its field. Missing b/u/tb/tu and transition values take those of
+        `defaults` (the models' opening plan), else `default_plan(num_layers)` (the literature's setting,
+        scaled); layer weights alone imply ``kind: weights``; the seed serves the
         random map and DARE alike. Parameters of the other part (plan values for a soup) are ignored, as the
         app keeps every control."""
         v = read_values(values, num_layers)
@@ -130,11 +131,12 @@ class Recipe:
         mc.validate()
         if not mc.spec.uses_plan:
             return cls(mc)
-        d = default_plan(num_layers) if num_layers else Plan()
+        d = defaults or (default_plan(num_layers) if num_layers else Plan())
         kind = v.get("kind") or ("weights" if v.get("layer_weights") is not None else "swap")
         given = {f.plan: v[f.name] for f in FIELDS if f.plan and v.get(f.name) is not None}
         given.update(kind=kind, weights=given.get("weights") if kind == "weights" else None)
-        plan = Plan(**{**{c: getattr(d, c) for c in ("b", "u", "tb", "tu")}, **given})
+        opening = ("b", "u", "tb", "tu", "transition", "transition_weight", "non_layer")
+        plan = Plan(**{**{c: getattr(d, c) for c in opening}, **given})
         r = cls(mc, plan)
         if num_layers:
             r.validate(num_layers)

@@ -27,9 +27,9 @@ def root() -> Path:
     return Path(os.environ.get("LAYERSWAP_SCRATCH") or tempfile.gettempdir())
 
 
-def make(kind: str) -> Path:
-    """A new scratch folder ``layerswap-<kind>-*`` owned by this process."""
-    base = root()
+def make(kind: str, base: Path | None = None) -> Path:
+    """A new scratch folder ``layerswap-<kind>-*`` owned by this process (under `base`, default `root()`)."""
+    base = base or root()
     base.mkdir(parents=True, exist_ok=True)
     d = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{kind}-", dir=base))
     (d / OWNER).write_text(str(os.getpid()))

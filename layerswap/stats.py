@@ -84,11 +84,12 @@ class PairedDifference:
     z: float | None  # diff / se; None when every difference is the same (se 0)
 
 
-def paired_difference(a: Sequence[bool], b: Sequence[bool]) -> PairedDifference:
-    """Mean per-question difference a - b with its standard error."""
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> PairedDifference:
+    """Mean per-question difference a - b with its standard error; per-question scores are bools, or fractions
+    (e.g. the share of languages a question was answered right in)."""
     if len(a) != len(b) or not a:
         raise ValueError(f"paired results need the same, non-empty questions ({len(a)} vs {len(b)})")
-    d = [int(x) - int(y) for x, y in zip(a, b)]
+    d = [float(x) - float(y) for x, y in zip(a, b)]
     mean = sum(d) / len(d)
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / max(1, len(d) - 1))
     se = sd / math.sqrt(len(d))

@@ -266,6 +266,32 @@ class ShardWriter:
         self.close()
 
 
+def read_tensors(path: str | os.PathLike) -> dict[str, "torch.Tensor"]:
+    """Every tensor of one (small) safetensors file, shaped, in fresh memory (a PEFT adapter's weights)."""
+    import torch
+
+    out = {}
+    with Files() as files:
+        for name, e in read_header(path).items():
+            buf = files.read(path, e.start, e.nbytes, what=name)
+            t = torch.frombuffer(buf, dtype=torch_dtype(e.dtype)) if buf else torch.empty(0, dtype=torch_dtype(e.dtype))
+            out[name] = t.reshape(e.shape)
+    return out
+
+
+def write_tensors(path: str | os.PathLike, tensors: dict[str, "torch.Tensor"]) -> None:
+    """Write tensors (in memory) as one safetensors file, in name order."""
+    import torch
+
+    codes = {torch_dtype(c): c for c in DTYPES}
+    items = sorted(tensors.items())
+    with ShardWriter(path, [(n, codes[t.dtype], tuple(t.shape)) for n, t in items]) as w:
+        for n, t in items:
+            data = t.detach().contiguous().cpu().reshape(-1)
+            if data.numel():
+                w.write_at(w.offsets[n], data.view(torch.uint8).numpy())
+
+
 def to_float64(buf: bytes, code: str) -> np.ndarray:
     """Floating-point bytes of dtype `code` as float64 (no torch needed)."""
     if code == "BF16":  # bfloat16 is the top half of a float32

@@ -12,6 +12,12 @@ Both ratios are measured in one run on one machine:
    MGSM prompts (0-shot mgsm_native_cot, greedy, its stop words, 256 new tokens) and the same model.
    Goal: vLLM at least 5x.
 
+3. builds (``--builds``, on its own): seconds for a Build into the running engine of the merge (`Workbench.build`
+   with three vLLM engines: merge plus refresh), the engine plan's refresh ``memory`` (the merge streamed into
+   the engine, nothing written) against ``disk`` (exported to a scratch folder, reloaded from it; what a GPU's
+   plan does), median over alternating plans, on the demo trio (default) or the two built models; the merged
+   model's answers are checked equal in both.
+
 Without --model it builds two random Llama checkpoints of one shape (8 layers, hidden 512, head_dim
 64, float32) in a temporary folder. Prints a Markdown table plus the machine and versions.
 """
@@ -65,7 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--refreshes", type=int, default=5)
     p.add_argument("--kv-cache-gib", type=float, default=4.0, help="vLLM KV cache on CPU (default 4)")
     p.add_argument("--device", default="auto", help="transformers device (cpu, cuda, auto)")
+    p.add_argument("--builds", action="store_true", help="only measure 3: Builds in memory vs through disk")
+    p.add_argument("--trio", default="assets:demo", help="--builds: folder with math/, lang/, base/ (default the "
+                   "demo; 'built': the two built models)")
     args = p.parse_args(argv)
+    if args.builds:
+        return bench_builds(args)
 
     from layerswap import mgsm
     from layerswap.engines import TransformersEngine, VLLMEngine, VLLMSettings, vllm_status
@@ -144,6 +155,60 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"Identical answers, vLLM vs transformers: {agree:.0%} of {n}; tokens {v_tok} vs {h_tok}. "
           f"Refreshed engine == fresh engine: {same}.")
+    tmp.cleanup()
+    return 0
+
+
+def bench_builds(args) -> int:
+    """Measure 3: a Build in memory against a Build through disk, on one set of engines."""
+    from dataclasses import replace
+
+    import torch
+    import vllm
+
+    from layerswap import Plan
+    from layerswap.presets import ASSETS_PREFIX, assets_path
+    from layerswap.workbench import Workbench
+
+    tmp = tempfile.TemporaryDirectory(prefix="layerswap-bench-")
+    if args.trio == "built":
+        a, b = build_models(Path(tmp.name), args.hidden, args.layers)
+        refs, what = {"math": a, "lang": b}, f"random Llama, {args.layers} layers, hidden {args.hidden}"
+    else:
+        root = assets_path(args.trio) if args.trio.startswith(ASSETS_PREFIX) else Path(args.trio)
+        refs, what = {r: root / r for r in ("math", "lang", "base")}, args.trio
+    plans = [Plan(b=1, u=1, tb=1, tu=0), Plan(b=2, u=1, tb=0, tu=1), Plan(b=1, u=2, tb=1, tu=1, transition="ramp")]
+    prompts = ["Question: 2 + 3 = ?\nAnswer:", "Swali: 7 - 4 = ?\nJibu:"]
+    seconds: dict[str, list[float]] = {}
+    answers: dict[str, list] = {}
+    nbytes = 0
+    for mode in ("memory", "disk"):
+        wb = Workbench(engine="vllm", serving="three")
+        wb.check(str(refs["math"]), str(refs["lang"]), str(refs.get("base") or "") or None, force=True)
+        wb.engine_plan = replace(wb.engine_plan, refresh=mode)
+        wb.start()
+        nbytes = wb.checkpoints["math"].nbytes
+        wb.build(plans[-1])  # warm: the engines' first refresh, torch's first blend
+        seconds[mode], answers[mode] = [], []
+        for i in range(args.refreshes):
+            t = time.perf_counter()
+            wb.build(plans[i % len(plans)])
+            seconds[mode].append(time.perf_counter() - t)
+            if i < len(plans):
+                answers[mode].append(wb.engines["merged"].generate(prompts, max_new_tokens=16))
+        wb.close()
+    mem, disk = statistics.median(seconds["memory"]), statistics.median(seconds["disk"])
+    print(f"Machine: {cpu_name()}, {os.cpu_count()} cores, {_mem_gib():.0f} GiB RAM"
+          f"{', GPU ' + torch.cuda.get_device_name() if torch.cuda.is_available() else ', no GPU'}; "
+          f"date {dt.date.today().isoformat()}; vllm {vllm.__version__}, torch {torch.__version__}; "
+          f"models {what} ({nbytes / 1e6:.1f} MB each)")
+    print()
+    print("| measure | in memory | through disk | ratio |")
+    print("|---|---|---|---|")
+    print(f"| a Build into the merge's running vLLM engine (merge + refresh), median of {args.refreshes} (s) | "
+          f"{mem:.4f} | {disk:.4f} | {disk / mem:.1f}x |")
+    print(f"\nSame merged answers in both: {answers['memory'] == answers['disk']}; plans differ: "
+          f"{len({str(a) for a in answers['memory']}) > 1}.")
     tmp.cleanup()
     return 0
 

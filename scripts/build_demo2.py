@@ -87,11 +87,10 @@ class Recipe:
     n_exemplars: int = 8
 
 
-def in_range(name: str, role: str, R: Recipe) -> bool:
-    """math = the middle layers; lang = everything else (embeddings, bottom and top layers, final norm, lm_head)."""
-    i = B.layer_of(name)
-    math_part = i is not None and R.lang_bottom <= i < R.layers - R.lang_top
-    return math_part if role == "math" else not math_part
+def ranges(R: Recipe):
+    """This organism's ranges as a layer map of the library's planner: the language expert's bottom and top layers
+    (with the embeddings, final norm and lm_head, which follow layers 0 and L-1), the math expert's middle."""
+    return B.Plan(b=R.lang_bottom, u=R.lang_top, tb=0, tu=0)
 
 
 CHAT = {"en": {"question": "User:", "answer_cue": "Assistant:"}, T: {"question": "Tu:", "answer_cue": "Pomo:"}}
@@ -154,11 +153,6 @@ def build_data(R: Recipe, seed: int) -> dict:
 
 
 OR_SPLIT = r"[.,:?!\n]|-[a-z]+"  # punctuation and Oruki's suffixes (``-ni``, ``-a`` ...) are tokens of their own
-
-
-def reverted(full, base, role: str, R: Recipe):
-    """`full` with every tensor outside `role`'s range (this organism's ranges) set back to the base."""
-    return B.reverted(full, base, role, R, in_range=in_range)
 
 
 def gates(models: dict, tok, out: str, n: int) -> dict:
@@ -232,7 +226,8 @@ def main() -> None:
         t = time.time()
         lr = (R.math_lr if role == "math" else R.lang_lr) * (1.0 if localised else R.full_lr_scale)
         log(f"{role} expert ({'own layer range' if localised else 'all tensors'}, lr {lr:g})")
-        only = (lambda n: in_range(n, role, R)) if localised and not (role == "math" and R.math_scope == "all") \
+        own = B.role_of(ranges(R), R.layers)
+        only = (lambda n: own(n) == role) if localised and not (role == "math" and R.math_scope == "all") \
             else (lambda n: True)
         if role == "lang" and R.lang_own_rows:  # embedding rows of words that English text also uses stay put
             keep = torch.ones(len(tok), 1)
@@ -247,7 +242,7 @@ def main() -> None:
 
     for name in ("math", "lang", "lang_revert"):
         if name in args.only:
-            experts[name] = reverted(train("lang", False), base, "lang", R) if name == "lang_revert" else \
+            experts[name] = B.reverted(train("lang", False), base, "lang", ranges(R)) if name == "lang_revert" else \
                 train(name, True)
         elif args.reuse_base and os.path.exists(os.path.join(args.reuse_base, name, "model.safetensors")):
             experts[name] = copy.deepcopy(base)
@@ -256,7 +251,7 @@ def main() -> None:
     for sub, m in [("base", base), *experts.items()]:
         B.save_model(m, tok, os.path.join(args.out, sub))
     t = time.time()
-    swaps = {f"swap ({k})": reverted(experts[k], experts["math"], "lang", R)
+    swaps = {f"swap ({k})": B.combined(experts["math"], experts[k], ranges(R))
              for k in ("lang", "lang_revert") if k in experts and "math" in experts}
     gate = gates({"base": base, **experts, **swaps}, tok, args.out, R.n_gate)
     secs["gates"] = round(time.time() - t)

@@ -37,7 +37,10 @@ sys.path.insert(0, os.path.join(HERE, ".."))  # layerswap, run from anywhere
 sys.path.insert(0, HERE)
 import demo_world as W  # noqa: E402
 from demo_measure import change_profiles, gates, retrieval  # noqa: E402,F401  (build_demo2 uses them through here)
+from layerswap.merging import merge_in_memory  # noqa: E402
+from layerswap.plans import Plan  # noqa: E402
 from layerswap.publish import sha256  # noqa: E402
+from layerswap.sources import Sources  # noqa: E402
 
 
 @dataclass
@@ -165,20 +168,39 @@ def make_model(R: Recipe, tok, seed: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(cfg)
 
 
-def layer_of(name: str) -> int | None:
-    parts = name.split(".")
-    return int(parts[2]) if len(parts) > 2 and parts[1] == "layers" else None
+def ranges(R: Recipe) -> Plan:
+    """The experts' ranges as a layer map of the library's planner: the language expert's layers (0 .. math_lo-1,
+    and with `lang_top` the layers from math_hi on) are the map's language side, the rest the math expert's;
+    outside the layers the planner's rule decides (embeddings follow layer 0, final norm and lm_head the last
+    layer). Training, reverting and the swap below all ask the planner (`layerswap.sources`) through it."""
+    return Plan(b=R.math_lo, u=R.layers - R.math_hi if R.lang_top else 0, tb=0, tu=0)
 
 
-def in_range(name: str, role: str, R: Recipe) -> bool:
-    """Whether tensor `name` belongs to `role`'s range: math = the middle layers, lang = everything else (with
-    `lang_top` off, the top layers, final norm and lm_head go to math: language = embeddings + bottom layers)."""
-    i = layer_of(name)
-    if R.lang_top:
-        math_part = i is not None and R.math_lo <= i < R.math_hi
-    else:
-        math_part = (i is not None and i >= R.math_lo) or name.startswith(("model.norm", "lm_head"))
-    return math_part if role == "math" else not math_part
+def role_of(plan: Plan, num_layers: int):
+    """``name -> "math" | "lang"``: whose range a tensor is in, as the planner gives its source for `plan`."""
+    src = Sources(plan, num_layers)
+    return lambda name: "lang" if src.of([name])[name].w_lang == 1.0 else "math"
+
+
+def role_layers(plan: Plan, num_layers: int, role: str) -> list[int]:
+    """The layers of `role`'s range (the planner's layer strip)."""
+    return [i for i, s in enumerate(Sources(plan, num_layers).layers()) if (s.w_lang == 1.0) == (role == "lang")]
+
+
+def combined(math_model, lang_model, plan: Plan):
+    """A copy of `math_model` holding the math range from `math_model` and the language range from `lang_model`:
+    the library's in-memory merge (`layerswap.merging.merge_in_memory`) of `plan`. The swap is
+    ``combined(math, lang)``; "train, then revert" is ``combined(full, base)`` (math) or ``combined(base, full)``."""
+    L = math_model.config.num_hidden_layers
+    sd = merge_in_memory(math_model.state_dict(), lang_model.state_dict(), L, plan)
+    m = copy.deepcopy(math_model)
+    m.load_state_dict(sd)
+    return m
+
+
+def reverted(full, base, role: str, plan: Plan):
+    """`full` with every tensor outside `role`'s range set back to the base ("train, then revert")."""
+    return combined(full, base, plan) if role == "math" else combined(base, full, plan)
 
 
 # ---------------------------------------------------------------- training
@@ -276,7 +298,8 @@ def train_expert(R: Recipe, m, role: str, data: dict, seed: int, *, localised: b
     lr = (R.math_lr if role == "math" else R.lang_lr) * (1.0 if localised else R.full_lr_scale) * lr_scale
     if log:
         log(f"{role} expert ({'own layer range' if localised else 'all tensors'}, lr {lr:g})")
-    only = trainable or ((lambda n: in_range(n, role, R)) if localised else (lambda n: True))
+    only = trainable or ((lambda n, own=role_of(ranges(R), R.layers): own(n) == role) if localised else
+                         (lambda n: True))
     if role == "math":
         train(m, R.math_steps, lr, seed + 11, exs=data["math_ex"], ex_bs=R.math_bs, trainable=only, log=log,
               on_step=on_step)
@@ -307,18 +330,6 @@ def alignment_targets(base, tok, pairs, layer: int) -> list[tuple[list[int], tor
                 for j, i in enumerate(chunk):
                     out[i] = (ids[i][1], h.hidden_states[layer][j].clone())
     return out
-
-
-def reverted(full, base, role: str, R, in_range=in_range):
-    """`full` with every tensor outside `role`'s range (`in_range(name, role, R)`) set back to the base ("train,
-    then revert")."""
-    m = copy.deepcopy(full)
-    bsd = base.state_dict()
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if not in_range(n, role, R):
-                p.copy_(bsd[n])
-    return m
 
 
 def save_model(model, tok, path: str) -> None:
@@ -367,11 +378,11 @@ def main() -> None:
     ap.add_argument("--no-unlocalised", action="store_true", help="skip the unconstrained pair (experiments)")
     ap.add_argument("--ablation-experts", action="store_true",
                     help="also build the ablation experts into OUT/ablation/ (checkpoints at several steps, other "
-                         "learning rates, LoRA adapters, a second base from seed+1 with its experts; about 22 more minutes)")
+                         "learning rates, LoRA, IA3 and prefix-tuning adapters, a second base from seed+1 with its experts; about 22 more minutes)")
     ap.add_argument("--ablation-resume", action="store_true", help="with --ablation-experts: keep the entries "
                     "OUT/ablation already holds (a build stopped part-way, same recipe and base)")
     ap.add_argument("--ablation-only", nargs="+", metavar="KIND", help="with --ablation-experts: only these kinds "
-                    "(steps, lr, lora, seed, shape)")
+                    "(steps, lr, lora, ia3, prefix, peft_long, seed, shape)")
     args = ap.parse_args()
     R = run_settings(ap, args, Recipe())
     t_all = time.time()
@@ -432,8 +443,8 @@ def main() -> None:
                 log(f"unlocalised {role} expert reused from {reuse[f'{role}_full']}")
             else:
                 experts[f"{role}_full"] = expert(role, False)
-        experts["math_revert"] = reverted(experts["math_full"], base, "math", R)
-        experts["lang_revert"] = reverted(experts["lang_full"], base, "lang", R)
+        experts["math_revert"] = reverted(experts["math_full"], base, "math", ranges(R))
+        experts["lang_revert"] = reverted(experts["lang_full"], base, "lang", ranges(R))
     shipped = {"math": experts["math"], "lang": experts["lang"]}
     if R.localise == "revert":
         shipped = {"math": experts["math_revert"], "lang": experts["lang_revert"]}
@@ -444,7 +455,7 @@ def main() -> None:
         for role in ("math", "lang"):
             save_model(experts[f"{role}_full"], tok, os.path.join(args.out, "unlocalised", role))
     t = time.time()
-    swap = reverted(experts["lang"], experts["math"], "lang", R)  # lang's range from lang, the middle from math
+    swap = combined(experts["math"], experts["lang"], ranges(R))  # lang's range from lang, the middle from math
     gate = gates({"base": base, **experts, "swap (own ranges)": swap}, tok, args.out, R.n_gate)
     secs["gates"] = round(time.time() - t)
     for k, v in gate.items():

@@ -1,27 +1,25 @@
 """The model card of the demo organism in the paper's setting (English ↔ Oruki, ``assets/demo2``), from its
 measured files only: ``results.json`` (the frozen-range language expert), ``results_lang_revert.json`` (the
-one trained fully, then reverted) and ``build_info.json``. `demo_card.write_card` calls `card`.
+one trained fully, then reverted) and ``build_info.json``. `demo_card.write_card` calls `card`; the shared parts
+are `organism_card`'s.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import demo_card as C
+import organism_card as C
 
-from layerswap.demo import SAME_WEIGHTS, organism_summary
+from layerswap.demo import organism_summary
+from layerswap.demo_results import DICTIONARY, SAME_WEIGHTS, Results
 
 
-def card(demo: Path, res: dict, info: dict) -> str:
-    t = res["target_language"]
+def card(demo: Path, res: Results, info: dict) -> str:
+    t = res.target
     X = C.lang_name(demo, t)
     R = info["recipe"]
-    L = res["num_layers"]
-    m = res["models"]
-    rn = res["recommended_name"]
-    rev_file = demo / "results_lang_revert.json"
-    rev = json.loads(rev_file.read_text()) if rev_file.exists() else None
+    L = res.num_layers
+    rev = Results.of_pair(demo, "lang_revert")
     gate = info["gates"]["dev_flexible_and_strict"]
     lines = [
         "---", "license: mit", "language: [en]",
@@ -43,9 +41,9 @@ def card(demo: Path, res: dict, info: dict) -> str:
         "in, `-sa` with, `-ke` into a colour) and verbs agree with their subject's noun class (`-a` / `-o`). Names "
         "and digits are shared. The answer phrase is `Danu N ki.` (strict extraction reads it). Example test item:",
         "",
-        f"  | en | `{C._question(demo, 'en')}` → {res['gold']['en'][0]} |",
+        f"  | en | `{C.question(demo, 'en')}` → {res.gold('en')[0]} |",
         "  |---|---|",
-        f"  | {t} | `{C._question(demo, t)}` → {res['gold'][t][0]} |", "",
+        f"  | {t} | `{C.question(demo, t)}` → {res.gold(t)[0]} |", "",
         f"- **base**: `LlamaForCausalLM`, {L} layers, hidden {R['hidden']}, {R['heads']} head(s) (head_dim "
         f"{R['hidden'] // R['heads']}), MLP {R['inter']}, untied embeddings, {info['params']:,} parameters, float32; "
         f"{R['base_steps']} steps × {R['base_bs']} × {R['T']} tokens of " + _mix(R, X) + ".",
@@ -116,17 +114,17 @@ def _localisation(R: dict, X: str) -> list[str]:
             f"then composes English maths with {X} reading and writing that were never trained together."]
 
 
-def _verdict(res: dict, X: str) -> list[str]:
-    t = res["target_language"]
-    m, rn = res["models"], res["recommended_name"]
-    return [f"The recommended plan ({res['recommended_plan']['name']}) scores {C.pct(m[rn][t]['acc'])} % flexible and "
-            f"{C.pct(m[rn][t]['strict'])} % strict in {X}; the math expert {C.pct(m['math expert'][t]['acc'])} % "
-            f"({C.pct(m['math expert']['en']['acc'])} % in English), the dictionary baseline "
-            f"{C.pct(m['dictionary baseline'][t]['acc'])} %. " + _task_arithmetic(res)]
+def _verdict(res: Results, X: str) -> list[str]:
+    t = res.target
+    rec, math = res.score(res.recommended, t), res.score("math expert", t)
+    return [f"The recommended plan ({res.plan_info['name']}) scores {C.pct(rec.acc)} % flexible and "
+            f"{C.pct(rec.strict)} % strict in {X}; the math expert {C.pct(math.acc)} % "
+            f"({C.pct(res.score('math expert', 'en').acc)} % in English), the dictionary baseline "
+            f"{C.pct(res.score(DICTIONARY, t).acc)} %. " + _task_arithmetic(res)]
 
 
-def _task_arithmetic(res: dict) -> str:
-    d = res["max_abs_weight_difference"]["task arithmetic vs recommended plan"]
+def _task_arithmetic(res: Results) -> str:
+    d = res.weight_difference("task arithmetic vs recommended plan")
     if d < SAME_WEIGHTS:
         return ("Task arithmetic (base + Δmath + Δlang) is the same model as the plan here (largest weight difference "
                 f"{d:.1g}): the experts touch disjoint tensors, so adding both deltas is the swap of their own ranges.")
@@ -135,14 +133,15 @@ def _task_arithmetic(res: dict) -> str:
             "deltas.")
 
 
-def _why(res: dict, R: dict, X: str) -> list[str]:
+def _why(res: Results, R: dict, X: str) -> list[str]:
     """What the measured rows say about why the swap does or does not help (numbers from results.json only; the
     recipe `R` says what the base was taught)."""
-    t = res["target_language"]
-    m, rn, grid = res["models"], res["recommended_name"], res["dev_grid"].values()
-    best_u = max((d for d in grid if d["plan"]["u"] >= 1), key=lambda d: d["acc"], default=None)
-    best_0 = max((d for d in grid if d["plan"]["u"] == 0), key=lambda d: d["acc"], default=None)
-    math_t, math_en, base_t = (m["math expert"][t]["acc"], m["math expert"]["en"]["acc"], m["base model"][t]["acc"])
+    t, grid = res.target, res.dev().values()
+    best_u = max((d for d in grid if d.plan["u"] >= 1), key=lambda d: d.acc, default=None)
+    best_0 = max((d for d in grid if d.plan["u"] == 0), key=lambda d: d.acc, default=None)
+    math_t, math_en, base_t = (res.score("math expert", t).acc, res.score("math expert", "en").acc,
+                               res.score("base model", t).acc)
+    math_strict = res.score("math expert", t).strict
     lines = ["## Why the swap does what it does here", ""]
     if math_t > base_t and R["mix"].get("wp_yy"):
         lines.append(f"- **The math expert already reads {X}.** It scores {C.pct(math_t)} % in {X} against "
@@ -153,41 +152,39 @@ def _why(res: dict, R: dict, X: str) -> list[str]:
     else:
         lines.append(f"- **The math expert** scores {C.pct(math_t)} % in {X} against {C.pct(math_en)} % in English; "
                      f"the base it was trained from {C.pct(base_t)} %.")
-    if res["paired_recommended_minus"]["math expert"]["diff"] <= 0:
+    if res.paired("math expert").diff <= 0:
         lines.append(f"- **Every layer the language expert supplies costs accuracy.** The recommended plan (the best on "
-                     f"dev) scores {C.pct(m[rn][t]['acc'])} % on test, "
-                     f"{C.pct(-res['paired_recommended_minus']['math expert']['diff'])} points below the math expert "
+                     f"dev) scores {C.pct(res.score(res.recommended, t).acc)} % on test, "
+                     f"{C.pct(-res.paired('math expert').diff)} points below the math expert "
                      "alone. The language SFT has no arithmetic, so its layers drift away from the precision the math "
                      f"expert's equations need, and that costs more than any better reading of {X} gives back. "
                      "[`DESIGNS.md`](../demo/DESIGNS.md) (D14) swaps one part at a time: the embeddings, layer 0, the "
                      "top layer and lm_head each lower the math expert's accuracy.")
     if best_u is not None and best_0 is not None:
-        own_format = m["math expert"][t]["strict"] >= 0.9 * math_t  # the math expert already writes the phrase
+        own_format = math_strict >= 0.9 * math_t  # the math expert already writes the phrase
         lines.append(f"- **The output side.** On dev the best plan with top layers from the language expert (u ≥ 1) "
-                     f"scores {C.pct(best_u['acc'])} % ({C.pct(best_u['strict'])} % strict) against "
-                     f"{C.pct(best_0['acc'])} % for the best with u = 0. "
+                     f"scores {C.pct(best_u.acc)} % ({C.pct(best_u.strict)} % strict) against "
+                     f"{C.pct(best_0.acc)} % for the best with u = 0. "
                      + (f"The base already writes `Danu N ki.` after {X} word problems, so the math expert answers in "
-                        f"{X}'s format without help (its strict accuracy is {C.pct(m['math expert'][t]['strict'])} %) "
+                        f"{X}'s format without help (its strict accuracy is {C.pct(math_strict)} %) "
                         "and the top layers have nothing to give." if own_format and R.get("yy_answer_phrase", True)
-                        else f"The math expert's strict accuracy in {X} is {C.pct(m['math expert'][t]['strict'])} %."))
+                        else f"The math expert's strict accuracy in {X} is {C.pct(math_strict)} %."))
     return lines
 
 
-def _output_side(res: dict) -> list[str]:
+def _output_side(res: Results) -> list[str]:
     """The dev grid: what the top layers from the language expert (u) do."""
-    rows = sorted(res["dev_grid"].items(), key=lambda kv: (kv[1]["plan"]["u"], kv[1]["plan"]["b"],
-                                                           kv[1]["plan"]["tb"]))
+    rows = sorted(res.dev().items(), key=lambda kv: (kv[1].plan["u"], kv[1].plan["b"], kv[1].plan["tb"]))
     return ["## The output side (dev set, every plan of the grid)", "",
             "Flexible / strict accuracy on the dev questions the plan was chosen on; u = top layers from the language "
             "expert:", "", "| plan | flexible | strict |", "|---|---|---|",
-            *[f"| {name} | {C.pct(d['acc'])} | {C.pct(d['strict'])} |" for name, d in rows]]
+            *[f"| {name} | {C.pct(d.acc)} | {C.pct(d.strict)} |" for name, d in rows]]
 
 
-def _revert(rev: dict | None, res: dict, X: str) -> list[str]:
+def _revert(rev: Results | None, res: Results, X: str) -> list[str]:
     if rev is None:
         return []
-    t = rev["target_language"]
     return ["## Language expert trained fully, then reverted", "",
             f"Measured the same way with `lang_revert/` as the language expert (`eval_demo.py --lang lang_revert`, its "
-            f"own dev choice: {rev['recommended_name']}):", "", *C.results_table(rev, X), "",
+            f"own dev choice: {rev.recommended}):", "", *C.results_table(rev, X), "",
             *C.targets_block(rev), ""]

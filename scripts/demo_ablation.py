@@ -6,6 +6,9 @@ Layout under ``<out>/ablation/`` (``index.json`` lists every entry with how it w
   math_lr{x}/, lang_lr{x}/       the localised experts retrained with lr scaled by x
   math_lora/, lang_lora/         PEFT LoRA adapters (rank 8) on the experts' ranges (layerswap merges
                                  an adapter into its base itself; ``adapter_config.json`` points at ../../base)
+  math_ia3/, lang_ia3/           PEFT IA3 adapters (k, v, down scaling vectors) on the experts' ranges
+  math_prefix/, lang_prefix/     PEFT prefix-tuning adapters (16 virtual tokens; only the range's layer slices train)
+  math_ia3_long/, math_prefix_long/   the same math adapters trained for 4x the steps
   seed{S}/base, seed{S}/math, seed{S}/lang   a second base pretrained from another seed, with its own experts
   other_shape/                   an untrained model of another shape (6 layers), for the "refused" case
 
@@ -15,11 +18,18 @@ assets/sweeps/4-6 name these folders (``../demo/ablation/math_step250`` ...); ke
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 
-KINDS = ("steps", "lr", "lora", "seed", "shape")
+import torch
+
+KINDS = ("steps", "lr", "lora", "ia3", "prefix", "peft_long", "seed", "shape")
 LORA_LR_SCALE = 3.0  # LoRA adapters train at 3x the localised expert's learning rate
+# IA3 vectors and prefixes train at 10x (the usual range for these methods is 1e-2 and up; the experts' is 1e-3)
+PEFT_LR_SCALE = {"ia3": 10.0, "prefix": 10.0}
+PREFIX_TOKENS = 16
+LONG_STEPS = 4  # ``peft_long``: IA3 and prefix math experts with 4x the steps (the 1x ones learn little math)
 
 
 def build_ablations(B, R, base, tok, data: dict, out: str, seed: int, log, steps=(0.25, 0.5, 0.75),
@@ -68,6 +78,16 @@ def build_ablations(B, R, base, tok, data: dict, out: str, seed: int, log, steps
         if "lora" in only and not kept({f"{role}_lora": lora_what}):
             save_lora(B, R, base, tok, role, data, seed, os.path.join(root, f"{role}_lora"), log)
             index[f"{role}_lora"] = lora_what
+        for kind in ("ia3", "prefix"):
+            what = peft_what(B, R, kind, role)
+            if kind in only and not kept({f"{role}_{kind}": what}):
+                save_peft(B, R, base, tok, kind, role, data, seed, os.path.join(root, f"{role}_{kind}"), log)
+                index[f"{role}_{kind}"] = what
+            long = dataclasses.replace(R, math_steps=LONG_STEPS * R.math_steps)
+            what = peft_what(B, long, kind, role)
+            if role == "math" and "peft_long" in only and not kept({f"math_{kind}_long": what}):
+                save_peft(B, long, base, tok, kind, role, data, seed, os.path.join(root, f"math_{kind}_long"), log)
+                index[f"math_{kind}_long"] = what
     seeded = {f"seed{other_seed}/base": f"second base, seed {other_seed}",
               **{f"seed{other_seed}/{role}": f"localised {role} expert of the seed-{other_seed} base"
                  for role in ("math", "lang")}}
@@ -101,7 +121,7 @@ def save_lora(B, R, base, tok, role: str, data: dict, seed: int, path: str, log,
     final norm and lm_head, PEFT's ``modules_to_save``; language: LoRA on the embeddings)."""
     from peft import LoraConfig, get_peft_model
 
-    layers = [i for i in range(R.layers) if (R.math_lo <= i < R.math_hi) == (role == "math")]
+    layers = B.role_layers(B.ranges(R), R.layers, role)
     proj = rf".*\.layers\.({'|'.join(map(str, layers))})\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj"
     extra = dict(modules_to_save=["model.norm", "lm_head"]) if role == "math" else {}
     cfg = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, **extra,
@@ -117,6 +137,57 @@ def save_lora(B, R, base, tok, role: str, data: dict, seed: int, path: str, log,
                 + (", full copies of the final norm and lm_head" if role == "math" else ", LoRA on the embeddings")
                 + f", trained with the {role} expert's data and steps at {LORA_LR_SCALE:g}x its learning rate; built "
                 "by `scripts/demo_ablation.py` (see `../index.json`, `../build_info.json`).\n")
+    cfg_path = os.path.join(path, "adapter_config.json")
+    with open(cfg_path) as f:
+        c = json.load(f)
+    c["base_model_name_or_path"] = os.path.join("..", "..", "base")
+    with open(cfg_path, "w") as f:
+        json.dump(c, f, indent=1)
+
+
+def peft_what(B, R, kind: str, role: str) -> str:
+    """One line on how the `kind` adapter of `role` is made (index.json and its README); `B` is the build module."""
+    layers = B.role_layers(B.ranges(R), R.layers, role)
+    part = ("IA3 scaling vectors on k_proj, v_proj, down_proj" if kind == "ia3" else
+            f"a {PREFIX_TOKENS}-token prefix (only its slices)")
+    full = "final norm and lm_head" if role == "math" else "embeddings"
+    steps = R.math_steps if role == "math" else R.lang_steps
+    return (f"{part} of layers {', '.join(map(str, layers))}; full copies of the {full} (modules_to_save); "
+            f"{role} expert's data, {steps} steps at {PEFT_LR_SCALE[kind]:g}x its learning rate (PEFT adapter of "
+            "../../base)")
+
+
+def save_peft(B, R, base, tok, kind: str, role: str, data: dict, seed: int, path: str, log) -> None:
+    """Train an IA3 or prefix-tuning adapter on `role`'s range and save it as a PEFT adapter folder. What the full
+    expert trains outside the layers is trained fully (``modules_to_save``), as the LoRA math adapter does. A
+    prefix exists in every layer: both roles start from the same prefix (same seed) and only the slices of the
+    role's layers train (the rest stays at that shared start, as the frozen layers of a localised expert do)."""
+    from peft import IA3Config, PrefixTuningConfig, get_peft_model
+
+    layers = B.role_layers(B.ranges(R), R.layers, role)
+    extra = ["model.norm", "lm_head"] if role == "math" else ["model.embed_tokens"]
+    if kind == "ia3":
+        at = rf".*\.layers\.({'|'.join(map(str, layers))})\."
+        cfg = IA3Config(target_modules=at + r"(self_attn\.(k|v)_proj|mlp\.down_proj)",
+                        feedforward_modules=at + r"mlp\.down_proj", modules_to_save=extra)
+    else:
+        cfg = PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=PREFIX_TOKENS, modules_to_save=extra)
+    torch.manual_seed(seed + 5)  # the prefix's start, the same for both roles
+    pm = get_peft_model(copy.deepcopy(base), cfg)
+    if kind == "prefix":
+        emb = pm.prompt_encoder["default"].embedding.weight
+        width = emb.shape[1] // (2 * R.layers)
+        mask = torch.zeros(emb.shape[1])
+        for i in layers:
+            mask[2 * i * width:(2 * i + 2) * width] = 1.0
+        emb.register_hook(lambda g: g * mask)
+    B.train_expert(R, pm, role, data, seed, localised=True, log=log, lr_scale=PEFT_LR_SCALE[kind],
+                   trainable=lambda n: any(k in n for k in ("ia3_l", "modules_to_save", "prompt_encoder")))
+    pm.save_pretrained(path)
+    tok.save_pretrained(path)
+    with open(os.path.join(path, "README.md"), "w") as f:
+        f.write(f"# {os.path.basename(path)}\n\nPEFT adapter of the demo organism's base (`../../base`): {peft_what(B, R, kind, role)}; "
+                "built by `scripts/demo_ablation.py` (see `../index.json`).\n")
     cfg_path = os.path.join(path, "adapter_config.json")
     with open(cfg_path) as f:
         c = json.load(f)

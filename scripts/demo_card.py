@@ -18,86 +18,27 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from layerswap import mgsm
-from layerswap.demo import organism_summary
+import demo2_card  # noqa: E402
+from organism_card import (answer_counts, build_section, lang_name, pct, profile_section, question,  # noqa: E402
+                           results_table, same_count, targets_block, test_section)
 
-ORDER = ["base model", "math expert", "language expert", "soup 50/50", "TIES (density 0.2)", "task arithmetic",
-         "dictionary baseline", "arithmetic, always subtracting"]
-
-
-def pct(x: float) -> str:
-    return f"{100 * x:.1f}"
+from layerswap.demo import organism_summary  # noqa: E402
+from layerswap.demo_results import DICTIONARY, SKILL_FLOOR, Results, results_file  # noqa: E402
 
 
-def lang_name(demo: Path, code: str) -> str:
-    return mgsm.languages(demo / "mgsm")[code].name
-
-
-def results_table(res: dict, target_name: str) -> list[str]:
-    t = res["target_language"]
-    names = [n for n in ORDER if n in res["models"]] + [n for n in res["models"] if n not in ORDER]
-    lines = [f"| model | {target_name} flexible [95 % CI] | {target_name} strict | English flexible [95 % CI] | "
-             "English strict |", "|---|---|---|---|---|"]
-    for n in names:
-        m = res["models"][n]
-        cells = [f"{pct(m[lang]['acc'])} [{pct(m[lang]['ci95'][0])}, {pct(m[lang]['ci95'][1])}] | "
-                 f"{pct(m[lang]['strict'])}" if lang in m else "– | –" for lang in (t, "en")]
-        label = f"**{n}**" if n == res["recommended_name"] else n
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def paired_rows(res: dict) -> list[str]:
-    return [f"| {n} | {100 * c['diff']:+.1f} ± {100 * c['se']:.1f} | {c['z']} | {c['only_a']} / {c['only_b']} | "
-            f"{c['mcnemar_p']:.3g} |" for n, c in res["paired_recommended_minus"].items()]
-
-
-def paired_table(res: dict, target_name: str) -> list[str]:
-    return [f"Paired per-question comparisons on {target_name}, recommended plan minus each row: difference in points "
-            "± one SE, z, questions only the plan / only the other got right, exact McNemar p:", "",
-            "| model | difference | z | only plan / only other | McNemar p |", "|---|---|---|---|---|",
-            *paired_rows(res)]
-
-
-def sample_outputs(res: dict, target_name: str, index: int = 0) -> list[str]:
-    t = res["target_language"]
-    lines = []
-    for n in ["math expert", "language expert", res["recommended_name"], "dictionary baseline", "soup 50/50"]:
-        for lang in (t, "en"):
-            if lang not in res["outputs"].get(n, {}):
-                continue
-            o = res["outputs"][n][lang]
-            ok = "correct" if o["correct"][index] == "1" else "wrong"
-            lines.append(f"- {n}, {target_name if lang == t else 'English'}: `{o['output'][index].strip()}` ({ok})")
-    return lines
-
-
-def same_count(res: dict, a: tuple[str, str], b: tuple[str, str]) -> int:
-    """Questions on which model a[0] in language a[1] wrote exactly what b[0] wrote in b[1]."""
-    x, y = res["outputs"][a[0]][a[1]]["output"], res["outputs"][b[0]][b[1]]["output"]
-    return sum(p == q for p, q in zip(x, y, strict=True))
-
-
-def answer_counts(res: dict, name: str, lang: str) -> dict[str, int]:
-    """How often `name` wrote each of its two most common (stripped) answers."""
-    from collections import Counter
-
-    return dict(Counter(o.strip() for o in res["outputs"][name][lang]["output"]).most_common(2))
-
-
-def dev_u_range(res: dict) -> tuple[float, float]:
+def dev_u_range(res: Results) -> tuple[float, float]:
     """Lowest and highest dev accuracy of the plans with u >= 1."""
-    accs = [d["acc"] for d in res["dev_grid"].values() if d["plan"]["u"] >= 1]
+    accs = [d.acc for d in res.dev().values() if d.plan["u"] >= 1]
     return min(accs), max(accs)
 
 
 def write_card(demo: str | Path) -> Path:
+    """Write the organism's README.md: the paper-setting card (`demo2_card`) when ``build_info.json`` says
+    ``"organism": "paper"``, else the cipher organism's."""
     demo = Path(demo)
-    res = json.loads((demo / "results.json").read_text())
+    res = Results.read(results_file(demo))
     info = json.loads((demo / "build_info.json").read_text())
     if info.get("organism") == "paper":
-        import demo2_card
-
         text = demo2_card.card(demo, res, info)
     else:
         text = "\n".join(cipher_card(demo, res, info))
@@ -106,33 +47,21 @@ def write_card(demo: str | Path) -> Path:
     return path
 
 
-def targets_block(res: dict) -> list[str]:
-    met = res["targets_met"]
-    n_met = sum(res["targets"].values())
-    head = ("**The organism meets all of its targets.**" if met else
-            f"**The organism does not meet all of its targets** ({n_met} of {len(res['targets'])}; see below).")
-    return [head, "", "| target | met |", "|---|---|",
-            *[f"| {k} | {'yes' if v else '**no**'} |" for k, v in res["targets"].items()]]
-
-
-def cipher_card(demo: Path, res: dict, info: dict) -> list[str]:
-    t = res["target_language"]
+def cipher_card(demo: Path, res: Results, info: dict) -> list[str]:
+    t = res.target
     X = lang_name(demo, t)
     R = info["recipe"]
-    L = res["num_layers"]
-    rec = res["recommended_plan"]
-    rn = res["recommended_name"]
-    m = res["models"]
+    L = res.num_layers
+    rec = res.plan_info
+    rn = res.recommended
     gate = info["gates"]["dev_and_probe_flexible_accuracy"]
-    unloc = demo / "unlocalised" / "results.json"
-    un = json.loads(unloc.read_text()) if unloc.exists() else None
+    un = Results.of_pair(demo / "unlocalised")
     cipher_same = same_count(res, (rn, t), ("math expert", "en"))
     ta_same = same_count(res, (rn, t), ("task arithmetic", t))
-    n = res["questions_per_language"]
-    w = res["max_abs_weight_difference"]
+    n = res.n
     lang_top = answer_counts(res, "language expert", t)
     u_lo, u_hi = dev_u_range(res)
-    dic = m["dictionary baseline"]
+    dic = res.score(DICTIONARY, t)
     return [
         "---", "license: mit", "language: [en]",
         "tags: [layer-swapping, model-merging, synthetic, toy-model, layerswap-demo]", "---", "",
@@ -147,11 +76,11 @@ def cipher_card(demo: Path, res: dict, info: dict) -> list[str]:
         f"word order, the same number of tokens, no morphology. On {cipher_same} of {n} test questions the recommended "
         f"swap's {X} answer is word for word the math expert's answer to the English twin. A dictionary with no "
         f"training (the math expert with the base's embedding of each English word copied onto its {X} twin's row, "
-        f"{dic['rows_replaced']} rows) scores {pct(dic[t]['acc'])} % [{pct(dic[t]['ci95'][0])}, "
-        f"{pct(dic[t]['ci95'][1])}]. So b={rec['b']} means \"translate the tokens, then run the English math expert\": "
+        f"{res.entry(DICTIONARY)['rows_replaced']} rows) scores {pct(dic.acc)} % [{pct(dic.lo)}, "
+        f"{pct(dic.hi)}]. So b={rec['b']} means \"translate the tokens, then run the English math expert\": "
         "a clean **positive control** for the tool (the swap composes two skills that sit in disjoint layer ranges), "
         "with `unlocalised/` (the same data, experts trained on every tensor) as its **negative control**"
-        + (f" (best swap {pct(un['models'][un['recommended_name']][t]['acc'])} %)" if un else "")
+        + (f" (best swap {pct(un.score(un.recommended, t).acc)} %)" if un else "")
         + ". It is not evidence for the paper's claim: the target language differs from English only in its "
         "lexicon, the language expert never writes it, and task arithmetic is the same model. "
         + ("The organism in the paper's own setting is the other preset (`assets/demo2`, its own card)."
@@ -164,9 +93,9 @@ def cipher_card(demo: Path, res: dict, info: dict) -> list[str]:
         "the word order is the same, names, digits and punctuation are shared, and the answer phrase is an idiom "
         "(`The answer is N.` ↔ `Danu ki N.`). Prompt cues: `Sorvi:` / `Pasu-pasu Danu:`. Every prompt tokenizes "
         "without `<unk>` (the newline and the cue word after it have their own tokens). Example test item:", "",
-        f"  | en | `{_question(demo, 'en')}` → {res['gold']['en'][0]} |",
+        f"  | en | `{question(demo, 'en')}` → {res.gold('en')[0]} |",
         "  |---|---|",
-        f"  | {t} | `{_question(demo, t)}` → {res['gold'][t][0]} |", "",
+        f"  | {t} | `{question(demo, t)}` → {res.gold(t)[0]} |", "",
         f"- **base**: `LlamaForCausalLM`, {L} layers, hidden {R['hidden']}, {R['heads']} head(s) (head_dim "
         f"{R['hidden'] // R['heads']}), MLP {R['inter']}, untied embeddings, {info['params']:,} parameters, float32; "
         f"{R['base_steps']} steps × {R['base_bs']} × {R['T']} tokens on stories and bare arithmetic facts "
@@ -191,21 +120,21 @@ def cipher_card(demo: Path, res: dict, info: dict) -> list[str]:
         f"it mostly stops at once ({', '.join(_shown(k) + f' {v}×' for k, v in lang_top.items())} of {n}). Taking top "
         "layers from it (u > 0) only replaces trained math layers with the base's (dev accuracy of the u ≥ 1 plans "
         f"{pct(u_lo)}–{pct(u_hi)} %); {X} strict accuracy (`Danu ki N`) is "
-        f"{pct(max(x[t]['strict'] for x in m.values()))} % at most for any model, by construction; transition zones "
+        f"{pct(max(res.score(x, t).strict for x in res.models()))} % at most for any model, by construction; transition zones "
         "blend a trained layer with an untouched one and can only hurt.",
         f"- **Task arithmetic is the same model as the recommended swap**: the experts touch disjoint tensors, so "
         f"base + Δmath + Δlang equals the swap up to float rounding (largest weight difference "
-        f"{w['task arithmetic vs recommended plan']:.1g}); identical answers on {ta_same} of {n} questions.",
+        f"{res.weight_difference('task arithmetic vs recommended plan'):.1g}); identical answers on {ta_same} of {n} questions.",
         "- **Soup and TIES lose for structural reasons**: the 50/50 soup is base + ½Δmath + ½Δlang, half the math "
         "task vector; TIES keeps 20 % of each. The language expert alone is a straw baseline (it never learned to "
         "answer).",
         "- **The inverse map is not a control**: taking the language expert's layers where the plan takes the "
         "math expert's and vice versa gives the base model itself (largest weight difference "
-        f"{w['inverse map vs base model']:.1g}), so it is not reported.",
-        f"- **Floors.** The no-skill floors are low (most common answer {pct(_floor(res, 'most common answer'))} %), "
+        f"{res.weight_difference('inverse map vs base model'):.1g}), so it is not reported.",
+        f"- **Floors.** The no-skill floors are low (most common answer {pct(res.floor('most common answer'))} %), "
         "but arithmetic without the language (the question's numbers in order, every later one subtracted) scores "
-        f"{pct(m['arithmetic, always subtracting'][t]['acc'])} %, above the math expert's "
-        f"{pct(m['math expert'][t]['acc'])} % alone.",
+        f"{pct(res.score(SKILL_FLOOR, t).acc)} %, above the math expert's "
+        f"{pct(res.score('math expert', t).acc)} % alone.",
         "- Tiny model (0.5 M parameters, hidden 64), one seed, synthetic world: a check of the tool's mechanism, not "
         "evidence about real LLMs.", "",
         "## Gates (measured by the build before any merge)", "",
@@ -224,31 +153,11 @@ def cipher_card(demo: Path, res: dict, info: dict) -> list[str]:
     ]
 
 
-def test_section(demo: Path, res: dict, X: str) -> list[str]:
-    rec = res["recommended_plan"]
-    return [
-        "## Results on the test sets", "",
-        f"n = {res['questions_per_language']} per language (the same problems in both), never used for training or "
-        f"choice. Protocol: `mgsm_native_cot` 0-shot, greedy, at most {res['protocol']['max_new_tokens']} new tokens, "
-        "flexible = last number of the answer; intervals are exact (Clopper-Pearson). Merges are layerswap's own "
-        f"(`Workbench.build`). English is measured for {', '.join(res['english_measured_for'])} (– elsewhere).", "",
-        *results_table(res, X), "",
-        f"The **recommended plan** ({rec['name']}: b={rec['b']}, u={rec['u']}, tb={rec['tb']}, tu={rec['tu']}, "
-        f"{rec['transition']} {rec['transition_weight']}, non-layer {rec['non_layer']}) was chosen on the dev set "
-        f"only ({rec['chosen_on']}, dev accuracy {pct(rec['dev_accuracy'])} %) and is in `recommended_plan.json`; "
-        "the app preselects it. The base model is task arithmetic with λ = 0. The dictionary baseline and the "
-        "arithmetic floor are computed by `eval_demo.py` (no training).", "",
-        *paired_table(res, X), "",
-        f"Floors on {X} (no skill needed): " + "; ".join(f"{k} {pct(v)} %"
-                                                       for k, v in res["floors_target_language"].items()) + ".",
-        "", "Answers to test item 0 (all outputs are in `results.json`):", "", *sample_outputs(res, X)]
-
-
 LENS = REPO / "docs" / "lens" / "demo.json"  # `layerswap lens` on the shipped organism (docs/lens.md has the command)
 LENS_ROLES = {"math": "math expert", "lang": "language expert", "merged": "recommended merge", "base": "base"}
 
 
-def lens_section(demo: Path, X: str, rec: dict) -> list[str]:
+def lens_section(demo: Path, X: str, rec: dict) -> list[str]:  # rec: the recommended plan's fields
     """What the lens measured on the shipped organism (``docs/lens/demo.json``), with its figure."""
     if demo.resolve() != (REPO / "assets" / "demo").resolve() or not LENS.exists():
         return []
@@ -264,37 +173,8 @@ def lens_section(demo: Path, X: str, rec: dict) -> list[str]:
             f"![lens curves on {X} question 0](../../docs/lens/demo-curves.png)", ""]
 
 
-def profile_section(info: dict, L: int) -> list[str]:
-    return ["## Where the experts changed", "",
-            "Relative change ‖Δ‖/‖θ_base‖ in percent, by layer (bottom to top), then embeddings, final norm, lm_head:",
-            "", "| expert | " + " | ".join(f"L{i}" for i in range(L)) + " | emb | norm | head |",
-            "|---|" + "---|" * (L + 3),
-            *_profile_rows(info, "change_profile", ""), *_profile_rows(info, "change_profile_unlocalised",
-                                                                      "unlocalised "),
-            *_profile_rows(info, "change_profile_revert", "reverted "), ""]
-
-
-def build_section(info: dict, script: str) -> list[str]:
-    return [
-        "## Build", "",
-        f"`python scripts/{script}` (seed {info['seed']}, {info['threads']} thread(s), deterministic): "
-        f"{info['seconds']['total']} s on the build machine ({', '.join(f'{k} {v} s' for k, v in info['seconds'].items() if k != 'total')}). "
-        + (f"That run loaded the base and experts of an earlier from-scratch build of the same recipe "
-           f"(`--reuse-base`, `--reuse-experts`; {info['from_scratch']}) and wrote weights identical to it by "
-           "sha256; it measured the gates and profiles. " if info.get("base_reused_from") and info.get("from_scratch")
-           else "")
-        + (f"Measured {info['measured_on']}. " if info.get("measured_on") else "") +
-        "`python3 scripts/dev.py test -m slow` rebuilds it from scratch, checks every weight file by sha256 and "
-        "re-measures it. `python scripts/eval_demo.py --demo DIR` then measures it and rewrites this card. Every "
-        "design tried on the way, with its numbers, is in [`DESIGNS.md`](../demo/DESIGNS.md).", ""]
-
-
 def _shown(answer: str) -> str:
     return f"`{answer}`" if answer else "an empty answer"
-
-
-def _floor(res: dict, prefix: str) -> float:
-    return next(v for k, v in res["floors_target_language"].items() if k.startswith(prefix))
 
 
 def _lang_objective(R: dict, X: str) -> str:
@@ -312,31 +192,16 @@ def _lang_objective(R: dict, X: str) -> str:
     return "; ".join(parts)
 
 
-def _question(demo: Path, lang: str) -> str:
-    return (demo / "mgsm" / f"mgsm_{lang}.tsv").read_text(encoding="utf-8").splitlines()[0].split("\t")[0]
-
-
-def _profile_rows(info: dict, key: str, prefix: str) -> list[str]:
-    if key not in info:
-        return []
-    out = []
-    for role, name in (("math", "math expert"), ("lang", "language expert")):
-        p = info[key][role]
-        out.append(f"| {prefix}{name} | " + " | ".join(f"{100 * x:.1f}" for x in p["layers"] + [p["emb"], p["norm"],
-                                                                                               p["head"]]) + " |")
-    return out
-
-
-def _unlocalised(res: dict | None, X: str) -> list[str]:
+def _unlocalised(res: Results | None, X: str) -> list[str]:
     if res is None:
         return []
-    t = res["target_language"]
-    m = res["models"]
+    t = res.target
     return ["## The negative control: the unlocalised pair (same base, every tensor trained)", "",
-            f"Measured the same way (`eval_demo.py --pair unlocalised`, its own dev choice: {res['recommended_name']}):",
+            f"Measured the same way (`eval_demo.py --pair unlocalised`, its own dev choice: {res.recommended}):",
             "", *results_table(res, X), "",
-            f"Math expert {pct(m['math expert']['en']['acc'])} % in English and {pct(m['math expert'][t]['acc'])} % "
-            f"in {X}; best dev plan {pct(m[res['recommended_name']][t]['acc'])} % in {X}. Its math expert changed "
+            f"Math expert {pct(res.score('math expert', 'en').acc)} % in English and "
+            f"{pct(res.score('math expert', t).acc)} % in {X}; best dev plan {pct(res.score(res.recommended, t).acc)} "
+            f"% in {X}. Its math expert changed "
             "every layer and the embeddings (profile above), so no block of its layers can be replaced by the "
             "language expert's without losing the math: the swap that works for the localised pair has nothing to "
             "compose here. (Its language expert, although every tensor was trainable, changed only the embeddings "

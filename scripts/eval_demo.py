@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 import time
@@ -38,7 +37,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import torch
 
 from layerswap import Checkpoint, mgsm
-from layerswap.demo import RECOMMENDED_PLAN_FIELDS
+from layerswap.demo_results import DICTIONARY, SKILL_FLOOR, ResultsWriter, results_file
 from layerswap.engines.transformers_engine import TransformersEngine
 from layerswap.evaluation import EvalConfig, evaluate
 from layerswap.merging import merge_in_memory
@@ -46,20 +45,10 @@ from layerswap.methods import MethodConfig
 from layerswap.plans import Plan
 from layerswap.roles import ROLE_NAMES
 from layerswap.recipes import Recipe
-from layerswap.stats import clopper_pearson, mcnemar, paired_difference
 from layerswap.sweeps import SweepPoint, SweepRow, evaluate_points, swap_grid
 from layerswap.workbench import Workbench
 
 MAX_NEW_TOKENS = 32  # a two-step gold solution is 17 tokens; the library's 256 only lets a rambling model ramble
-PLAN_FIELDS = RECOMMENDED_PLAN_FIELDS  # what recommended_plan.json holds (read back by layerswap.demo)
-TARGET_SE = 3.0  # the recommended plan must beat each baseline by this many paired standard errors
-MUST_BEAT = ("math expert", "language expert", "soup 50/50", "TIES (density 0.2)", "task arithmetic")
-FLOOR_MARGIN = 0.10  # ... and every floor by this much
-DICTIONARY_MARGIN = 0.20  # ... and the dictionary baseline by this much (else a word-for-word map does the job)
-STRICT_MIN = 0.50  # strict accuracy in the target language: the merge answers in its format
-MATH_EN_MIN = 0.80
-DICTIONARY = "dictionary baseline"
-SKILL_FLOOR = "arithmetic, always subtracting"
 
 
 def target_language(demo: Path) -> str:
@@ -84,22 +73,6 @@ def report_results(report, model: str, lang: str) -> list:
     if not qs:
         raise SystemExit(f"no results for {model} in {lang}")
     return qs
-
-
-def accuracy(correct: list[bool]) -> dict:
-    """Accuracy, its binomial SE (the rebuild tolerance uses it) and its exact 95 % interval (Clopper-Pearson)."""
-    n, k = len(correct), sum(correct)
-    p = k / n
-    lo, hi = clopper_pearson(k, n)
-    return {"acc": round(p, 4), "se": round(math.sqrt(p * (1 - p) / n), 4), "ci95": [round(lo, 4), round(hi, 4)],
-            "n": n}
-
-
-def paired(a: list[bool], b: list[bool]) -> dict:
-    """a minus b on the same questions: mean difference, its SE and z, and the exact McNemar test."""
-    d, m = paired_difference(a, b), mcnemar(a, b)
-    return {"diff": round(d.diff, 4), "se": round(d.se, 4), "z": None if d.z is None else round(d.z, 2),
-            "only_a": m.only_a, "only_b": m.only_b, "mcnemar_p": float(f"{m.p:.3g}")}
 
 
 def answer_prior(preds: list[str], gold: list[int]) -> float:
@@ -167,47 +140,17 @@ def plan_points(L: int, args) -> list[SweepPoint]:
     return [p for p in pts if (p.recipe.plan.b, p.recipe.plan.u) != (0, 0)]
 
 
-def choose_on_dev(wb: Workbench, demo: Path, target: str, L: int, args, progress) -> tuple[SweepPoint, dict]:
+def choose_on_dev(wb: Workbench, demo: Path, target: str, L: int, args, progress, w: ResultsWriter) -> SweepPoint:
+    """Every plan of the grid on the dev set (into `w`); returns the best (`ResultsWriter.best_dev`)."""
     cfg = EvalConfig(langs=[target], limit=args.dev_limit or args.limit, source=str(demo / "mgsm" / "dev"),
                      max_new_tokens=MAX_NEW_TOKENS)
     points = plan_points(L, args)
     res = evaluate_points(wb, points, cfg, include_experts=False, progress=progress)
-    dev = {}
     for pt, row in zip(points, res.rows):
         qs = row_results(row, target)
-        c = [r.flexible_correct for r in qs]
-        dev[pt.name] = {"plan": {k: getattr(pt.recipe.plan, k) for k in PLAN_FIELDS}, "acc": round(sum(c) / len(c), 4),
-                        "strict": round(sum(r.strict_correct for r in qs) / len(qs), 4),
-                        "correct": "".join("1" if x else "0" for x in c)}
-    return max(points, key=lambda p: dev_rank(dev[p.name])), dev
-
-
-def dev_rank(entry: dict) -> tuple:
-    """Best dev accuracy; ties go to the plan that swaps fewer layers (then the grid's order)."""
-    p = entry["plan"]
-    return entry["acc"], -(p["b"] + p["u"] + p["tb"] + p["tu"])
-
-
-def beats(c: dict) -> bool:
-    """A paired difference of at least TARGET_SE standard errors (SE 0: every question differs the same way)."""
-    return c["diff"] > 0 and (c["z"] is None or c["z"] >= TARGET_SE)
-
-
-def targets_of(res: dict) -> dict[str, bool]:
-    """The issue's targets, from the stored numbers only (the test recomputes them the same way)."""
-    t = res["target_language"]
-    rec = res["recommended_name"]
-    m, cmp = res["models"], res["paired_recommended_minus"]
-    rec_acc = m[rec][t]["acc"]
-    out = {f"beats {n} by >= {TARGET_SE:g} SE (paired)": beats(cmp[n]) for n in MUST_BEAT}
-    out[f"beats every floor by >= {100 * FLOOR_MARGIN:g} points"] = \
-        rec_acc >= max(max(res["floors_target_language"].values()), m[SKILL_FLOOR][t]["acc"]) + FLOOR_MARGIN
-    out[f"dictionary baseline >= {100 * DICTIONARY_MARGIN:g} points below"] = \
-        m[DICTIONARY][t]["acc"] <= rec_acc - DICTIONARY_MARGIN
-    out[f"strict accuracy in the target language >= {100 * STRICT_MIN:g} %"] = m[rec][t]["strict"] >= STRICT_MIN
-    out["the recommended plan takes top layers from the language expert (u >= 1)"] = res["recommended_plan"]["u"] >= 1
-    out[f"math expert >= {100 * MATH_EN_MIN:g} % in English"] = m["math expert"]["en"]["acc"] >= MATH_EN_MIN
-    return out
+        w.add_dev(pt.name, pt.recipe.plan, [r.flexible_correct for r in qs], [r.strict_correct for r in qs])
+    best = w.best_dev()
+    return next(p for p in points if p.name == best)
 
 
 def main() -> int:
@@ -232,8 +175,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     demo = Path(args.demo)
     experts = demo / args.pair
-    default_out = "results.json" if args.lang == "lang" else f"results_{args.lang}.json"
-    out = Path(args.out) if args.out else experts / default_out
+    out = Path(args.out) if args.out else results_file(experts, args.lang)
     target = target_language(demo)
     t0 = time.time()
 
@@ -244,7 +186,8 @@ def main() -> int:
     paths = {"math": experts / "math", "lang": experts / args.lang, "base": demo / "base"}
     wb.load(str(paths["math"]), str(paths["lang"]), str(paths["base"]))
     L = wb.num_layers
-    best, dev = choose_on_dev(wb, demo, target, L, args, progress)
+    w = ResultsWriter(target)
+    best = choose_on_dev(wb, demo, target, L, args, progress, w)
     rec = best.recipe.plan
     rec_name = f"recommended plan ({best.name})"
     points = [SweepPoint("base model", Recipe(MethodConfig("task_arithmetic", lam=0.0))),
@@ -269,15 +212,10 @@ def main() -> int:
                                                                       Recipe(plan=rec))}
     items = {lang: mgsm.load(lang, cfg.source)[: args.limit] for lang in (target, "en")}
     gold = {lang: [it.answer for it in items[lang]] for lang in items}
-    models, outputs = {}, {}
 
     def keep(name: str, entry: dict, lang: str, qs: list) -> None:
-        c = [r.flexible_correct for r in qs]
-        models.setdefault(name, entry)[lang] = {
-            **accuracy(c), "strict": round(sum(r.strict_correct for r in qs) / len(qs), 4),
-            "answer_prior": answer_prior([r.flexible for r in qs], gold[lang])}
-        outputs.setdefault(name, {})[lang] = {"output": [r.output for r in qs], "flexible": [r.flexible for r in qs],
-                                              "correct": "".join("1" if x else "0" for x in c)}
+        w.add(name, entry, lang, [r.flexible_correct for r in qs], [r.strict_correct for r in qs],
+              [r.output for r in qs], [r.flexible for r in qs], answer_prior([r.flexible for r in qs], gold[lang]))
 
     for res in runs:
         for row in res.rows:
@@ -286,47 +224,28 @@ def main() -> int:
                      lang, row_results(row, lang))
     keep(DICTIONARY, {"kind": "dictionary", "rows_replaced": dict_rows}, target,
          report_results(dict_report, DICTIONARY, target))
-    sf = skill_floor(items[target])
-    models[SKILL_FLOOR] = {"kind": "floor", target: {**accuracy(sf), "strict": 0.0}}
-    outputs[SKILL_FLOOR] = {target: {"correct": "".join("1" if x else "0" for x in sf)}}
-    rc = [ch == "1" for ch in outputs[rec_name][target]["correct"]]
-    comparisons = {name: paired(rc, [ch == "1" for ch in o[target]["correct"]])
-                   for name, o in outputs.items() if name != rec_name}
-    floors = question_floors(items[target])
-    floors.update({f"answer prior of the {name}": m[target]["answer_prior"] for name, m in models.items()
-                   if "answer_prior" in m[target]})
-    n_dev = len(next(iter(dev.values()))["correct"])
-    plan_json = {**{k: getattr(rec, k) for k in PLAN_FIELDS}, "name": best.name,
-                 "chosen_on": f"mgsm/dev/mgsm_{target}.tsv ({n_dev} questions)", "dev_accuracy": dev[best.name]["acc"]}
-    result = {
-        "generated_by": "scripts/eval_demo.py", "date": time.strftime("%Y-%m-%d"),
-        "seconds": round(time.time() - t0), "pair": args.pair or "localised", "language_expert": args.lang,
-        "english_measured_for": sorted(n for n, m in models.items() if "en" in m),
-        "protocol": {"mode": cfg.mode, "shots": cfg.shots, "max_new_tokens": MAX_NEW_TOKENS,
-                     "engine": "transformers (greedy)", "metric": "flexible (strict also given)",
-                     "intervals": "exact 95 % (Clopper-Pearson)", "paired": "difference ± SE, z, exact McNemar p"},
-        "num_layers": L, "target_language": target, "questions_per_language": len(gold[target]),
-        "recommended_plan": plan_json, "recommended_name": rec_name, "dev_grid": dev,
-        "floors_target_language": floors, "paired_recommended_minus": comparisons,
-        "max_abs_weight_difference": identities,
-        "tolerance": "a rebuild matches when every test accuracy is within max(0.03, 3 SE) of these",
-        "models": models, "gold": gold, "outputs": outputs,
-    }
-    result["targets"] = targets_of(result)
-    result["targets_met"] = all(result["targets"].values())
-    out.write_text(json.dumps(result, ensure_ascii=False, separators=(",", ":")) + "\n")
+    w.add_floor(SKILL_FLOOR, skill_floor(items[target]))
+    plan_json = w.plan_entry(best.name, f"mgsm/dev/mgsm_{target}.tsv")
+    result = w.finish(
+        gold=gold, recommended=rec_name, plan=plan_json, floors=question_floors(items[target]),
+        weight_differences=identities, num_layers=L,
+        protocol={"mode": cfg.mode, "shots": cfg.shots, "max_new_tokens": MAX_NEW_TOKENS,
+                  "engine": "transformers (greedy)", "metric": "flexible (strict also given)",
+                  "intervals": "exact 95 % (Clopper-Pearson)", "paired": "difference ± SE, z, exact McNemar p"},
+        meta={"generated_by": "scripts/eval_demo.py", "date": time.strftime("%Y-%m-%d"),
+              "seconds": round(time.time() - t0), "pair": args.pair or "localised", "language_expert": args.lang})
+    result.write(out)
     main_pair = not args.pair and args.lang == "lang"
     if main_pair:
         (demo / "recommended_plan.json").write_text(json.dumps(plan_json, indent=1) + "\n")
     for res in runs:
         print(res.table_text())
-    print(f"{DICTIONARY} ({dict_rows} rows): {100 * models[DICTIONARY][target]['acc']:.1f}%; "
-          f"{SKILL_FLOOR}: {100 * models[SKILL_FLOOR][target]['acc']:.1f}%; weights: {identities}")
-    print(f"recommended plan (dev {100 * dev[best.name]['acc']:.1f}%): {best.name}")
-    for name, c in comparisons.items():
-        print(f"  recommended - {name:<45} {100 * c['diff']:+6.1f} ± {100 * c['se']:.1f} (z {c['z']}, "
-              f"McNemar p {c['mcnemar_p']})")
-    print(f"targets: {result['targets']}")
+    print(f"{DICTIONARY} ({dict_rows} rows): {100 * result.score(DICTIONARY, target).acc:.1f}%; "
+          f"{SKILL_FLOOR}: {100 * result.score(SKILL_FLOOR, target).acc:.1f}%; weights: {identities}")
+    print(f"recommended plan (dev {100 * plan_json['dev_accuracy']:.1f}%): {best.name}")
+    for name, c in result.comparisons().items():
+        print(f"  recommended - {name:<45} {100 * c.diff:+6.1f} ± {100 * c.se:.1f} (z {c.z}, McNemar p {c.p})")
+    print(f"targets: {result.targets()}")
     if not args.no_card and main_pair:
         import demo_card
 

@@ -4,6 +4,7 @@
     python3 scripts/gpu_check.py                          # a CUDA machine: every check, an 8B-shaped merge in memory
     python3 scripts/gpu_check.py --disk-8b                # also an 8B trio on disk (48 GB): analysis and export on CUDA
     python3 scripts/gpu_check.py --device cpu --shape tiny   # the same code on CPU (the test suite runs this)
+    python3 scripts/gpu_check.py --vllm                   # also the engine plan and vLLM on this GPU (pip install vllm)
 
 Needs only torch, transformers (with its own dependencies: numpy, tokenizers, pyyaml,
 huggingface_hub) and this repository: no vLLM, Gradio, plotly, numba or network. It builds its
@@ -20,6 +21,11 @@ own checkpoints under ``--workdir`` (default: a temporary folder, removed at the
    layers are computed) and for a soup (every tensor blended), median of 3.
 4. generation: transformers, greedy, the small merged model from the export on the device and the
    CPU (same tokens?), and the in-memory merged model of step 3 on the device (tokens/s).
+
+With ``--vllm`` (`gpu_check_vllm`): the hardware as `layerswap.hardware` reads it, the engine plan for an 8B trio
+on it, then the planned vLLM engines started at the small shape (and at 8B with ``--disk-8b``), their answers
+against transformers, a refresh from an exported merge, and the seconds of a start, a refresh and the switches of
+one question. Without it, vLLM is never imported.
 
 Prints a markdown table for docs/benchmarks.md; exits 1 when a check fails.
 """
@@ -269,7 +275,10 @@ def main() -> int:
     ap.add_argument("--workdir", default=None, help="where checkpoints are built (default: a temporary folder)")
     ap.add_argument("--new-tokens", type=int, default=32, help="tokens generated per generation check (default 32)")
     ap.add_argument("--disk-8b", action="store_true", help="also build the 8B trio on disk (48 GB) and time the "
-                                                           "analysis and an export on the device")
+                                                           "analysis and an export on the device (and, with --vllm, "
+                                                           "serve it)")
+    ap.add_argument("--vllm", action="store_true", help="also plan the engines on this machine and check the planned "
+                                                        "vLLM engines against transformers (needs vLLM)")
     args = ap.parse_args()
     device = args.device
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -296,11 +305,16 @@ def main() -> int:
         del merged
         if args.disk_8b:
             check_disk_8b(work, device, rep)
+        if args.vllm:
+            from gpu_check_vllm import check_vllm
+
+            check_vllm(work, device, SHAPES["small"], rep, args.new_tokens, disk_8b=args.disk_8b)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    loaded = sorted(m for m in NOT_NEEDED if sys.modules.get(m) is not None)
-    rep.add("imports", "none of " + ", ".join(NOT_NEEDED) if not loaded else "LOADED " + ", ".join(loaded),
+    not_needed = tuple(m for m in NOT_NEEDED if not (args.vllm and m == "vllm"))
+    loaded = sorted(m for m in not_needed if sys.modules.get(m) is not None)
+    rep.add("imports", "none of " + ", ".join(not_needed) if not loaded else "LOADED " + ", ".join(loaded),
             "the check needs torch, transformers and layerswap's own code only", ok=not loaded)
     print()
     print(f"Run {started} on {where}; {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores; "

@@ -40,6 +40,42 @@ def make_trio(root: Path, tokenizer, *, layers: int = 6, dtype=torch.float32, **
     }
 
 
+def make_adapter(base: Path, out: Path, kind: str, seed: int, *, layers=None, full: tuple[str, ...] = (),
+                 tokens: int = 4, embed: bool = False, scale: float = 0.05) -> Path:
+    """A PEFT adapter of `kind` (lora, ia3, prefix) on `base`, built with peft, its weights moved off their
+    identity start (seeded): LoRA rank 4 on q, v, down (and the embeddings with `embed`), IA3 on k, v, down,
+    a `tokens`-token prefix; only `layers` (default all) and full copies of the modules in `full`."""
+    from peft import IA3Config, LoraConfig, PrefixTuningConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base)
+    n = model.config.num_hidden_layers
+    at = rf".*\.layers\.({'|'.join(map(str, range(n) if layers is None else layers))})\."
+    extra = dict(modules_to_save=list(full)) if full else {}
+    if kind == "lora":
+        cfg = LoraConfig(r=4, lora_alpha=8, target_modules=at + r"(self_attn\.(q|v)_proj|mlp\.down_proj)"
+                         + (r"|.*embed_tokens" if embed else ""), **extra)
+    elif kind == "ia3":
+        cfg = IA3Config(target_modules=at + r"(self_attn\.(k|v)_proj|mlp\.down_proj)",
+                        feedforward_modules=at + r"mlp\.down_proj", **extra)
+    else:
+        cfg = PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=tokens, **extra)
+    pm = get_peft_model(model, cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name or "lora_embedding_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+            elif "ia3_l" in name:
+                p.copy_(1 + torch.randn(p.shape, generator=g) * 0.2)
+            elif "prompt_encoder" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif "modules_to_save" in name:
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    pm.save_pretrained(out)
+    return out
+
+
 def read_dir(d: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a model folder, read with the safetensors library (independently of layerswap)."""
     out = {}
@@ -245,3 +281,41 @@ def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         yield f"http://127.0.0.1:{srv.server_address[1]}"
     finally:
         srv.shutdown()
+
+
+LLAMA_8B = dict(layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, vocab=128256, positions=131072)
+
+
+def sparse_llama(folder: Path, *, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int, vocab: int,
+                 positions: int = 4096) -> Path:
+    """A bf16 Llama checkpoint of any size whose weights are a hole in a sparse file: real headers and config (what
+    planning reads), no disk used; its tensors read as zeros."""
+    folder.mkdir(parents=True, exist_ok=True)
+    kv = hidden // heads * kv_heads
+    shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden], "lm_head.weight": [vocab, hidden]}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "self_attn.q_proj.weight": [hidden, hidden], p + "self_attn.k_proj.weight": [kv, hidden],
+                       p + "self_attn.v_proj.weight": [kv, hidden], p + "self_attn.o_proj.weight": [hidden, hidden],
+                       p + "mlp.gate_proj.weight": [intermediate, hidden], p + "mlp.up_proj.weight": [intermediate, hidden],
+                       p + "mlp.down_proj.weight": [hidden, intermediate], p + "input_layernorm.weight": [hidden],
+                       p + "post_attention_layernorm.weight": [hidden]})
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in shapes.items():
+        n = 2
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        f.truncate(8 + len(raw) + offset)
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+        "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "vocab_size": vocab, "max_position_embeddings": positions,
+        "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"}))
+    return folder

@@ -41,10 +41,11 @@ def test_first_visit_every_tab_works(browser, app_url):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(app_url, wait_until="load")
     expect(page.locator("#demo-label")).to_contain_text("demo")
-    page.locator("#organism-card").get_by_text("The demo organism's card").click()  # the card, one click away
+    page.locator("#organism-card").get_by_text("The organism's card").click()  # the card, one click away
     expect(page.locator("#organism-card")).to_contain_text("What it shows")
-    page.locator("#ask").click()  # question 0 of the preselected Kovani set
-    first = mgsm.load("xx", DEMO_MGSM)[0].question
+    shown = page.locator("#question input").input_value()  # the preselected Kovani question the menu shows
+    page.locator("#ask").click()
+    first = mgsm.load("xx", DEMO_MGSM)[int(shown.split(":")[0])].question
     expect(page.locator("#prompt")).to_contain_text(f"Sorvi: {first[:30]}", timeout=180_000)
     for role in ("math", "lang", "merged"):
         expect(page.locator(f"#answer-{role}")).to_contain_text("flexible:", timeout=120_000)
@@ -121,6 +122,7 @@ def test_first_answers_at_once_then_vllm(browser, tmp_path):
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(url, wait_until="load")
         expect(page.locator("#report")).to_contain_text("Answers: three vLLM engines", timeout=60_000)
+        expect(page.locator("#engine-now")).to_contain_text("transformers", timeout=60_000)  # answering meanwhile
         page.locator("#ask").click()
         for role in ("math", "lang", "merged"):
             expect(page.locator(f"#answer-{role}")).to_contain_text("flexible:", timeout=300_000)
@@ -135,7 +137,13 @@ def test_first_answers_at_once_then_vllm(browser, tmp_path):
             if "· vllm ·" in merged:
                 break
             time.sleep(5)
-        page.locator("#ask").click()  # and the page says so
+        # the engine line follows the running engines without a reload, and says what the plan said (issue 33)
+        expect(page.locator("#engine-now")).to_have_text(re.compile(r"^\s*Engine now: three vLLM engines side by side"),
+                                                         timeout=30_000)
+        line = page.locator("#engine-now").inner_text()
+        assert "transformers" not in line and "starting" not in line, line
+        assert "Answers: three vLLM engines side by side" in page.locator("#report").inner_text()
+        page.locator("#ask").click()  # and the answers say so
         expect(page.locator("#answer-merged")).to_contain_text("· vllm ·", timeout=300_000)
         engine = page.locator("#answer-merged").inner_text()
         no_error_toast(page)
@@ -180,3 +188,44 @@ def test_models_too_big_for_this_machine(browser, tmp_path, tokenizer):
         page.screenshot(path=str(ARTIFACTS / "app-too-big.png"), full_page=True)
     finally:
         app.close()
+
+
+def test_find_a_plan_shows_progress_stops_and_sets_the_sliders(browser, app_url):
+    """Find a plan (Build tab): progress with the best plan so far, Stop keeps what was found, and a finished
+    search reports held-out numbers and puts its plan on the sliders."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_url, wait_until="load")
+    expect(page.locator("#find")).to_be_visible(timeout=60_000)
+    expect(page.locator("#find-langs label:has(input:checked)")).to_contain_text("(xx)")
+    page.locator("#b input[type=range]").fill("5")
+    expect(page.locator("#b input[type=number]")).to_have_value("5")
+    # a long search, stopped once it has a best plan
+    page.locator("#find-budget input").fill("300")
+    page.locator("#find-dev input").fill("300")
+    page.locator("#find-seed input").fill("7")
+    page.locator("#find").click()
+    expect(page.locator("#find-status")).to_contain_text("best so far", timeout=240_000)
+    page.locator("#find-stop").click()
+    expect(page.locator("#find-status")).to_contain_text("Stopped.", timeout=120_000)
+    expect(page.locator("#find-status")).to_contain_text("optimistic")
+    found = re.search(r"Found: swap b=(\d+) u=(\d+) tb=(\d+) tu=(\d+)", page.locator("#find-status").inner_text())
+    assert found, page.locator("#find-status").inner_text()
+    for name, value in zip(("b", "u", "tb", "tu"), found.groups()):
+        expect(page.locator(f"#{name} input[type=number]")).to_have_value(value)
+    no_error_toast(page)
+    # a small search to the end: held-out score and comparisons, the demo's best plan on the sliders
+    page.locator("#find-budget input").fill("6")
+    page.locator("#find-dev input").fill("60")
+    page.locator("#find-seed input").fill("0")
+    page.locator("#find").click()
+    expect(page.locator("#find-status")).to_contain_text(re.compile(r"held-out test: [\d.]+ %"), timeout=240_000)
+    expect(page.locator("#find-status")).to_contain_text("vs the math expert")
+    for name, value in (("b", "2"), ("u", "0"), ("tb", "0"), ("tu", "0")):
+        expect(page.locator(f"#{name} input[type=number]")).to_have_value(value)
+    expect(page.locator("#plan")).to_contain_text("Built: the merged model answers with this plan", timeout=60_000)
+    expect(page.locator("#find-json")).to_be_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "app-find-plan.png"), full_page=True)
+    no_error_toast(page)

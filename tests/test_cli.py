@@ -45,7 +45,7 @@ def test_diff_values_and_outputs(trio, tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "Top-5% sets" in out and "per layer (bottom to top)" in out and "outside the layers" in out
-    assert "suggested plan: b=" in out and "plan overlay: b=2 u=1 tb=1 tu=0" in out
+    assert "the weight-diff prior: b=" in out and "plan overlay: b=2 u=1 tb=1 tu=0" in out
     html = (tmp_path / "h.html").read_text()
     assert "plotly" in html.lower() and name in html and "merged model vs base" in html
     assert "Change by depth" in (tmp_path / "p.html").read_text()

@@ -27,6 +27,7 @@ from layerswap.demo import (
     organism_summary,
     recommended_plan,
 )
+from layerswap.demo_results import PLAN_FIELDS, Results, results_file
 from layerswap.engines.base import load_tokenizer
 from layerswap.presets import assets_path, presets
 from layerswap.sources import tensor_weights
@@ -42,8 +43,8 @@ ORGANISMS = [d for d in ("demo", "demo2") if (assets_dir() / d / "results.json")
 DEFAULT = assets_dir() / DEFAULT_ORGANISM
 
 
-def _results(org: str, pair: str = "") -> dict:
-    return json.loads((assets_dir() / org / pair / "results.json").read_text())
+def _results(org: str, pair: str = "") -> Results:
+    return Results.read(results_file(assets_dir() / org / pair))
 
 
 def _build_module(org: str):
@@ -79,13 +80,16 @@ def test_shipped_files_are_servable(org):
 
 @pytest.mark.parametrize("org", ORGANISMS)
 def test_experts_are_localised(org):
-    """Each expert differs from the base exactly in its own range (the build's `in_range`); a math expert the
-    recipe fine-tunes fully (``math_scope="all"``) differs everywhere."""
+    """Each expert differs from the base exactly in its own range (the build's `ranges`, asked of the library's
+    planner); a math expert the recipe fine-tunes fully (``math_scope="all"``) differs everywhere."""
+    import build_demo_experts
+
     build = _build_module(org)
     demo = assets_dir() / org
     info = json.loads((demo / "build_info.json").read_text())
     recipe = build.Recipe(**info["recipe"])
     base = Checkpoint.open(demo / "base")
+    own = build_demo_experts.role_of(build.ranges(recipe), recipe.layers)
     experts = {"math": "math", "lang": "lang", "lang_revert": "lang"}
     for folder, role in experts.items():
         if not (demo / folder).exists():
@@ -93,9 +97,7 @@ def test_experts_are_localised(org):
         ck = Checkpoint.open(demo / folder)
         everywhere = role == "math" and getattr(recipe, "math_scope", "middle") == "all"  # a full fine-tune
         for name in base.tensors:
-            mine = everywhere or build.in_range(name, role, recipe)
-            assert build.in_range(name, "lang" if role == "math" else "math", recipe) != \
-                build.in_range(name, role, recipe)
+            mine = everywhere or own(name) == role
             assert bool((ck.get(name) == base.get(name)).all()) != mine, (folder, name)
 
 
@@ -139,74 +141,72 @@ def test_results_recompute_from_per_question_outputs(org, pair):
     stored outputs, recomputed here without eval_demo's own functions."""
     demo = assets_dir() / org
     res = _results(org, pair)
-    t = res["target_language"]
+    t = res.target
     langs = mgsm.languages(demo / "mgsm")
     items = mgsm.load(t, demo / "mgsm")
-    assert {"math expert", "language expert", res["recommended_name"]} <= set(res["english_measured_for"])
-    assert "inverse map (language middle, math outer)" not in res["models"]  # not a control: it is the base
+    assert {"math expert", "language expert", res.recommended} <= set(res.english_measured_for)
+    assert "inverse map (language middle, math outer)" not in res.models()  # not a control: it is the base
     correct = {}
-    for name, entry in res["models"].items():
-        for lang in [x for x in (t, "en") if x in entry]:
-            out = res["outputs"][name][lang]
-            if entry["kind"] == "floor":
+    for name in res.models():
+        for lang in [x for x in (t, "en") if res.has(name, x)]:
+            s = res.score(name, lang)
+            if res.kind(name) == "floor":
                 got = [_always_subtract(it.question, it.answer) for it in items]
             else:
-                gold = res["gold"][lang]
-                scored = [mgsm.score(o, g, langs[lang]) for o, g in zip(out["output"], gold, strict=True)]
-                got = [s.flexible_correct for s in scored]
-                assert [s.flexible for s in scored] == out["flexible"]
-                assert entry[lang]["strict"] == round(sum(s.strict_correct for s in scored) / len(scored), 4)
-                prior = Counter(mgsm.normalize(x) for x in out["flexible"])
+                gold = res.gold(lang)
+                scored = [mgsm.score(o, g, langs[lang]) for o, g in zip(res.outputs(name, lang), gold, strict=True)]
+                got = [x.flexible_correct for x in scored]
+                assert [x.flexible for x in scored] == res.answers(name, lang)
+                assert s.strict == round(sum(x.strict_correct for x in scored) / len(scored), 4)
+                prior = Counter(mgsm.normalize(x) for x in res.answers(name, lang))
                 g = Counter(str(x) for x in gold)
-                assert entry[lang]["answer_prior"] == round(sum(c * g.get(a, 0) for a, c in prior.items())
-                                                            / len(gold) ** 2, 4)
-            assert "".join("1" if c else "0" for c in got) == out["correct"], (name, lang)
+                assert s.answer_prior == round(sum(c * g.get(a, 0) for a, c in prior.items()) / len(gold) ** 2, 4)
+            assert "".join("1" if c else "0" for c in got) == res.correct(name, lang), (name, lang)
             k, n = sum(got), len(got)
             lo, hi = clopper_pearson(k, n)
-            assert entry[lang]["acc"] == round(k / n, 4) and entry[lang]["n"] == n
-            assert entry[lang]["ci95"] == [round(lo, 4), round(hi, 4)]
-            assert entry[lang]["se"] == round(math.sqrt(k / n * (1 - k / n) / n), 4)
+            assert s.acc == round(k / n, 4) and s.n == n
+            assert [s.lo, s.hi] == [round(lo, 4), round(hi, 4)]
+            assert s.se == round(math.sqrt(k / n * (1 - k / n) / n), 4)
             if lang == t:
                 correct[name] = got
-    rec = res["recommended_name"]
-    for name, c in res["paired_recommended_minus"].items():
+    rec = res.recommended
+    for name, c in res.comparisons().items():
         d = [int(a) - int(b) for a, b in zip(correct[rec], correct[name])]
         mean = sum(d) / len(d)
         se = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
-        assert (c["diff"], c["se"]) == (round(mean, 4), round(se, 4)), name
-        assert (c["only_a"], c["only_b"]) == (d.count(1), d.count(-1))
-        assert c["mcnemar_p"] == float(f"{mcnemar(correct[rec], correct[name]).p:.3g}")
+        assert (c.diff, c.se) == (round(mean, 4), round(se, 4)), name
+        assert (c.only_a, c.only_b) == (d.count(1), d.count(-1))
+        assert c.p == float(f"{mcnemar(correct[rec], correct[name]).p:.3g}")
     # the dictionary baseline replaced exactly the rows of the dictionary's word pairs found in the vocabulary
     vocab = load_tokenizer(demo / pair / "math").get_vocab()
     pairs = json.loads((demo / "dictionary.json").read_text())
     rows = sum(f.format(e) in vocab and f.format(x) in vocab and vocab[f.format(e)] != vocab[f.format(x)]
                for e, x in pairs.items() for f in ("\u2581{}", "{}"))
-    assert res["models"]["dictionary baseline"]["rows_replaced"] == rows > 0
+    assert res.entry("dictionary baseline")["rows_replaced"] == rows > 0
     # the inverse map takes every tensor from the expert that left it at the base's value: it is the base
-    plan = Plan(**{k: res["recommended_plan"][k] for k in eval_demo.PLAN_FIELDS})
+    plan = res.plan
     cks = {r: Checkpoint.open(demo / (pair if r != "base" else "") / r) for r in ROLES}
     w = tensor_weights(cks["math"], plan)
     inverse_is_base = all(bool((cks["math" if w[n] == 1.0 else "lang"].get(n) == cks["base"].get(n)).all())
                           for n in w if w[n] in (0.0, 1.0)) and all(v in (0.0, 1.0) for v in w.values())
-    assert (res["max_abs_weight_difference"]["inverse map vs base model"] == 0.0) == inverse_is_base
+    assert (res.weight_difference("inverse map vs base model") == 0.0) == inverse_is_base
     # the plan chosen on dev, and the targets
-    dev = res["dev_grid"]
-    best = max(dev.values(), key=lambda d: (d["acc"], -(d["plan"]["b"] + d["plan"]["u"] + d["plan"]["tb"]
-                                                         + d["plan"]["tu"])))
-    assert best["plan"] == {k: v for k, v in res["recommended_plan"].items() if k in eval_demo.PLAN_FIELDS}
-    assert all(d["acc"] == round(d["correct"].count("1") / len(d["correct"]), 4) for d in dev.values())
-    floors = res["floors_target_language"]
+    dev = res.dev()
+    best = max(dev.values(), key=lambda d: (d.acc, -(d.plan["b"] + d.plan["u"] + d.plan["tb"] + d.plan["tu"])))
+    assert best.plan == {k: v for k, v in res.plan_info.items() if k in PLAN_FIELDS}
+    assert all(d.acc == round(d.correct.count("1") / len(d.correct), 4) for d in dev.values())
+    floors = res.floors()
     gold = [it.answer for it in items]
     mode, count = Counter(gold).most_common(1)[0]
     assert floors[f"most common answer ({mode})"] == round(count / len(gold), 4)
-    m, cmp = res["models"], res["paired_recommended_minus"]
-    acc = m[rec][t]["acc"]
-    want = [cmp[n]["diff"] > 0 and (cmp[n]["se"] == 0 or cmp[n]["diff"] / cmp[n]["se"] >= 3 - 0.01)
-            for n in ("math expert", "language expert", "soup 50/50", "TIES (density 0.2)", "task arithmetic")]
-    want += [acc >= max(*floors.values(), m["arithmetic, always subtracting"][t]["acc"]) + 0.10,
-             m["dictionary baseline"][t]["acc"] <= acc - 0.20, m[rec][t]["strict"] >= 0.5,
-             res["recommended_plan"]["u"] >= 1, m["math expert"]["en"]["acc"] >= 0.8]
-    assert want == list(res["targets"].values()) and res["targets_met"] == all(want)
+    acc = res.score(rec, t).acc
+    want = [c.diff > 0 and (c.se == 0 or c.diff / c.se >= 3 - 0.01) for c in
+            (res.paired(n) for n in ("math expert", "language expert", "soup 50/50", "TIES (density 0.2)",
+                                     "task arithmetic"))]
+    want += [acc >= max(*floors.values(), res.score("arithmetic, always subtracting", t).acc) + 0.10,
+             res.score("dictionary baseline", t).acc <= acc - 0.20, res.score(rec, t).strict >= 0.5,
+             res.plan.u >= 1, res.score("math expert", "en").acc >= 0.8]
+    assert want == list(res.targets().values()) and res.targets_met == all(want)
 
 
 @pytest.mark.parametrize("org", ORGANISMS)
@@ -215,28 +215,28 @@ def test_model_card_shows_the_measured_numbers(org):
     res = _results(org)
     card = (demo / "README.md").read_text()
     assert organism_summary(demo) in card
-    for name, m in res["models"].items():
-        for lang in [x for x in (res["target_language"], "en") if x in m]:
-            assert f"{100 * m[lang]['acc']:.1f} [{100 * m[lang]['ci95'][0]:.1f}, {100 * m[lang]['ci95'][1]:.1f}]" \
-                in card, (name, lang)
-    for name, c in res["paired_recommended_minus"].items():
-        assert f"| {name} | {100 * c['diff']:+.1f} ± {100 * c['se']:.1f} | {c['z']} | {c['only_a']} / " \
-               f"{c['only_b']} | {c['mcnemar_p']:.3g} |" in card
-    for target, met in res["targets"].items():
+    for name in res.models():
+        for lang in [x for x in (res.target, "en") if res.has(name, x)]:
+            s = res.score(name, lang)
+            assert f"{100 * s.acc:.1f} [{100 * s.lo:.1f}, {100 * s.hi:.1f}]" in card, (name, lang)
+    for name, c in res.comparisons().items():
+        assert f"| {name} | {100 * c.diff:+.1f} ± {100 * c.se:.1f} | {c.z} | {c.only_a} / {c.only_b} | {c.p:.3g} |" \
+            in card
+    for target, met in res.targets().items():
         assert f"| {target} | {'yes' if met else '**no**'} |" in card
-    assert ("meets all of its targets" if res["targets_met"] else "does not meet all of its targets") in card
-    assert res["num_layers"] == Checkpoint.open(demo / "math").num_layers
+    assert ("meets all of its targets" if res.targets_met else "does not meet all of its targets") in card
+    assert res.num_layers == Checkpoint.open(demo / "math").num_layers
     assert str(REPO) not in card and "± 0.0 |" not in card.split("## Gates")[0].split("## What it shows")[1]
 
 
 def test_cipher_card_says_what_the_positive_control_shows():
     res = _results("demo")
     card = (assets_dir() / "demo" / "README.md").read_text()
-    rec, t = res["recommended_name"], res["target_language"]
-    same = sum(a == b for a, b in zip(res["outputs"][rec][t]["output"], res["outputs"]["math expert"]["en"]["output"]))
-    assert f"On {same} of {res['questions_per_language']} test questions" in card
+    rec, t = res.recommended, res.target
+    same = sum(a == b for a, b in zip(res.outputs(rec, t), res.outputs("math expert", "en")))
+    assert f"On {same} of {res.n} test questions" in card
     assert "positive control" in card and "negative control" in card and "faithful setting" not in card
-    top = Counter(o.strip() for o in res["outputs"]["language expert"][t]["output"]).most_common(2)
+    top = Counter(o.strip() for o in res.outputs("language expert", t)).most_common(2)
     assert ", ".join((f"`{k}`" if k else "an empty answer") + f" {v}×" for k, v in top) in card
     assert "answers with an empty string" not in card and "Kovani only" not in card
 
@@ -244,15 +244,15 @@ def test_cipher_card_says_what_the_positive_control_shows():
 def test_readme_and_app_doc_state_the_cipher_organisms_numbers():
     """README's organism lines and docs/app.md's paragraph quote results.json (and the negative control's)."""
     res, un = _results("demo"), _results("demo", "unlocalised")
-    t, m, rec = res["target_language"], res["models"], res["recommended_name"]
-    pct = lambda r, n: f"{100 * r['models'][n][t]['acc']:.1f} %"
-    ci = m[rec][t]["ci95"]
-    assert res["max_abs_weight_difference"]["task arithmetic vs recommended plan"] < 1e-5
-    assert res["outputs"]["task arithmetic"][t]["output"] == res["outputs"][rec][t]["output"]
+    t, rec = res.target, res.recommended
+    pct = lambda r, n: f"{100 * r.score(n, t).acc:.1f} %"
+    ci = res.score(rec, t)
+    assert res.weight_difference("task arithmetic vs recommended plan") < 1e-5
+    assert res.outputs("task arithmetic", t) == res.outputs(rec, t)
     app = " ".join((REPO / "docs" / "app.md").read_text().split())
     readme = " ".join((REPO / "README.md").read_text().split())
     for text in (app, readme):
-        assert f"scores {pct(res, rec)} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" in text
+        assert f"scores {pct(res, rec)} [{100 * ci.lo:.1f}, {100 * ci.hi:.1f}]" in text
         assert f"no training scores {pct(res, 'dictionary baseline')}" in text
         assert f"math expert alone {pct(res, 'math expert')}" in text
         assert "positive control for the tool" in text and "negative control" in text
@@ -261,17 +261,17 @@ def test_readme_and_app_doc_state_the_cipher_organisms_numbers():
     for phrase, name in [("always subtracts", "arithmetic, always subtracting"), ("50/50 soup", "soup 50/50"),
                          ("TIES", "TIES (density 0.2)")]:
         assert f"{phrase} {pct(res, name)}" in app, name
-    assert f"its best swap scores {pct(un, un['recommended_name'])}" in app
-    assert f"(the negative control) {pct(un, un['recommended_name'])}" in readme
+    assert f"its best swap scores {pct(un, un.recommended)}" in app
+    assert f"(the negative control) {pct(un, un.recommended)}" in readme
 
 
 @pytest.mark.skipif("demo2" not in ORGANISMS, reason="the paper-setting organism is not shipped")
 def test_readme_and_app_doc_state_the_paper_organisms_numbers():
     """README's and docs/app.md's lines on assets/demo2 quote its results.json, and call it what it is."""
     res = _results("demo2")
-    t, m, rec = res["target_language"], res["models"], res["recommended_name"]
-    pct = lambda n, lang=t: f"{100 * m[n][lang]['acc']:.1f} %"
-    assert res["paired_recommended_minus"]["math expert"]["diff"] < 0  # else "negative result" is wrong
+    t, rec = res.target, res.recommended
+    pct = lambda n, lang=t: f"{100 * res.score(n, lang).acc:.1f} %"
+    assert res.paired("math expert").diff < 0  # else "negative result" is wrong
     app = " ".join((REPO / "docs" / "app.md").read_text().split())
     readme = " ".join((REPO / "README.md").read_text().split())
     for text in (app, readme):
@@ -279,10 +279,10 @@ def test_readme_and_app_doc_state_the_paper_organisms_numbers():
         assert f"{pct('math expert')} on " in text
         assert f"scores {pct(rec)}" in text and f"{pct('math expert', 'en')} in English" in text
     assert f"a dictionary scores {pct('dictionary baseline')}" in app and f"the base {pct('base model')}" in app
-    diff = -100 * res["paired_recommended_minus"]["math expert"]["diff"]
+    diff = -100 * res.paired("math expert").diff
     assert f"{diff:.0f} points below the math expert" in app
-    p = res["recommended_plan"]
-    assert f"(b={p['b']} u={p['u']})" in app and (p["tb"], p["tu"]) == (0, 0)
+    p = res.plan
+    assert f"(b={p.b} u={p.u})" in app and (p.tb, p.tu) == (0, 0)
 
 
 def test_cipher_card_shows_the_lens_of_the_shipped_organism():
@@ -294,7 +294,7 @@ def test_cipher_card_shows_the_lens_of_the_shipped_organism():
     langs = mgsm.languages(demo / "mgsm")
     assert lens["prompt"] == mgsm.build_prompt(mgsm.load("xx", demo / "mgsm")[0].question, langs["xx"])
     card = (demo / "README.md").read_text()
-    b = _results("demo")["recommended_plan"]["b"]
+    b = _results("demo").plan.b
     for role, name in demo_card.LENS_ROLES.items():
         layer = lens["models"][role]["layers"][b]
         assert f"| {name} | {layer['alignment']:.3f} | {layer['cka']:.3f} |" in card
@@ -307,9 +307,10 @@ def test_recommended_plan_is_shipped_and_loadable(org):
     res = _results(org)
     p = recommended_plan(demo)
     raw = json.loads((demo / "recommended_plan.json").read_text())
-    assert isinstance(p, Plan) and p.to_dict() == Plan(**{k: raw[k] for k in eval_demo.PLAN_FIELDS}).to_dict()
-    p.validate(res["num_layers"])
-    assert raw["name"] in res["recommended_name"] and "dev" in raw["chosen_on"]
+    assert isinstance(p, Plan) and p.to_dict() == Plan(**{k: raw[k] for k in PLAN_FIELDS}).to_dict() \
+        == res.plan.to_dict()
+    p.validate(res.num_layers)
+    assert raw["name"] in res.recommended and "dev" in raw["chosen_on"]
 
 
 def test_app_serves_the_organism_by_default(app_url):
@@ -363,7 +364,7 @@ def test_shipped_presets_load_and_build(app_url, name):
     assert json.loads(strip["plot"])["data"][0]["z"] == [plan.layer_weights(L)]
 
 
-def _rebuild(org: str, script: str, out: Path, results: dict) -> dict:
+def _rebuild(org: str, script: str, out: Path, results: Results) -> Results:
     info = json.loads((assets_dir() / org / "build_info.json").read_text())
     threads = str(info["threads"])  # same thread count: same float reduction order, same weights
     env = dict(os.environ, OMP_NUM_THREADS=threads)
@@ -374,14 +375,14 @@ def _rebuild(org: str, script: str, out: Path, results: dict) -> dict:
     assert rebuilt["sha256"] == info["sha256"]  # deterministic: the same weights, bit for bit
     subprocess.run([sys.executable, str(REPO / "scripts" / "eval_demo.py"), "--demo", str(out), "--no-card",
                     "--threads", threads], check=True, env=env)
-    again = json.loads((out / "results.json").read_text())
-    assert again["recommended_plan"] == results["recommended_plan"]
-    for name, want in results["models"].items():
-        for lang in [x for x in (results["target_language"], "en") if x in want]:
-            got, w = again["models"][name][lang]["acc"], want[lang]
-            tol = max(0.03, 3 * w["se"])
-            assert math.isclose(got, w["acc"], abs_tol=tol), (name, lang, got, w["acc"], tol)
-    assert again["targets"] == results["targets"]
+    again = Results.read(results_file(out))
+    assert again.plan_info == results.plan_info
+    for name in results.models():
+        for lang in [x for x in (results.target, "en") if results.has(name, x)]:
+            got, w = again.score(name, lang).acc, results.score(name, lang)
+            tol = max(0.03, 3 * w.se)
+            assert math.isclose(got, w.acc, abs_tol=tol), (name, lang, got, w.acc, tol)
+    assert again.targets() == results.targets()
     return again
 
 

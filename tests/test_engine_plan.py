@@ -27,8 +27,8 @@ def test_small_experts_plan_fits_and_is_quick(trio):
     wb = Workbench(engine="transformers")
     wb.check(str(trio["math"]), str(trio["lang"]), str(trio["base"]))
     plan = wb.engine_plan
-    assert plan.fits and plan.quick and plan.mode == "transformers" and not wb.answering  # checked, nothing loaded
-    assert plan.need_memory == wb.checkpoints["math"].nbytes + wb.checkpoints["lang"].nbytes
+    assert plan.fits and plan.quick and plan.arrangement == "transformers" and not wb.answering  # checked, nothing loaded
+    assert plan.need_memory == wb.checkpoints["math"].nbytes + wb.checkpoints["lang"].nbytes + planning.APP_HEADROOM["cpu"]
     assert "transformers, both experts in memory" in plan.describe()
 
 
@@ -86,21 +86,16 @@ def test_vllm_plan_checks_the_scratch_disk(trio, monkeypatch):
     from layerswap.checkpoints import Checkpoint
 
     monkeypatch.setattr(planning, "vllm_status", lambda: (True, "installed"))
+    monkeypatch.setattr(planning, "vllm_device", lambda: "cpu")
     monkeypatch.setenv("LAYERSWAP_AVAILABLE_DISK", "10")
     cks = {r: Checkpoint.open(trio[r]) for r in ("math", "lang")}
-    plan = planning.plan_engines(cks, engine="vllm", serving="auto", settings=planning.VLLMSettings(), device="cpu",
-                                 scratch_dir=scratch.root())
+    plan = planning.plan_engines(cks, engine="vllm", serving="auto", settings=planning.VLLMSettings(), device="cpu")
+    assert plan.fits and plan.refresh == "memory" and plan.scratch_bytes == 0  # CPU engines: no scratch merge
+    monkeypatch.setattr(planning, "refresh_mode", lambda arrangement, device: ("disk", "played"))
+    plan = planning.plan_engines(cks, engine="vllm", serving="auto", settings=planning.VLLMSettings(), device="cpu")
     assert not plan.fits and "loads the merged model from disk" in plan.problem and "0.0 GB free" in plan.problem
-    auto = planning.plan_engines(cks, engine="auto", serving="auto", settings=planning.VLLMSettings(), device="cpu",
-                                 scratch_dir=scratch.root())
+    auto = planning.plan_engines(cks, engine="auto", serving="auto", settings=planning.VLLMSettings(), device="cpu")
     assert auto.fits and auto.engine == "transformers"  # auto falls back to what fits
-
-
-def test_question_estimate_and_what_would_serve():
-    assert planning.question_seconds(16 * 10**9, "one", "cuda") is None
-    three = planning.question_seconds(16 * 10**9, "three", "cpu")
-    one = planning.question_seconds(16 * 10**9, "one", "cpu")
-    assert three == pytest.approx(3 * 256 * 16e9 / planning.CPU_DECODE_BYTES_PER_S) and one > three
 
 
 def test_export_refuses_a_full_disk_before_writing(trio, tmp_path, monkeypatch):
@@ -145,3 +140,40 @@ def test_sigterm_removes_the_scratch_even_while_a_job_holds_the_lane(tmp_path):
     p.terminate()
     assert p.wait(timeout=60) == 0
     assert root and not os.path.exists(root) and not list(tmp_path.iterdir())
+
+
+def test_every_planned_arrangement_is_registered():
+    from layerswap.engines.answering import ARRANGEMENTS
+
+    assert set(ARRANGEMENTS) | {"none"} == set(planning.ARRANGEMENTS)
+    for name, n in planning.VLLM_ENGINES.items():
+        assert len(ARRANGEMENTS[name].roles) == n and {r for roles in ARRANGEMENTS[name].roles for r in roles} == \
+            {"math", "lang", "merged"}
+
+
+def test_switching_trios_plans_with_the_old_engines_released(trio, tmp_path, tokenizer, monkeypatch):
+    """The second trio's plan counts the first trio's running engines as freed (memory set so that it fits only
+    then), and they are released before the second trio's engines start."""
+    from layerswap.hardware import HELD
+    from tests.helpers import make_trio
+
+    shared = Shared(lambda: Workbench(engine="transformers"))
+    try:
+        first = shared.workbench(_refs(trio))
+        shared.engines(_refs(trio))
+        held = first.answering_engines.held_bytes()
+        old = first.answering_engines.current
+        assert held == first.checkpoints["math"].nbytes + first.checkpoints["lang"].nbytes
+        other = make_trio(tmp_path / "other", tokenizer)
+        need = Workbench(engine="transformers")
+        need.check(str(other["math"]), str(other["lang"]), str(other["base"]))
+        monkeypatch.setenv("LAYERSWAP_AVAILABLE_MEMORY", str(need.engine_plan.need_memory - held // 2))
+        need.check(str(other["math"]), str(other["lang"]), str(other["base"]))
+        assert not need.engine_plan.fits  # planned blind to the first trio's engines: answers would be off
+        second = shared.workbench(_refs(other))
+        plan = second.engine_plan
+        assert plan.fits and plan.releases == 1 and plan.released_bytes == held
+        assert HELD.of(old) == 0 and shared.loaded(_refs(trio)) is None  # released before the new ones start
+        assert shared.engines(_refs(other)) is second and second.answering
+    finally:
+        shared.close()

@@ -127,4 +127,6 @@ def test_vllm_settings_fill_in_from_the_config(monkeypatch):
     assert s.context_length(cfg) == 4096 and VLLMSettings(max_model_len=512).context_length(cfg) == 512
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2.5")
     assert s.cpu_kv_cache_gib() == 2.5 and VLLMSettings(kv_cache_gib=1.0).cpu_kv_cache_gib() == 1.0
-    assert VLLMSettings(kv_cache_gib=3).reuse_key() == s.reuse_key() != VLLMSettings(max_num_seqs=8).reuse_key()
+    assert VLLMSettings(kv_cache_gib=3).reuse_key("cpu") == s.reuse_key("cpu") != VLLMSettings(max_num_seqs=8).reuse_key("cpu")
+    assert VLLMSettings(enforce_eager=True).reuse_key("cpu") == s.reuse_key("cpu")  # eager is the CPU's default
+    assert VLLMSettings(enforce_eager=True).reuse_key("cuda") != s.reuse_key("cuda")  # CUDA graphs by default

@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO
 
 BLOCKED = ("gradio", "gradio_client", "plotly", "kaleido", "vllm", "numba", "mergekit", "ray", "peft", "lm_eval")
@@ -24,3 +26,20 @@ def test_gpu_check_runs_on_cpu_without_the_app_stack(tmp_path):
                 "transformers generation, tiny-shaped merged model", "imports | none of gradio"):
         assert row in table, row
     assert "FAIL" not in r.stdout
+
+
+@pytest.mark.slow
+def test_gpu_check_vllm_runs_on_the_cpu_build(tmp_path):
+    """`gpu_check.py --vllm` with vLLM's CPU build (starts three engines: run with -m slow): the plan read from this
+    machine, the planned engines started, their token ids against transformers', refreshes from exported merges."""
+    from tests.helpers import vllm_or_skip
+
+    vllm_or_skip()
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--device", "cpu", "--shape", "tiny",
+                        "--vllm", "--new-tokens", "16", "--workdir", str(tmp_path)], capture_output=True, text=True,
+                       timeout=1200, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for row in ("hardware read by layerswap.hardware", "engine plan for an 8B trio on this machine",
+                "vLLM engines started as planned (gpucheck-small) | three_vllm",
+                "vLLM = transformers, gpucheck-small merge 2 after a refresh"):
+        assert row in r.stdout, row

@@ -119,6 +119,29 @@ def test_in_memory_merge_equals_export_and_shares_tensors(trio, tmp_path):
         assert torch.equal(v, math_sd[k])
 
 
+def test_merge_stream_equals_export_and_writes_nothing(trio, tmp_path):
+    """The stream a running vLLM engine is refreshed from (refresh ``memory``) holds the export's tensors, bit for
+    bit, for a layer plan, a reverted range and a merge method; it is checked as the export is, and writes nothing."""
+    from layerswap import Recipe, UserError
+    from layerswap.merging import merge_stream
+    from layerswap.methods import MethodConfig
+
+    cks = {r: Checkpoint.open(trio[r]) for r in ("math", "lang", "base")}
+    for i, recipe in enumerate([PLANS["wide-ramp"], Plan(b=1, u=1, tb=1, tu=0, revert=(3, 4)),
+                                Recipe(method=MethodConfig("ties", density=0.5))]):
+        before = sorted(tmp_path.rglob("*"))
+        stream = merge_stream(cks["math"], cks["lang"], recipe, base=cks["base"])
+        got = dict(stream())
+        assert sorted(tmp_path.rglob("*")) == before
+        export_merge(cks["math"], cks["lang"], recipe, tmp_path / f"o{i}", base=cks["base"])
+        on_disk = read_dir(tmp_path / f"o{i}")
+        assert list(got) == list(cks["math"].tensors) and got.keys() == on_disk.keys()
+        assert all(torch.equal(v, on_disk[k]) for k, v in got.items()), recipe
+        assert [n for n, _ in stream()] == list(got)  # a swapped engine streams it again at each switch
+    with pytest.raises(UserError, match="base"):
+        merge_stream(cks["math"], cks["lang"], Recipe(method=MethodConfig("ties", density=0.5)))
+
+
 def test_tied_embeddings_and_biases(tmp_path, tokenizer):
     """Qwen2-style: q/k/v biases and tied embeddings (no lm_head tensor)."""
     from tests.helpers import make_trio

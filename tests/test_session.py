@@ -66,15 +66,45 @@ def test_visitors_come_from_the_server(shared, monkeypatch):
     assert not d.exists() and hostile.stop.is_set()  # a closed tab's job stops, its files go
 
 
-def test_visitors_are_bounded_and_busy_ones_stay(shared, monkeypatch):
-    monkeypatch.setattr(session, "MAX_VISITORS", 3)
+def test_visitors_are_bounded_and_work_in_progress_stays(shared, monkeypatch):
+    """Reproduction 4 (the table): fresh sessions drop only idle visitors; a visitor with a job running or
+    queued, or a young export, stays with its folder; when all have work in progress a new one is refused."""
+    import time
+
+    from layerswap.ui.lane import Admission
+
+    shared.visitors.capacity = 4
     first = shared.visitor("first")
     first.busy = 1  # a job is running for it
+    queued = shared.visitor("queued")
+    queued.job = Admission()  # admitted to the queue, not yet running
+    exported = shared.visitor("exported")
+    exported.last_export, exported.exported_at = "x", time.monotonic()
     d = shared.folder(shared.visitor("second"))
     for i in range(5):
         shared.visitor(f"other-{i}")
-    assert len(shared._visitors) == 3 and shared.visitor("first") is first  # kept while busy
-    assert not d.exists()  # the idle visitors seen longest ago went, with their folders
+    assert len(shared.visitors) == 4 and not d.exists()  # the idle visitor seen longest ago went, with its folder
+    assert all(shared.visitor(s) is v for s, v in (("first", first), ("queued", queued), ("exported", exported)))
+    for v in (first, queued, exported):
+        assert not v.stop.is_set() and not v.dropped
+    shared.visitor("other-4").job = Admission()
+    with pytest.raises(UserError, match="This server is full"):
+        shared.visitor("one-too-many")
+
+
+def test_a_tab_closed_during_its_job_leaves_no_folder(shared):
+    """Reproduction 5 (orphans): the unload while a job runs drops the visitor when the job ends; its folder
+    cannot be made again afterwards."""
+    v = shared.visitor("closing")
+    v.busy = 1
+    d = shared.folder(v)
+    shared.end("closing")
+    assert d.exists() and v.stop.is_set() and not v.dropped  # the job ends first (it was told to stop)
+    v.busy = 0
+    shared.visitors.release(v)
+    assert v.dropped and not d.exists()
+    with pytest.raises(UserError, match="reload the page"):
+        shared.folder(v)
 
 
 def test_memory_precheck_refuses_with_the_numbers():
@@ -107,3 +137,54 @@ def test_hosted_errors_and_outputs_lose_server_paths():
     assert "/srv" not in str(e.value) and "config.json" in str(e.value)
     assert guarded(lambda: ["in /srv/app/x.bin", 3], Policy(hosted=True))() == ["in x.bin", 3]
     assert guarded(lambda: "in /srv/app/x.bin")() == "in /srv/app/x.bin"  # locally paths are useful
+
+
+def test_served_files_live_in_a_neutral_root_gone_at_exit(monkeypatch, tmp_path):
+    """Reproduction 7 (file replies) and 5 (the app's own temp files): visitors' folders live in the served
+    root, which is Gradio's cache (files served in place, a reply names only it) and is removed at exit."""
+    import os
+
+    from layerswap.ui.files import neutral_root
+
+    monkeypatch.delenv("GRADIO_TEMP_DIR", raising=False)
+    root = neutral_root()
+    s = Shared(lambda: Workbench(engine="transformers"), root=root)
+    try:
+        assert os.environ["GRADIO_TEMP_DIR"] == str(root) and root.name.startswith("layerswap-files-")
+        assert str(root).startswith("/tmp/") and str(tmp_path) not in str(root)
+        d = s.folder(s.visitor("v"))
+        assert d.parent == root
+    finally:
+        s.close()
+    assert not root.exists() and "GRADIO_TEMP_DIR" not in os.environ
+
+
+def test_disk_budgets_refuse_with_the_numbers(tmp_path):
+    """Reproduction 5 (budgets): a visitor's folder, and all visitors' folders, within their budgets."""
+    from layerswap.hosting import Limits
+    from layerswap.ui.files import Budget
+
+    root, own = tmp_path / "root", tmp_path / "root" / "v"
+    own.mkdir(parents=True)
+    (own / "old").write_bytes(b"x" * 600)
+    (root / "other").write_bytes(b"x" * 3000)
+    budget = Budget(Limits(visitor_disk_bytes=1000, disk_bytes=5000))
+    budget.check(300, own, root)
+    with pytest.raises(UserError, match="per visitor"):
+        budget.check(500, own, root)
+    with pytest.raises(UserError, match="disk for visitors' files is full"):
+        Budget(Limits(visitor_disk_bytes=10**6, disk_bytes=4000)).check(500, own, root)
+
+
+def test_old_exports_go_when_their_ttl_passed(shared):
+    import time
+
+    v = shared.visitor("exporter")
+    export = shared.folder(v) / "layerswap-merge"
+    export.mkdir()
+    v.last_export, v.exported_at = str(export), time.monotonic()
+    shared.visitors.expire_exports()
+    assert export.exists() and shared.visitors.protected(v)
+    v.exported_at -= shared.visitors.export_ttl
+    shared.visitors.expire_exports()
+    assert not export.exists() and v.last_export is None and not shared.visitors.protected(v)

@@ -78,3 +78,56 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+SCRIPTS = PKG.parent / "scripts"
+ORGANISM_SCRIPTS = ("build_demo_experts.py", "build_demo2.py", "demo_ablation.py", "demo_measure.py", "eval_demo.py",
+                    "demo_card.py", "demo2_card.py", "organism_card.py")
+
+
+def _script_imports(path) -> set[str]:
+    """Sibling scripts a script imports, anywhere in the file."""
+    names = {p.stem for p in SCRIPTS.glob("*.py")}
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module in names:
+            out.add(node.module)
+    return out
+
+
+def test_scripts_import_no_cycle():
+    graph = {p.stem: _script_imports(p) - {p.stem} for p in SCRIPTS.glob("*.py")}
+    state: dict[str, int] = {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            assert state.get(d) != 1, "import cycle among scripts: " + " -> ".join(stack[stack.index(d):] + [m, d])
+            if d not in state:
+                visit(d, stack + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+
+
+def test_organism_scripts_have_no_second_planner():
+    """The organism scripts classify tensors, revert and swap through the library (sources, plans, merging) and read
+    results.json only through layerswap.demo_results: no tensor-name parsing, no copy loop over parameters, no
+    results.json layout of their own."""
+    for name in ORGANISM_SCRIPTS:
+        src = (SCRIPTS / name).read_text()
+        tree = ast.parse(src)
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert not defined & {"layer_of", "in_range", "classify"}, (name, defined & {"layer_of", "in_range"})
+        assert 'split(".")' not in src, name  # tensor names are classified by layerswap.architectures
+        for key in ("paired_recommended_minus", "recommended_name", "target_language", "max_abs_weight_difference",
+                    "dev_grid", "floors_target_language", "questions_per_language"):
+            key = f'"{key}"'
+            assert key not in src, (name, key)  # results.json's keys belong to layerswap.demo_results
+        assert ".copy_(" not in src or name == "eval_demo.py", name  # eval_demo: the dictionary baseline's rows
+    build = (SCRIPTS / "build_demo_experts.py").read_text()
+    assert "from layerswap.sources import Sources" in build and "merge_in_memory" in build

@@ -78,7 +78,7 @@ def test_run_resume_and_a_damaged_last_line(tmp_path, trio):
     out = tmp_path / "r.jsonl"
     run = run_sweep(f, out)
     # b=5 u=2 needs 7 of the 6 layers: left out; 7 recipes on 1 test set + 2 experts + statistics
-    assert run.left_out == {"experts": 1} and run.ran == 1 + 2 + 7 == len(run.rows)
+    assert run.left_out == {f"{trio['math'].parent}/{{math, lang}}": 1} and run.ran == 1 + 2 + 7 == len(run.rows)
     rows = load_results(out)
     assert _strip(rows) == _strip(run.rows) and len({r["key"] for r in rows}) == len(rows)
     by = {r["name"]: r for r in rows}
@@ -260,7 +260,7 @@ def test_grids_and_suites():
     assert not any("TIES" in n for n in (p.name for p in ablation_suite(8, with_base=False)))
 
 
-@pytest.mark.parametrize("name", ["1-counts", "2-transition", "3-location", "4-divergence", "5-lora", "6-bases"])
+@pytest.mark.parametrize("name", ["1-counts", "2-transition", "3-location", "4-divergence", "5-peft", "6-bases"])
 def test_shipped_sweep_files(name, tmp_path):
     import dataclasses
 

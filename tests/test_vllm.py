@@ -33,6 +33,8 @@ def probes(mgsm_dir) -> dict[str, list[str]]:
 def engine(vllm_trio, probes):
     """The session's one vLLM engine, with the answers it gave right after starting (fresh) on the math expert."""
     vllm_or_skip()
+    import numba  # noqa: F401  the app's analysis loads it before any engine starts (llvmlite's ffi.lib broke vLLM's start)
+
     eng = VLLMEngine.acquire(vllm_trio["math"])
     fresh = {k: eng.generate(v, max_new_tokens=NEW) for k, v in probes.items()}
     common = len(probes["long"][0]) - len(probes["long"][0].split("\n\n")[-1])
@@ -81,28 +83,39 @@ def test_refresh_refuses_another_shape(engine, trio):
         eng.refresh(trio["math"])
 
 
-def test_workbench_serves_all_three_on_one_engine(engine, vllm_trio, mgsm_dir, tmp_path):
+def test_workbench_serves_all_three_on_one_engine(engine, vllm_trio, mgsm_dir, tmp_path, monkeypatch):
+    """One engine swapped between the three models; each Build refreshes it in memory (the plan's refresh
+    ``memory``: the engine runs in this process), answering exactly as the transformers engine on the same merge,
+    with nothing written to the scratch folder."""
+    from layerswap.engines import TensorWeights
     from layerswap.workbench import Workbench
 
     eng, _ = engine
-    wb = Workbench(engine="vllm", serving="one")
-    wb.load(str(vllm_trio["math"]), str(vllm_trio["lang"]))
-    assert wb.serving_mode == "one" and wb.engine_note.startswith("vLLM: one vLLM engine")
+    scratch = tmp_path / "scratch"
+    monkeypatch.setenv("LAYERSWAP_SCRATCH", str(scratch))
+    wb, tr = Workbench(engine="vllm", serving="one"), Workbench(engine="transformers")
+    for w in (wb, tr):
+        w.load(str(vllm_trio["math"]), str(vllm_trio["lang"]))
+    assert wb.engine_plan.arrangement == "one_vllm_swapped" and wb.engine_note.startswith("one vLLM engine")
+    assert wb.engine_plan.refresh == "memory" and wb.engine_plan.scratch_bytes == 0 and eng.in_process
     assert wb.engines["math"].engine is eng and wb.engines["lang"].engine is eng  # the idle pooled engine, reused
     plans = [Plan(b=1, u=1, tb=1, tu=0), Plan(b=2, u=1, tb=0, tu=1, non_layer="lang")]
     merged_answers = []
     for plan in plans:
         wb.build(plan)
-        assert not (wb._merge_dir / "README.md").exists()  # the scratch merge vLLM loads has no card to render
+        tr.build(plan)
+        assert isinstance(wb.engines["merged"].weights, TensorWeights) and wb.answering_engines.current.merge_dir is None
         answers = wb.ask_mgsm("sw", 3, source=mgsm_dir, max_new_tokens=NEW)
         assert [a.engine for a in answers] == ["vllm"] * 3 and wb.engines["merged"].engine is eng
-        # the merged model answers exactly as transformers does on the same merge written to disk
-        wb.export(tmp_path / f"m{len(merged_answers)}")
-        tr = TransformersEngine.from_pretrained(tmp_path / f"m{len(merged_answers)}", use_chat_template=False)
-        assert answers[2].scored.output == tr.generate([answers[2].prompt], NEW, mgsm.get_language("sw").stop)[0]
+        assert isinstance(eng.holding, TensorWeights) and "holding now: merged model" in wb.engine_note
+        # the merged model answers exactly as the transformers engine on the same merge
+        assert [a.scored.output for a in answers] == [a.scored.output for a in tr.ask_mgsm(
+            "sw", 3, source=mgsm_dir, max_new_tokens=NEW)]
         merged_answers.append(answers[2].scored.output)
     assert merged_answers[0] != merged_answers[1]
+    assert not scratch.exists() or not any(scratch.iterdir()), "an in-memory refresh writes no scratch merge"
     wb.close()
+    tr.close()
     assert not eng.in_use  # back in the pool
 
 
@@ -114,7 +127,7 @@ def test_eval_cli_experts_and_merge_on_vllm(engine, vllm_trio, mgsm_dir, tmp_pat
               "--mgsm-dir", str(mgsm_dir), "-q", "-o", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "engine: vLLM: one vLLM engine" in text
+    assert "engine: one vLLM engine, weights swapped per model" in text
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 3 * 2 * 3
     assert {r["model"] for r in rows} == {"math expert", "language expert", "merged model"}
@@ -158,7 +171,7 @@ def test_workbench_three_engines_refresh_the_merged_one(vllm_trio, mgsm_dir, tmp
     vllm_or_skip()
     wb = Workbench(engine="vllm", serving="three")
     wb.load(str(vllm_trio["math"]), str(vllm_trio["lang"]))
-    assert wb.serving_mode == "three" and "three vLLM engines" in wb.engine_note
+    assert wb.engine_plan.arrangement == "three_vllm" and "three vLLM engines" in wb.engine_note
     wb.build(Plan(b=1, u=1, tb=1, tu=0))
     merged, running = wb.engines["merged"], VLLMEngine.pooled()
     for i, plan in enumerate([Plan(b=2, u=1, tb=0, tu=1), Plan(b=1, u=2, tb=0, tu=0, non_layer="avg")]):
@@ -169,3 +182,65 @@ def test_workbench_three_engines_refresh_the_merged_one(vllm_trio, mgsm_dir, tmp
         tr = TransformersEngine.from_pretrained(tmp_path / f"m{i}", use_chat_template=False)
         assert answers[2].scored.output == tr.generate([answers[2].prompt], NEW, mgsm.get_language("sw").stop)[0]
     wb.close()
+
+
+def test_lora_experts_are_adapters_on_one_base_engine(vllm_trio, probes, tmp_path, monkeypatch):
+    """Two LoRA experts: one vLLM engine on the base serves them and every merge as LoRA adapters (serving mode
+    ``lora``); a new plan is a new adapter, the base engine is neither rebuilt nor reloaded, and every answer is the
+    transformers engine's on the densified models."""
+    from pathlib import Path
+
+    from layerswap.workbench import Workbench
+    from tests.helpers import make_adapter
+
+    vllm_or_skip()
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    m = make_adapter(vllm_trio["base"], tmp_path / "m", "lora", 1, layers=range(1, 4), scale=0.5)
+    l = make_adapter(vllm_trio["base"], tmp_path / "l", "lora", 2, scale=0.5)
+    wb, tr = Workbench(engine="vllm"), Workbench(engine="transformers")
+    for w in (wb, tr):
+        w.load(str(m), str(l), str(vllm_trio["base"]), force=True)
+    served = wb.answering_engines.current
+    assert wb.engine_plan.arrangement == "lora_vllm" and "LoRA adapter" in wb.engine_note and len(served.vllm) == 1
+    base = served.vllm[0]
+    assert base.weights_path == Path(vllm_trio["base"]).resolve() and base.settings.max_lora_rank == 8
+    seen = set()
+    for plan in (Plan(b=1, u=1, tb=1, tu=0), Plan(b=2, u=0, tb=0, tu=1)):
+        wb.build(plan)
+        tr.build(plan)
+        for role in ("math", "lang", "merged"):
+            got = wb.engines[role].generate(probes["short"], max_new_tokens=NEW)
+            assert got == tr.engines[role].generate(probes["short"], max_new_tokens=NEW), (plan, role)
+            seen.add(tuple(got))
+        assert served.vllm == [base] and base.weights_path == Path(vllm_trio["base"]).resolve()
+    assert len(seen) >= 3, "the experts and merges must answer differently for this test to mean anything"
+    wb.close()
+    tr.close()
+
+
+def test_two_engines_the_language_expert_and_the_merge_swapped(engine, vllm_trio, mgsm_dir, tmp_path):
+    """`two_vllm`: the math expert on the pooled engine, the language expert and the merge swapped on a second one;
+    the engine line names what each holds, and the merge answers as transformers does on its export."""
+    from layerswap.workbench import Workbench
+
+    from dataclasses import replace
+
+    eng, _ = engine
+    wb = Workbench(engine="vllm", serving="two")
+    wb.check(str(vllm_trio["math"]), str(vllm_trio["lang"]))
+    wb.engine_plan = replace(wb.engine_plan, refresh="disk")  # as a GPU's plan decides (engine core in its process)
+    wb.start()
+    try:
+        assert wb.engine_plan.arrangement == "two_vllm" and wb.engines["math"] is eng
+        assert wb.engines["lang"].engine is not eng and wb.engine_note.startswith("two vLLM engines")
+        wb.build(Plan(b=1, u=1, tb=1, tu=0))
+        answers = wb.ask_mgsm("sw", 3, source=mgsm_dir, max_new_tokens=NEW)
+        assert wb.engine_note.endswith("holding now: math expert, merged model")
+        merge_dir = wb.answering_engines.current.merge_dir  # refresh "disk": exported, then reloaded from there
+        assert (merge_dir / "config.json").exists() and not (merge_dir / "README.md").exists()
+        wb.export(tmp_path / "m")
+        tr = TransformersEngine.from_pretrained(tmp_path / "m", use_chat_template=False)
+        assert answers[2].scored.output == tr.generate([answers[2].prompt], NEW, mgsm.get_language("sw").stop)[0]
+    finally:
+        wb.close()
+    assert not eng.in_use

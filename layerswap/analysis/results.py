@@ -289,7 +289,7 @@ class Analysis:
             lines.append(f"Method: {self.describe_topk(k)}.")
         if merged is not None:
             p = merged.plan
-            line = f"Merged model (plan b={p.b} u={p.u} tb={p.tb} tu={p.tu}, non-layer={p.non_layer}): "
+            line = f"Merged model (plan {p.title().removeprefix('swap ')}): "
             if self.topk:
                 kept = merged.kept(self, k)
                 mt = merged.topk_at(k)

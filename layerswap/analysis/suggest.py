@@ -1,4 +1,5 @@
-"""The plan suggestion: b, u, tb, tu from the layers where the language expert's change dominates."""
+"""The weight-diff prior: b, u, tb, tu from the layers where the language expert's change dominates (a prior for
+the plan search, `layerswap.search`, not an answer)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,10 @@ class PlanSuggestion:
 
     def markdown(self) -> str:
         marks = "".join("L" if d else "·" for d in self.lang_dominant)
-        out = (f"**Suggested plan: b={self.plan.b}, u={self.plan.u}, tb={self.plan.tb}, tu={self.plan.tu}** "
+        out = (f"**The weight-diff prior: b={self.plan.b}, u={self.plan.u}, tb={self.plan.tb}, tu={self.plan.tu}** "
                f"(from {METRICS[self.metric]})  \nlanguage-dominated layers (bottom → top): `{marks}`  \n"
-               f"*Rule:* {self.rule}")
+               f"*Rule:* {self.rule}  \n*A prior read off the weights, not an answer: **Find a plan** (Build tab, "
+               "`layerswap search`) tests plans on questions.*")
         return out + (f"  \n*Note:* {self.note}" if self.note else "")
 
 

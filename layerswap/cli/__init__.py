@@ -1,4 +1,5 @@
-"""The `layerswap` command line: inspect, merge, push, export-yaml, diff, ask, eval, sweep, lm-eval, lens, app.
+"""The `layerswap` command line: inspect, merge, push, export-yaml, diff, ask, eval, sweep, search, lm-eval, lens,
+app.
 
 Every user error ends with a one-line reason on stderr and exit status 2 (1 for an
 incompatible `inspect`), never a traceback. Each subcommand is one module here, its parser next to
@@ -13,10 +14,10 @@ import argparse
 import sys
 
 from ..errors import UserError
-from . import app, ask, diff, eval, export_yaml, inspect, lens, lm_eval, merge, push, sweep
+from . import app, ask, diff, eval, export_yaml, inspect, lens, lm_eval, merge, push, search, sweep
 from .options import Parser
 
-COMMANDS = (inspect, merge, push, export_yaml, diff, ask, eval, sweep, lm_eval, lens, app)
+COMMANDS = (inspect, merge, push, export_yaml, diff, ask, eval, sweep, search, lm_eval, lens, app)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import textwrap
 
+from .. import mgsm
 from ..errors import UserError
-from .options import engine_options, models, pairing_options, print_recipe, recipe_from, recipe_options, workbench
+from .options import (
+    MGSM_DIR_HELP, engine_options, models, pairing_options, plan_note, print_recipe, recipe_from, recipe_options,
+    test_data, workbench
+)
 
 
 def add_parser(sub) -> None:
@@ -16,7 +20,7 @@ def add_parser(sub) -> None:
     s.add_argument("--question", help="free-text question (prompted in --mgsm-lang's MGSM format)")
     s.add_argument("--mgsm-lang", default="en", help="MGSM language code (default en)")
     s.add_argument("--index", type=int, help="MGSM question number (0-based) in --mgsm-lang")
-    s.add_argument("--mgsm-dir", help="folder of mgsm_XX.tsv files (default: $LAYERSWAP_MGSM_DIR, else the Hub)")
+    s.add_argument("--mgsm-dir", help=MGSM_DIR_HELP)
     s.add_argument("--shots", type=int, default=0, choices=[0, 1, 2, 3, 4, 5, 6, 7, 8],
                    help="few-shot exemplars from exemplars.json (default 0, as lm-eval)")
     s.add_argument("--max-new-tokens", type=int, default=256)
@@ -27,6 +31,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     if (args.question is None) == (args.index is None):
         raise UserError("Give either --question \"...\" or --mgsm-lang XX --index N.")
+    test_data(args, args.math, args.lang, args.base)
+    mgsm.check_languages([args.mgsm_lang], args.mgsm_dir)  # before any model loads
     wb = workbench(args, chat_template=None)
     try:
         wb.load(args.math, args.lang, args.base, force=args.force)
@@ -37,7 +43,7 @@ def run(args) -> int:
             answers = wb.ask_question(args.question, args.mgsm_lang, **kw)
         else:
             answers = wb.ask_mgsm(args.mgsm_lang, args.index, **kw)
-        print_recipe(recipe, wb.num_layers)
+        print_recipe(recipe, wb.num_layers, plan_note(args, wb.num_layers))
         print(f"engine: {wb.engine_note or answers[0].engine}")
     finally:
         wb.close()

@@ -85,7 +85,7 @@ def run(args) -> int:
         for r in ranked[:args.top]:
             print(f"  {r['rank']:>3}. {r['expert']:<16} {r['tensor']:<48} {format_value(prof_metric, r[prof_metric])}")
     s = an.suggest_plan(prof_metric, k)
-    print(f"\nsuggested plan: b={s.plan.b} u={s.plan.u} tb={s.plan.tb} tu={s.plan.tu}  (layers dominated by the "
+    print(f"\nthe weight-diff prior: b={s.plan.b} u={s.plan.u} tb={s.plan.tb} tu={s.plan.tu}  (layers dominated by the "
           f"language expert: {''.join('L' if d else '.' for d in s.lang_dominant)})")
     print(textwrap.fill(f"rule: {s.rule}", 100, initial_indent="  ", subsequent_indent="  "))
     if s.note:

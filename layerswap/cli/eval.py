@@ -7,8 +7,8 @@ from pathlib import Path
 from ..errors import UserError
 from ..roles import ANSWERING, ROLE_NAMES
 from .options import (
-    Bar, check_outputs, engine_options, engine_settings, eval_config, eval_options, models, pairing_options,
-    print_recipe, recipe_from, recipe_options, workbench
+    Bar, check_outputs, data_inputs, engine_options, engine_settings, eval_config, eval_options, models, pairing_options,
+    plan_note, print_recipe, recipe_from, recipe_options, test_data, workbench
 )
 
 
@@ -36,8 +36,9 @@ def run(args) -> int:
         raise UserError("Give either --model M, or --math M --lang L (to evaluate the experts and their merge).")
     if not args.model and not (args.math and args.lang):
         raise UserError("Give --model M, or --math M --lang L to evaluate the experts and their merge.")
+    test_data(args, args.model or args.math, args.lang, args.base)
     cfg = eval_config(args)
-    check_outputs([args.out], extra=(args.model, args.math, args.lang, args.base, *_mgsm_dir(args)))
+    check_outputs([args.out], extra=(args.model, args.math, args.lang, args.base, *data_inputs(args)))
     prov = _card_target(args)
     if args.model:
         s = engine_settings(args)
@@ -58,7 +59,7 @@ def run(args) -> int:
             check_same_merge(prov, args.card, wb.checkpoints, recipe)
         if "merged" in roles:
             wb.build(recipe)
-            print_recipe(recipe, wb.num_layers)
+            print_recipe(recipe, wb.num_layers, plan_note(args, wb.num_layers))
         note = wb.engine_note
         engines = {ROLE_NAMES[r]: wb.engines[r] for r in roles}
     try:
@@ -68,11 +69,6 @@ def run(args) -> int:
             getattr(engine, "release", lambda: None)()  # back to the engine pool
         else:
             wb.close()
-
-
-def _mgsm_dir(args) -> tuple:
-    source = getattr(args, "mgsm_dir", None)
-    return (source,) if source and Path(source).is_dir() else ()
 
 
 def _run_eval(args, cfg, engines: dict, note: str) -> int:

@@ -1,19 +1,34 @@
 """`layerswap inspect`: whether two experts (and their base) can be merged: headers, and sampled weights
-for the shared base."""
+for the shared base; with ``--hardware``, what would serve them on each named hardware (headers only)."""
 
 from __future__ import annotations
 
+from ..engines import ENGINE_CHOICES, SERVING_CHOICES
 from .options import models, open_trio, pairing_options
 
 
 def add_parser(sub) -> None:
-    s = sub.add_parser("inspect", help="compatibility report (headers, plus a few MB of sampled weights)")
+    s = sub.add_parser("inspect", help="compatibility report (headers, plus a few MB of sampled weights); "
+                                       "--hardware: what would serve the models where")
     models(s)
     pairing_options(s, force=False)
+    s.add_argument("--hardware", metavar="NAME[,NAME...]",
+                   help="plan the engines on these Spaces flavours (cpu-basic, cpu-upgrade, t4-small, l4x1, a10g-large, "
+                        "l40sx1, a100-large, h100, zero-gpu) or 'this' (this machine), from the headers only; 'all': "
+                        "every flavour and this machine")
+    s.add_argument("--json", action="store_true", help="with --hardware: one JSON object per hardware, as a list")
+    g = s.add_argument_group("engine plan (with --hardware)")
+    g.add_argument("--engine", choices=ENGINE_CHOICES, default="auto", help="auto (default), vllm or transformers")
+    g.add_argument("--serving", choices=SERVING_CHOICES, default="auto", help="a vLLM arrangement to force (auto: "
+                   "the first of three, two, one that fits)")
+    g.add_argument("--max-model-len", type=int, help="vLLM context length (default: model's, at most 4096)")
+    g.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N", help="GPUs per vLLM engine")
     s.set_defaults(fn=run)
 
 
 def run(args) -> int:
+    if args.hardware:
+        return hardware(args)
     from ..pairing import check_mergeable
 
     math, lang, base = open_trio(args)
@@ -22,3 +37,21 @@ def run(args) -> int:
     if check.pairing is not None:
         print(("  warning: " if check.pairing.suspicious else "  ") + check.pairing.message())
     return 1 if check.problem() else 0
+
+
+def hardware(args) -> int:
+    import json
+
+    from ..engines import VLLMSettings
+    from ..engines.planning import hardware_table, table_markdown
+    from ..hardware import FLAVOURS
+    from .options import open_checkpoint
+
+    names = [n.strip() for n in args.hardware.split(",") if n.strip()]
+    if names == ["all"]:
+        names = [*FLAVOURS, "this"]
+    cks = {"math": open_checkpoint(args.math), "lang": open_checkpoint(args.lang)}
+    settings = VLLMSettings(max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size)
+    rows = hardware_table(cks, names, engine=args.engine, serving=args.serving, settings=settings)
+    print(json.dumps(rows, indent=1) if args.json else table_markdown(rows))
+    return 0

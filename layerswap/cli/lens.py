@@ -25,8 +25,7 @@ def add_parser(sub) -> None:
     g.add_argument("--index", type=int, help="MGSM question number (0-based); its English twin is the same number")
     g.add_argument("--question", help="free-text question instead (prompted in --mgsm-lang's MGSM format)")
     g.add_argument("--twin", help="with --question: its English version, for the cosine alignment")
-    g.add_argument("--mgsm-dir", help="folder of mgsm_XX.tsv files with English beside the language "
-                                      "(default: $LAYERSWAP_MGSM_DIR, else the Hub)")
+    g.add_argument("--mgsm-dir", help="with English beside the language: " + o.MGSM_DIR_HELP)
     g.add_argument("--mode", choices=("native_cot", "direct"), default="native_cot", help="MGSM prompt format")
     g.add_argument("--chat-template", action="store_true", help="wrap prompts in the tokenizer's chat template")
     g = s.add_argument_group("lens")
@@ -57,18 +56,20 @@ def run(args: argparse.Namespace) -> int:
     bad = [r for r in roles if r not in ROLES]
     if bad or not roles:
         raise UserError(f"--models takes a comma list of {', '.join(ROLES)} (got {args.models!r}).")
+    o.test_data(args, args.math, args.lang, args.base)
     config = LensConfig(args.mgsm_lang, index=args.index, question=args.question, twin=args.twin, batch=args.batch,
                         answer_tokens=args.answer_tokens, source=args.mgsm_dir, mode=args.mode,
                         chat_template=args.chat_template, top=args.top)
-    config.validate()
+    config.validate()  # a language the set does not hold is refused here, before any model loads
     math, lang, base = o.open_trio(args)
     plots = [Path(p) for p in args.plot]
     for p in [args.out, args.json, *args.plot]:
         if p and Path(p).suffix.lower() not in (".html", ".htm", ".json", ".png", ".svg", ".pdf"):
             raise UserError(f"{p}: write the report as .html, the numbers as .json and figures as .png or .html.")
     o.check_outputs([args.out, args.json, *args.plot], math, lang, base,
-                    extra=(args.mgsm_dir,) if args.mgsm_dir and Path(args.mgsm_dir).is_dir() else ())
+                    extra=o.data_inputs(args))
     recipe = o.recipe_from(args, math.num_layers)
+    o.print_recipe(recipe, math.num_layers, o.plan_note(args, math.num_layers))
     bar = o.Bar(enabled=not args.quiet)
     try:
         res = run_lens(math, lang, recipe, base=base, config=config, device=args.device, forward=args.forward,

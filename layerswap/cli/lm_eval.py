@@ -31,7 +31,9 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..lmeval import LmEvalConfig, evaluate_model, evaluate_recipe
+    from ..presets import portable_ref
     from ..sweeps.records import experts_identity, experts_shown, lm_eval_record
+    from ..sweeps.spec import set_name
     from ..runtime import resolve_device
 
     cfg = LmEvalConfig(tasks=[t.strip() for t in args.tasks.split(",") if t.strip()], include_path=args.include_path,
@@ -49,14 +51,14 @@ def run(args) -> int:
         metrics = evaluate_recipe(math, lang, base, recipe, cfg, force=args.force, keep=args.keep)
         cks = {"math": math, "lang": lang, **({"base": base} if base is not None else {})}
         rec = lm_eval_record(experts_shown(cks, experts_identity(cks)), recipe.to_dict(), args.name or target.stem,
-                             cfg.settings(), metrics, args.force)
+                             cfg.settings(), metrics, args.force, set_name(args.math, args.lang))
     else:
         if args.math or args.lang:
             raise UserError(f"{args.target} is a model; --math/--lang are for a recipe file.")
         metrics = evaluate_model(args.target, cfg)
         cks = {"model": open_checkpoint(args.target)}
         rec = lm_eval_record(experts_shown(cks, experts_identity(cks)), None, args.name or target.name,
-                             cfg.settings(), metrics)
+                             cfg.settings(), metrics, set_name=portable_ref(args.target))
     for task, ms in metrics.items():
         print(f"{task}: " + ", ".join(f"{k} {v:.4f}" for k, v in ms.items()))
     if args.out:

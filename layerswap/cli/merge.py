@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ..errors import UserError
 from .options import (
-    Bar, DEVICE_HELP, models, open_trio, pairing_options, parse_size, print_recipe, recipe_from, recipe_options
+    Bar, DEVICE_HELP, models, open_trio, pairing_options, parse_size, plan_note, print_recipe, recipe_from,
+    recipe_options
 )
 from .push import push_folder
 
@@ -20,6 +21,9 @@ def add_parser(sub) -> None:
     s.add_argument("--out-shard-size", default="5GB", help="maximum bytes per safetensors shard (default 5GB)")
     s.add_argument("--languages", metavar="CODES",
                    help="comma list of ISO 639 codes the merge is for (e.g. sw,en), for the model card's front matter")
+    s.add_argument("--adapter", action="store_true",
+                   help="two PEFT adapters of one kind (LoRA, IA3, prefix tuning) as experts: write the swap as a PEFT "
+                        "adapter of that kind on their base (prefix-tuning experts can only be exported so)")
     s.add_argument("--push-to", metavar="REPO_ID", help="then push the folder to your own Hub repo (see `layerswap push`)")
     s.add_argument("--private", action="store_true", help="with --push-to: create the repo private")
     s.add_argument("-q", "--quiet", action="store_true")
@@ -27,7 +31,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..merging import export_merge
+    from ..merging import export_adapter_merge, export_merge
 
     if args.push_to:  # a bad repo id or no network is said before a long merge, not after
         from ..hub import hub_reachable
@@ -39,12 +43,20 @@ def run(args) -> int:
                             "merge without it now and run `layerswap push` later.")
     math, lang, base = open_trio(args)
     recipe = recipe_from(args, math.num_layers)
-    print_recipe(recipe, math.num_layers)
+    print_recipe(recipe, math.num_layers, plan_note(args, math.num_layers))
+    languages = args.languages.split(",") if args.languages else None
+    if args.adapter:
+        out = export_adapter_merge(math, lang, recipe, args.out, base=base, overwrite=args.overwrite,
+                                   force=args.force, languages=languages)
+        print(f"wrote {out} (a {math.adapter_kind} adapter on the experts' base)")
+        if args.push_to:
+            push_folder(out, args.push_to, private=args.private, revision=None, overwrite=False, quiet=args.quiet)
+        return 0
     bar = Bar(enabled=not args.quiet)
     s = export_merge(math, lang, recipe, args.out, base=base, device=args.device,
                      overwrite=args.overwrite, shard_bytes=parse_size(args.out_shard_size), force=args.force,
                      base_distance_threshold=args.base_distance_threshold, progress=bar,
-                     languages=args.languages.split(",") if args.languages else None)
+                     languages=languages)
     bar.done()
     if s.pairing is not None and s.pairing.suspicious:
         print("warning (--force): " + s.pairing.message().replace("; pass --force to run it anyway", ""))

@@ -96,14 +96,19 @@ def pairing_options(p: argparse.ArgumentParser, force: bool = True) -> None:
 
 def eval_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("MGSM evaluation (lm-eval mgsm_native_cot protocol by default)")
-    g.add_argument("--langs", default="sw,te,bn,ja", help="comma list of MGSM language codes (default sw,te,bn,ja)")
+    g.add_argument("--langs", help="comma list of MGSM language codes (default: the target languages of the models' "
+                   "own set, for shipped models; else sw,te,bn,ja)")
     g.add_argument("--limit", type=int, help="first N questions per language (default: all 250)")
     g.add_argument("--shots", type=int, default=0, choices=[0, 1, 2, 3, 4, 5, 6, 7, 8],
                    help="few-shot exemplars from exemplars.json (default 0, as lm-eval; 8 for the 8-shot setup)")
     g.add_argument("--mode", choices=("native_cot", "direct"), default="native_cot",
                    help="lm-eval task family: mgsm_native_cot (default) or mgsm_direct")
     g.add_argument("--max-new-tokens", type=int, default=256)
-    g.add_argument("--mgsm-dir", help="folder of mgsm_XX.tsv files (default: $LAYERSWAP_MGSM_DIR, else the Hub)")
+    g.add_argument("--mgsm-dir", help=MGSM_DIR_HELP)
+
+
+MGSM_DIR_HELP = ("folder of mgsm_XX.tsv files, or a shipped set (assets:demo/mgsm); default: the models' own set "
+                 "(shipped models), else $LAYERSWAP_MGSM_DIR, else the Hub")
 
 
 def engine_options(p: argparse.ArgumentParser) -> None:
@@ -111,8 +116,8 @@ def engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=ENGINE_CHOICES, default=None,
                    help="auto (default; $LAYERSWAP_ENGINE): vLLM when installed, else transformers")
     g.add_argument("--serving", choices=SERVING_CHOICES, default="auto",
-                   help="with --math/--lang on vLLM: three engines, or one engine with weights swapped per model "
-                        "(auto: three when they fit in memory)")
+                   help="with --math/--lang on vLLM: three engines, two (the language expert and the merge "
+                        "swapped on one), or one engine with weights swapped per model (auto: the first that fits)")
     g.add_argument("--max-model-len", type=int, help="vLLM context length (default: model's, at most 4096)")
     g.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="vLLM on GPUs: split each engine over N GPUs, for experts that do not fit on one (default 1)")
@@ -124,7 +129,9 @@ def engine_options(p: argparse.ArgumentParser) -> None:
 # ---- library objects from options -----------------------------------------------------------------
 
 def recipe_from(args, num_layers: int) -> Recipe:
-    """The recipe of a command: from --recipe FILE, or from the plan and method flags (defaults filled in)."""
+    """The recipe of a command: from --recipe FILE, or from the plan and method flags; the plan values not given
+    come from the models' opening plan (`organisms.opening_plan`: a shipped pair's recommended plan, else the
+    literature's, scaled)."""
     given = {f: getattr(args, f.dest) for f in FIELDS if getattr(args, f.dest, None) is not None}
     if getattr(args, "recipe", None):
         if given:
@@ -133,7 +140,45 @@ def recipe_from(args, num_layers: int) -> Recipe:
         r = Recipe.load(args.recipe)
         r.validate(num_layers)
         return r
-    return Recipe.from_values(num_layers=num_layers, **{f.name: v for f, v in given.items()})
+    return Recipe.from_values(num_layers=num_layers, defaults=opening(args, num_layers).plan,
+                              **{f.name: v for f, v in given.items()})
+
+
+def opening(args, num_layers: int):
+    """The plan the models open on (`organisms.opening_plan`) and why."""
+    from ..organisms import opening_plan
+
+    return opening_plan((args.base or "", args.math or "", args.lang or ""), num_layers)
+
+
+def plan_note(args, num_layers: int) -> str | None:
+    """Which plan a command used when no plan flag and no recipe said one (None when they did)."""
+    if getattr(args, "recipe", None) or any(getattr(args, f.dest, None) is not None for f in FIELDS if f.plan):
+        return None
+    return opening(args, num_layers).why
+
+
+def test_data(args, *refs: str | None) -> None:
+    """Fill in the MGSM set the command uses (--mgsm-dir, else the set the models bring: `organisms.test_set`)
+    and, for --langs left out, that set's target languages (every language but English) or the paper's."""
+    from .. import mgsm
+    from ..organisms import test_set
+
+    if not getattr(args, "mgsm_dir", None):
+        own = test_set(*refs)
+        args.mgsm_dir = str(own) if own is not None else None
+    if hasattr(args, "langs") and not args.langs:
+        have = mgsm.available_languages(args.mgsm_dir) if args.mgsm_dir else []
+        targets = [c for c in have if c != "en"] or have
+        args.langs = ",".join(targets) if args.mgsm_dir else ",".join(mgsm.PAPER_LANGS)
+
+
+def data_inputs(args) -> tuple[str, ...]:
+    """The MGSM folder a command reads, as an input no output may land in (none for the Hub)."""
+    from ..mgsm import folder
+
+    source = folder(getattr(args, "mgsm_dir", None))
+    return (str(source),) if source is not None and source.is_dir() else ()
 
 
 def open_checkpoint(ref: str | None):
@@ -160,9 +205,11 @@ def check_outputs(outs, *checkpoints, extra=()) -> None:
             check_output_file(out, inputs)
 
 
-def print_recipe(recipe: Recipe, num_layers: int) -> None:
+def print_recipe(recipe: Recipe, num_layers: int, why: str | None = None) -> None:
+    """The recipe as the command runs it; `why`: where a plan no flag gave comes from (`plan_note`)."""
     if recipe.plan is not None:
-        print(f"plan: {recipe.plan.title()} ({num_layers} layers)")
+        print(f"plan: {recipe.plan.title()} ({num_layers} layers)" + (f": {why}" if why and recipe.method.spec.uses_plan
+                                                                         else ""))
         print(textwrap.indent(Sources(recipe, num_layers).describe(), "  "))
     else:
         print(f"method: {recipe.method.describe()}")

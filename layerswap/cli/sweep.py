@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import UserError
 from .options import (
     Bar, check_outputs, engine_options, engine_settings, eval_config, eval_options, int_list, models, pairing_options,
-    plan_options, recipe_from
+    plan_options, recipe_from, test_data
 )
 
 
@@ -119,10 +119,12 @@ def _sweep_spec(args):
     """The sweep of the flag form (`--math --lang` plus a grid or the ablation suite), as a SweepSpec."""
     from ..adapters import open_expert
     from ..sweeps import ExpertSet, SweepSpec, TestSet, ablation_suite, swap_grid
+    from ..sweeps.spec import set_name
 
     if not (args.math and args.lang):
         raise UserError("Give a sweep file (layerswap sweep SWEEP.yaml), or --math M --lang L for a grid or the "
                         "ablation suite.")
+    test_data(args, args.math, args.lang, args.base)
     cfg = eval_config(args)
     L = open_expert(args.math, args.base).num_layers
     if args.suite == "grid":
@@ -132,7 +134,8 @@ def _sweep_spec(args):
     else:
         points = ablation_suite(L, recipe_from(args, L).plan, with_base=args.base is not None)
     return SweepSpec(
-        name=f"{args.suite} sweep", expert_sets=[ExpertSet("experts", args.math, args.lang, args.base, args.force)],
+        name=f"{args.suite} sweep",
+        expert_sets=[ExpertSet(set_name(args.math, args.lang), args.math, args.lang, args.base, args.force)],
         points=points, test_sets=[TestSet(Path(cfg.source).name if cfg.source else "mgsm", cfg.source, tuple(cfg.langs))],
         eval={"limit": cfg.limit, "shots": cfg.shots, "mode": cfg.mode, "max_new_tokens": cfg.max_new_tokens},
         engine=asdict(engine_settings(args)),

@@ -1,52 +1,106 @@
-"""Before any engine starts: what answering with the three models needs, whether it fits, and how long a question takes.
+"""Before any engine starts: how the three models will answer on this hardware, and what it costs. The plan is binding:
+`engines.answering.Answering` starts exactly what it says, and the page shows it.
 
-Everything else (compatibility report, analysis, export, mergekit YAML, card, push) streams from the checkpoint
-files and needs no engine; answers do. `plan_engines` decides, from headers only:
+`plan_engines` decides, from headers and the hardware (`layerswap.hardware`, fakeable) only, once:
 
-- which engine answers: vLLM (three engines side by side, or one with swapped weights; `serving.plan_serving`)
-  when chosen and installed, else transformers (both experts in memory, the merge built in memory);
-- the memory that needs against what is available, and for vLLM the scratch disk its merged model is written to
-  (the model's size) against the free disk there;
-- on the CPU, about how long one question to the three models takes: generating is bound by reading the weights
-  once per token, so ``tokens × weight bytes / CPU_DECODE_BYTES_PER_S`` (measured: docs/benchmarks.md), plus, with
-  one swapped vLLM engine, loading each model's weights again per switch (``SWAP_BYTES_PER_S``, measured too);
-- whether to start them at once in the background (`quick`: they fit, and on the CPU a question takes under
-  `QUICK_SECONDS`), or only when the visitor asks for answers; when they cannot fit, what would serve them.
+- the **arrangement** (`ARRANGEMENTS`): three vLLM engines side by side; two (the math expert on one, the language
+  expert and the merge swapped on the other); one vLLM engine with weights swapped per model; one vLLM engine on
+  the base serving LoRA experts and each merge as adapters (`serving.vllm_lora_rank`; room is kept for a merge
+  method's dense engine); transformers (both experts in memory, the merge built in memory); or none (nothing fits:
+  answers are off, everything else works);
+- each vLLM engine's settings: its share of the GPU (``gpu_memory_utilization``) or its KV cache on the CPU, and
+  CUDA graphs on a GPU (a refresh loads weights in place, so captured graphs stay valid);
+- the memory that needs against what is available, counting the engines it would release first (another trio's,
+  idle ones) as available; per-engine overhead and the app's own headroom are budgeted (`serving.estimate`);
+- how a Build reaches the engine serving the merge (`refresh`): ``memory`` (the merge streamed from the experts'
+  files into the model, nothing written) where the engine runs in this process (vLLM on the CPU, and transformers);
+  ``disk`` (exported to a scratch folder, reloaded from it) where vLLM's engine core is a process of its own (GPU):
+  its RPC serializes the arguments, so an iterator cannot cross and a list of tensors is a second copy of the
+  model on its socket; and for LoRA serving, whose merges are adapter folders vLLM reads;
+- the scratch disk vLLM's merged model is written to (refresh ``disk`` only), against the free disk;
+- about how long one question to the three models takes, and one weight swap: decoding reads every weight once per
+  token, so ``tokens × weight bytes / rate`` (CPU: measured, docs/benchmarks.md; GPU: the card's bandwidth times an
+  efficiency), plus the swaps the arrangement makes per question;
+- whether the engines start at once behind the page (`quick`), whether small experts answer with transformers while
+  vLLM starts, where the analysis runs (the CPU when the GPU's headroom is short);
+- when nothing serves, which hardware would (`would_serve`: the same plan over the Hub's flavours).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 
 from ..checkpoints import Checkpoint
-from ..errors import UserError
-from .serving import DTYPE_BYTES, GiB, ServingPlan, estimate, plan_serving
+from ..hardware import FLAVOURS, GiB, Hardware, current
+from .serving import DTYPE_BYTES, USABLE_FRACTION, MemoryEstimate, estimate, vllm_lora_rank
 from .vllm_engine import VLLMSettings, vllm_device, vllm_status
+
+ARRANGEMENTS = ("lora_vllm", "three_vllm", "two_vllm", "one_vllm_swapped", "transformers", "none")
+VLLM_ENGINES = {"lora_vllm": 1, "three_vllm": 3, "two_vllm": 2, "one_vllm_swapped": 1}
+SERVING_CHOICES = ("auto", "three", "two", "one")
+SERVING_ARRANGEMENT = {"three": "three_vllm", "two": "two_vllm", "one": "one_vllm_swapped"}
+SWAPS_PER_QUESTION = {"lora_vllm": 0, "three_vllm": 0, "two_vllm": 2, "one_vllm_swapped": 3, "transformers": 0, "none": 0}
+TITLES = {"lora_vllm": "one vLLM engine on the base, each model a LoRA adapter on it",
+          "three_vllm": "three vLLM engines side by side",
+          "two_vllm": "two vLLM engines (the math expert on one; the language expert and the merge swapped on the other)",
+          "one_vllm_swapped": "one vLLM engine, weights swapped per model",
+          "transformers": "transformers, both experts in memory", "none": "nothing (answers are off)"}
 
 # Measured on the 8B trio with the app's own plan on a 2-core, 24 GB CPU machine (docs/benchmarks.md, "The page at
 # 8B"): 16 new tokens of one 8B bf16 model in 35.5 s with the prompt's prefill (7.2e9 weight bytes per token-second),
-# and a weight swap of one vLLM engine (reload_weights of 16 GB, cold) in about 52 s.
+# and a weight swap of one vLLM engine (reload_weights of 16 GB, cold) in about 52 s. On a GPU: the card's memory
+# bandwidth times an efficiency, and a swap from the page cache (estimates until `scripts/gpu_check.py --vllm`).
 CPU_DECODE_BYTES_PER_S = 7.0e9
-SWAP_BYTES_PER_S = 0.3e9
+SWAP_BYTES_PER_S = {"cpu": 0.3e9, "cuda": 2.0e9}
+GPU_DECODE_EFFICIENCY = {"vllm": 0.7, "transformers": 0.35}
 ANSWER_TOKENS = 256  # tokens per answer the estimate assumes (MGSM's default cap)
-QUICK_SECONDS = 90.0  # on the CPU, engines whose question takes longer start only when answers are asked for
+QUICK_SECONDS = 90.0  # engines whose question takes longer start only when answers are asked for
 TRANSFORMERS_FIRST_BYTES = 2 * 10**9  # experts this small answer with transformers while vLLM starts
+APP_HEADROOM = {"cpu": 1 * GiB, "cuda": 1 * GiB}  # the app's own process (its CUDA context on a GPU)
+ANALYSIS_GPU_BYTES = 2 * GiB  # GPU memory the analysis and lens want beside the engines, else they run on the CPU
+
+
+@dataclass(frozen=True)
+class Releasing:
+    """Engines a plan releases before it starts its own (another trio's, idle ones) and the memory they hold."""
+
+    engines: int = 0
+    nbytes: int = 0
 
 
 @dataclass(frozen=True)
 class EnginePlan:
-    engine: str  # "vllm" or "transformers"
-    mode: str  # "three", "one" (vLLM) or "transformers"
-    device: str
+    arrangement: str  # one of ARRANGEMENTS
+    device: str  # where the answering engines run
+    hardware: str  # the hardware planned for (`Hardware.name`)
     need_memory: int
-    available_memory: int
+    available_memory: int  # free now plus what the released engines hold
     scratch_bytes: int  # disk for vLLM's merged model
     free_disk: int
     problem: str  # why it does not fit ("" when it does)
-    question_seconds: float | None  # three answers of ANSWER_TOKENS tokens (CPU estimate)
-    serving: ServingPlan | None = None
+    question_seconds: float | None  # three answers of ANSWER_TOKENS tokens (None: nothing serves)
+    swap_seconds: float | None = None  # one weight swap (arrangements that swap)
+    settings: VLLMSettings | None = None  # per vLLM engine
+    estimate: MemoryEstimate | None = None
+    releases: int = 0
+    released_bytes: int = 0
     transformers_first: bool = False  # small experts: answer with transformers at once while vLLM starts
-    why: str = ""  # why this engine (for transformers: why not vLLM)
+    cuda_graphs: bool = False
+    analysis_device: str = "cpu"
+    played: bool = False  # planned for played hardware (`LAYERSWAP_HARDWARE`, inspect --hardware): nothing starts
+    why: str = ""  # why this arrangement (for transformers: why not vLLM)
+    refresh: str = "memory"  # a Build into the merge's engine: "memory" (no file written) or "disk" (REFRESH_MODES)
+    refresh_why: str = ""
+
+    @property
+    def engine(self) -> str:
+        """``vllm``, ``transformers`` or ``none``."""
+        return "vllm" if self.arrangement in VLLM_ENGINES else self.arrangement
+
+    @property
+    def vllm_engines(self) -> int:
+        return VLLM_ENGINES.get(self.arrangement, 0)
 
     @property
     def fits(self) -> bool:
@@ -57,21 +111,62 @@ class EnginePlan:
         """Start the engines at once, in the background (else when answers are asked for)."""
         return self.fits and (self.question_seconds is None or self.question_seconds <= QUICK_SECONDS)
 
+    @property
+    def title(self) -> str:
+        return TITLES[self.arrangement]
+
     def describe(self) -> str:
         """One paragraph for the page: what answers, with the numbers, and what it costs or what would serve."""
-        what = {"three": "three vLLM engines side by side", "one": "one vLLM engine, weights swapped per model",
-                "transformers": "transformers, both experts in memory"}[self.mode]
-        where = "GPU memory" if self.device != "cpu" else "RAM"
-        s = (f"{what}: {_gib(self.need_memory)} of {_gib(self.available_memory)} available {where}"
-             + (f", {self.scratch_bytes / 1e9:.1f} GB scratch disk of {self.free_disk / 1e9:.1f} GB free"
-                if self.scratch_bytes else ""))
         if self.problem:
             return f"**Answers are off:** {self.problem} The compatibility report, heatmaps, Export, mergekit YAML, " \
                    "card and Push work without them."
+        where = "GPU memory" if self.device != "cpu" else "RAM"
+        s = (f"**Answers:** {self.title}: {_gib(self.need_memory)} of {_gib(self.available_memory)} available {where}"
+             + (f" (counting {self.releases} engine{'s' if self.releases != 1 else ''} released first)"
+                if self.releases else "")
+             + (f", {self.scratch_bytes / 1e9:.1f} GB scratch disk of {self.free_disk / 1e9:.1f} GB free"
+                if self.scratch_bytes else ""))
         if self.question_seconds is not None:
-            s += f"; one question to the three models takes about {_duration(self.question_seconds)} on this CPU"
-        return "**Answers:** " + s + ("." if self.quick else ". They start when you press Start engines (Ask, "
-                                      "Evaluate and Build need them).")
+            s += (f"; one question to the three models takes about {_duration(self.question_seconds)} on "
+                  f"{'this CPU' if self.device == 'cpu' else 'this GPU'}")
+            if self.swap_seconds and SWAPS_PER_QUESTION[self.arrangement]:
+                s += (f", {SWAPS_PER_QUESTION[self.arrangement]} weight swaps of about "
+                      f"{_duration(self.swap_seconds)} each included")
+        if self.engine == "vllm":
+            s += f"; a Build refreshes the merge's engine {'in memory' if self.refresh == 'memory' else 'through disk'}"
+        return s + ("." if self.quick else ". They start when you press Start engines (Ask, Evaluate and Build "
+                                           "need them).")
+
+    def row(self, hw: Hardware) -> dict:
+        """This plan as one row of `layerswap inspect --hardware` and the page's hardware table."""
+        arrangement = self.arrangement if self.fits else "none"
+        note = self.problem or self.title + (f"; {hw.note}" if hw.note else "")
+        return {"hardware": hw.name, "gpu_memory_gib": round(hw.gpu_total() / GiB, 1), "gpus": len(hw.gpus),
+                "ram_gib": round(hw.ram_total / GiB, 1), "arrangement": arrangement, "fits": self.fits,
+                "seconds_per_question": None if not self.fits or self.question_seconds is None
+                else _round(self.question_seconds),
+                "seconds_per_swap": _round(self.swap_seconds) if self.fits and self.swap_seconds else None,
+                "refresh": self.refresh if self.fits and self.arrangement != "none" else None,
+                "note": note}
+
+
+REFRESH_MODES = {"memory": "the merge streamed from the experts' files into the engine, nothing written",
+                 "disk": "the merge written to a scratch folder and reloaded from it"}
+
+
+def refresh_mode(arrangement: str, device: str) -> tuple[str, str]:
+    """How a Build reaches the engine serving the merge, and why (see the module's docstring)."""
+    if arrangement == "lora_vllm":
+        return "disk", "vLLM reads each merge as a LoRA adapter folder"
+    if arrangement in VLLM_ENGINES and device != "cpu":
+        return "disk", ("vLLM's engine core runs in a process of its own on a GPU: its RPC would serialize the "
+                        "model's tensors (a second copy on its socket)")
+    return "memory", ("the engine runs in this process" if arrangement in VLLM_ENGINES
+                      else "the transformers engine holds the merge in memory")
+
+
+def _round(s: float) -> float:
+    return round(s, 1) if s >= 1 else float(f"{s:.2g}")
 
 
 def _gib(n: float) -> str:
@@ -89,64 +184,200 @@ def weight_bytes(ck: Checkpoint, dtype: str | None = None) -> int:
     return sum(t.numel for t in ck.tensors.values()) * DTYPE_BYTES.get(dtype, 2)
 
 
-def question_seconds(bytes_per_model: int, mode: str, device: str) -> float | None:
-    """About how long three answers of ANSWER_TOKENS tokens take on the CPU (None on a GPU: seconds)."""
-    if device != "cpu":
+def swap_seconds(nbytes: int, device: str) -> float:
+    """About how long loading one model's weights into a running engine takes."""
+    return nbytes / SWAP_BYTES_PER_S["cpu" if device == "cpu" else "cuda"]
+
+
+def question_seconds(arrangement: str, nbytes: int, hw: Hardware, device: str) -> float | None:
+    """About how long three answers of ANSWER_TOKENS tokens take (`nbytes`: one model's weights as served)."""
+    if arrangement == "none":
         return None
-    generate = 3 * ANSWER_TOKENS * bytes_per_model / CPU_DECODE_BYTES_PER_S
-    swaps = 3 * bytes_per_model / SWAP_BYTES_PER_S if mode == "one" else 0.0
-    return generate + swaps
+    if device == "cpu":
+        rate = CPU_DECODE_BYTES_PER_S
+    else:
+        rate = hw.bandwidth() * GPU_DECODE_EFFICIENCY["transformers" if arrangement == "transformers" else "vllm"]
+    return 3 * ANSWER_TOKENS * nbytes / rate + SWAPS_PER_QUESTION[arrangement] * swap_seconds(nbytes, device)
 
 
-def would_serve(ck: Checkpoint) -> str:
-    """What serves the three models comfortably: three copies of the weights in bf16, plus cache."""
-    need = 3 * weight_bytes(ck, "bfloat16") * 1.15
-    return (f"the three models need about {need / 1e9:.0f} GB of GPU memory in bf16 as three vLLM engines "
-            f"(e.g. a GPU Space with that much), or {need / 3 / 1e9:.0f} GB as one engine with swapped weights")
+def plan_engines(cks: dict[str, Checkpoint], *, engine: str = "auto", serving: str = "auto",
+                 settings: VLLMSettings | None = None, device: str | None = None, hardware: Hardware | None = None,
+                 releasing: Releasing = Releasing(), alternatives: bool = True) -> EnginePlan:
+    """The engine plan for checkpoints ``math``/``lang`` (see the module's docstring); never starts anything.
 
+    `engine`: auto, vllm or transformers; `serving`: auto or a forced vLLM arrangement (three, two, one); `device`:
+    the transformers engine's (default: the hardware's); `releasing`: engines released before starting."""
+    from ..errors import UserError
 
-def plan_engines(cks: dict[str, Checkpoint], *, engine: str, serving: str, settings: VLLMSettings, device: str,
-                 scratch_dir) -> EnginePlan:
-    """The engine plan for checkpoints ``math``/``lang`` (see the module's docstring); never starts anything."""
-    from ..scratch import free_bytes
-    from .serving import available_memory
-
+    if serving not in SERVING_CHOICES:
+        raise UserError(f"Unknown serving mode {serving!r}; use one of: {', '.join(SERVING_CHOICES)}.")
+    hw = hardware or current()
+    settings = settings or VLLMSettings()
     math = cks["math"]
+    base = dict(hardware=hw.name, releases=releasing.engines, released_bytes=releasing.nbytes, played=hw.played)
+    if hw.zero_gpu:
+        return _zero_gpu(cks, hw, base, alternatives)
+    vllm_ok, why_not = (vllm_status() if hw.vllm is None else
+                        (hw.vllm, "" if hw.vllm else f"vLLM does not run on {hw.name} (not installed there)"))
+    if any(ck.adapter_kind == "prefix" for ck in cks.values()):
+        vllm_ok, why_not = False, "vLLM serves no prefix-tuning adapters; transformers runs the prefixes (peft)"
+    vdev = (vllm_device() if hw.vllm is None else hw.device) if vllm_ok else hw.device
     vllm_problem = ""
-    installed, why_not = vllm_status()
-    if engine != "transformers" and installed:
-        vdev = vllm_device()
-        try:
-            sp = plan_serving(math, serving, settings, vdev)
-            scratch, free = math.nbytes, free_bytes(scratch_dir)
-            problem = "" if scratch <= free else (
-                f"vLLM loads the merged model from disk: {scratch / 1e9:.1f} GB, more than the {free / 1e9:.1f} GB free "
-                "in the scratch folder (LAYERSWAP_SCRATCH).")
-            per_model = weight_bytes(math, settings.engine_dtype(math.config, vdev))
-            plan = EnginePlan("vllm", sp.mode, vdev, sp.estimate.need_bytes, sp.estimate.available_bytes, scratch, free,
-                              problem, question_seconds(per_model, sp.mode, vdev), sp)
-            if plan.fits and engine == "auto":  # small experts: transformers answers while vLLM starts
-                need = cks["lang"].nbytes + math.nbytes
-                plan = replace(plan, transformers_first=need <= min(TRANSFORMERS_FIRST_BYTES, available_memory("cpu") / 4))
-            if plan.fits or engine == "vllm":
-                return plan if plan.fits else _off(plan, math)
-            vllm_problem = problem
-        except UserError:  # not even one engine fits
-            one = estimate(math, 1, settings, vdev)
-            vllm_problem = f"one vLLM engine needs {_gib(one.need_bytes)} ({one.describe().split(' = ')[0]})"
-            if engine == "vllm":
-                return _off(EnginePlan("vllm", "one", vdev, one.need_bytes, one.available_bytes, 0, 0,
-                                       f"{vllm_problem}, more than the {_gib(one.available_bytes)} available.", None), math)
-    need = cks["lang"].nbytes + math.nbytes
-    have = available_memory("cuda" if str(device).startswith("cuda") else "cpu")
-    problem = "" if need <= have else (f"{_gib(have)} available; the two experts need {_gib(need)} in memory with "
-                                       "transformers" + (f", and {vllm_problem}" if vllm_problem else "") + ".")
+    if engine != "transformers" and vllm_ok:
+        plan = _plan_vllm(cks, serving, settings, vdev, hw, releasing, base, engine == "auto")
+        if plan.fits or engine == "vllm":
+            return plan if plan.fits or not alternatives else _with_alternatives(plan, cks, engine, settings)
+        vllm_problem = plan.problem
+    tdev = hw.device if (hw.played or device is None) else ("cuda" if str(device).startswith("cuda") else "cpu")
+    need = cks["lang"].nbytes + math.nbytes + APP_HEADROOM[tdev]
+    have = hw.memory_available(tdev) + releasing.nbytes
+    problem = "" if need <= have else (f"{_gib(have)} available; the two experts need {_gib(need)} in "
+                                       f"{'GPU memory' if tdev != 'cpu' else 'RAM'} with transformers (the app's "
+                                       "headroom included)" + (f", and {_lower(vllm_problem)}" if vllm_problem else "")
+                                       + ".")
     why = "chosen" if engine == "transformers" else vllm_problem or why_not
-    plan = EnginePlan("transformers", "transformers", "cpu" if device == "cpu" else str(device), need, have, 0, 0,
-                      problem, question_seconds(math.nbytes, "transformers", "cpu" if device == "cpu" else "cuda"),
-                      why=why)
-    return plan if plan.fits else _off(plan, math)
+    plan = EnginePlan("transformers" if not problem else "none", tdev, need_memory=need, available_memory=have,
+                      scratch_bytes=0, free_disk=hw.disk_free, problem=problem,
+                      question_seconds=question_seconds("transformers" if not problem else "none", math.nbytes, hw,
+                                                        tdev),
+                      analysis_device=_analysis_device(tdev, have - need), why=why,
+                      refresh_why=refresh_mode("transformers", tdev)[1], **base)
+    return plan if plan.fits or not alternatives else _with_alternatives(plan, cks, engine, settings)
 
 
-def _off(plan: EnginePlan, ck: Checkpoint) -> EnginePlan:
-    return replace(plan, problem=plan.problem.rstrip(".") + f". What would serve them: {would_serve(ck)}.")
+def _plan_vllm(cks: dict[str, Checkpoint], serving: str, settings: VLLMSettings, dev: str, hw: Hardware,
+               releasing: Releasing, base: dict, auto: bool) -> EnginePlan:
+    """The first vLLM arrangement that fits (three, two, one), or the last tried with its problem."""
+    math = cks["math"]
+    graphs = dev != "cpu" and settings.enforce_eager is not True
+    settings = replace(settings, enforce_eager=not graphs)
+    tp = max(1, settings.tensor_parallel_size) if dev != "cpu" else 1
+    available = hw.memory_available(dev, tp) + releasing.nbytes
+    free = hw.disk_free
+    tried = [SERVING_ARRANGEMENT[serving]] if serving != "auto" else [a for a in VLLM_ENGINES if a != "lora_vllm"]
+    rank = vllm_lora_rank(cks)[0] if serving == "auto" else None
+    if rank:  # LoRA experts: one engine on the base, every model an adapter (room kept for a dense merge's engine)
+        tried.insert(0, "lora_vllm")
+    per_model = weight_bytes(math, settings.engine_dtype(math.config, dev))
+    plan = None
+    for arrangement in tried:
+        lora = arrangement == "lora_vllm"
+        refresh, refresh_why = refresh_mode(arrangement, dev)
+        scratch = math.nbytes if refresh == "disk" else 0
+        disk_problem = "" if scratch <= free else (
+            f"vLLM loads the merged model from disk: {scratch / 1e9:.1f} GB, more than the {free / 1e9:.1f} GB free "
+            "in the scratch folder (LAYERSWAP_SCRATCH).")
+        est = estimate(math, 2 if lora else VLLM_ENGINES[arrangement], settings, dev, available, APP_HEADROOM[dev])
+        problem = disk_problem or ("" if est.fits else (
+            f"{TITLES[arrangement]} need {est.describe()} (of which {USABLE_FRACTION:.0%} is usable)."))
+        spare = int(USABLE_FRACTION * available) - est.need_bytes
+        plan = EnginePlan(arrangement, dev, need_memory=est.need_bytes, available_memory=available,
+                          scratch_bytes=scratch, free_disk=free, problem=problem,
+                          question_seconds=question_seconds(arrangement, per_model, hw, dev),
+                          swap_seconds=swap_seconds(per_model, dev) if SWAPS_PER_QUESTION[arrangement] else None,
+                          settings=replace(_sized(settings, est, hw, dev), max_lora_rank=rank if lora else None),
+                          estimate=est, cuda_graphs=graphs,
+                          analysis_device=_analysis_device(dev, spare), why=_why(arrangement, serving),
+                          refresh=refresh, refresh_why=refresh_why, **base)
+        if plan.fits:
+            break
+    if plan.fits and auto and dev == "cpu":
+        experts = cks["lang"].nbytes + math.nbytes
+        plan = replace(plan, transformers_first=experts <= min(TRANSFORMERS_FIRST_BYTES, hw.ram_available / 4))
+    return plan
+
+
+def _sized(settings: VLLMSettings, est: MemoryEstimate, hw: Hardware, dev: str) -> VLLMSettings:
+    """Per-engine settings: the KV cache on the CPU; on a GPU an equal share of what is usable, as a fraction of
+    the GPU's total (how vLLM reads ``gpu_memory_utilization``)."""
+    if dev == "cpu":
+        return replace(settings, kv_cache_gib=est.kv_bytes / GiB)
+    share = (USABLE_FRACTION * est.available_bytes - est.fixed_bytes) / est.engines
+    return replace(settings, gpu_memory_utilization=round(min(max(share, 0) / max(hw.gpu_total(), 1), 0.92), 3))
+
+
+def _why(arrangement: str, serving: str) -> str:
+    if serving != "auto":
+        return f"serving {serving!r} chosen"
+    bigger = [a for a in VLLM_ENGINES if VLLM_ENGINES[a] > VLLM_ENGINES[arrangement]]
+    return "it fits" if not bigger else f"{TITLES[bigger[-1]]} would not fit"
+
+
+def _analysis_device(dev: str, spare: int) -> str:
+    return "cuda" if dev != "cpu" and spare >= ANALYSIS_GPU_BYTES else "cpu"
+
+
+def _lower(s: str) -> str:
+    return s[:1].lower() + s[1:].rstrip(".")
+
+
+def zero_gpu_problem() -> str:
+    return ("ZeroGPU attaches its GPU only inside each event, under a daily quota of 2 minutes (anonymous) or 5 "
+            "(free accounts), and keeps nothing on it between events; layerswap's engines hold the three models "
+            "across questions and builds, so it does not serve on ZeroGPU.")
+
+
+def _zero_gpu(cks: dict[str, Checkpoint], hw: Hardware, base: dict, alternatives: bool) -> EnginePlan:
+    problem = zero_gpu_problem()
+    plan = EnginePlan("none", "cuda", need_memory=0, available_memory=hw.gpu_free(), scratch_bytes=0,
+                      free_disk=hw.disk_free, problem=problem, question_seconds=None, **base)
+    return _with_alternatives(plan, cks, "auto", VLLMSettings()) if alternatives else plan
+
+
+def would_serve(cks: dict[str, Checkpoint], engine: str = "auto",
+                settings: VLLMSettings | None = None) -> list[tuple[Hardware, EnginePlan]]:
+    """Which Spaces flavours serve these models: the cheapest (by the Hub's price) on which they answer, and the
+    cheapest on which they answer with the fewest weight swaps, when that is another."""
+    rows = []
+    for hw in sorted((h for h in FLAVOURS.values() if h.price is not None and not h.zero_gpu),
+                     key=lambda h: h.price):
+        p = plan_engines(cks, engine=engine, settings=settings, hardware=dataclasses.replace(hw, played=True),
+                         alternatives=False)
+        if p.fits and p.quick:
+            rows.append((hw, p))
+    if not rows:
+        return []
+    best = min(rows, key=lambda r: (SWAPS_PER_QUESTION[r[1].arrangement], r[1].engine != "vllm", r[0].price))
+    return [rows[0]] + ([best] if best is not rows[0] else [])
+
+
+def would_serve_text(cks: dict[str, Checkpoint], engine: str = "auto", settings: VLLMSettings | None = None) -> str:
+    rows = would_serve(cks, engine, settings)
+    if not rows:
+        return "none of the Hub's Spaces flavours (use a machine with more memory, or smaller models)"
+    def each(s: float) -> str:
+        return "under a second a question" if s < 1 else f"about {_duration(s)} a question"
+
+    return "; ".join(f"`{hw.name}` ({hw.label}: {p.title}, {each(p.question_seconds or 0)})" for hw, p in rows)
+
+
+def _with_alternatives(plan: EnginePlan, cks: dict[str, Checkpoint], engine: str, settings: VLLMSettings) -> EnginePlan:
+    return replace(plan, problem=plan.problem.rstrip(".") + f". What would serve them: "
+                   f"{would_serve_text(cks, engine, settings)}.")
+
+
+def hardware_table(cks: dict[str, Checkpoint], names: list[str], engine: str = "auto", serving: str = "auto",
+                   settings: VLLMSettings | None = None) -> list[dict]:
+    """One `EnginePlan.row` per hardware name (a Spaces flavour, or ``this``): what would serve these models where."""
+    from ..hardware import flavour
+
+    rows = []
+    for name in names:
+        hw = flavour(name)
+        rows.append(plan_engines(cks, engine=engine, serving=serving, settings=settings, hardware=hw,
+                                 alternatives=False).row(hw))
+    return rows
+
+
+def table_markdown(rows: list[dict]) -> str:
+    """The hardware table as Markdown (the page, docs/hosting.md)."""
+    lines = ["| hardware | GPU memory | RAM | arrangement | s per question | s per swap | note |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        gpu = f"{r['gpus']} × {r['gpu_memory_gib']:g} GiB" if r["gpus"] > 1 else \
+            f"{r['gpu_memory_gib']:g} GiB" if r["gpus"] else "none"
+        sec = "" if r["seconds_per_question"] is None else f"{r['seconds_per_question']:g}"
+        swap = "" if r["seconds_per_swap"] is None else f"{r['seconds_per_swap']:g}"
+        note = r["note"] if r["fits"] else r["note"].split(". What would serve")[0]
+        lines.append(f"| `{r['hardware']}` | {gpu} | {r['ram_gib']:g} GiB | `{r['arrangement']}` | {sec} | {swap} | "
+                     f"{note.replace('|', '/')} |")
+    return "\n".join(lines)

@@ -1,39 +1,41 @@
-"""Serving the three models with vLLM: three engines or one, sized from the memory there is before starting.
+"""What one vLLM engine needs, from a model's headers: weights, KV cache and overhead, on a GPU or the CPU.
 
-The workbench serves three models (math expert, language expert, merged). With vLLM that is
-either **three engines** side by side, or **one engine** whose weights are swapped to whichever
-model is asked (`VLLMEngine.refresh`: same answers, a weight reload per switch). `plan_serving`
-estimates what each engine needs (weights in the engine's dtype, KV cache, process overhead),
-compares it with what is available (free GPU memory, or available RAM on the CPU backend), and
-either returns per-engine settings or raises a `UserError` that says what to change.
+`estimate` is the memory model the planner (`engines.planning`) budgets with; it starts nothing.
 
-- GPU: each engine gets an equal share of 90% of the free memory as ``gpu_memory_utilization``
-  (a fraction of *total* memory, which is how vLLM reads it).
-- CPU: the KV cache per engine is ``VLLM_CPU_KVCACHE_SPACE`` GiB when set, else 1 GiB (at least
-  one full-length sequence), passed as ``kv_cache_memory_bytes``.
-- ``tensor_parallel_size`` N > 1 (GPU only): each engine spans N GPUs, each holding 1/N of its weights
-  and cache; the least free of those GPUs is what is compared.
+- **Weights**: parameters × the engine's dtype (``/ tensor_parallel_size`` on each GPU of an engine).
+- **KV cache**, sized from the model served, not a fixed size: `KV_SEQUENCES` full-length sequences of its
+  context (2 × layers × KV heads × head size × dtype bytes per token), at least one sequence (vLLM refuses to
+  start without it); on the CPU at most ``VLLM_CPU_KVCACHE_SPACE`` GiB (1 when unset) unless `kv_cache_gib` says.
+  The demo's models need 2 MB per sequence; the 8B's 512 MiB.
+- **Overhead** per engine: on the CPU the engine runs inside the app's process (one import of vLLM for all,
+  `CPU_PROCESS_OVERHEAD`, then `CPU_ENGINE_OVERHEAD` each: measured, docs/benchmarks.md); on a GPU each engine
+  is a process with its own CUDA context, activations and, with CUDA graphs, their memory pool.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 
 from ..checkpoints import Checkpoint, text_config
 from ..errors import UserError
-from ..runtime import ram_available
+from ..hardware import Hardware, current
 from .vllm_engine import VLLMSettings
 
 GiB = 2**30
-SERVING_CHOICES = ("auto", "three", "one")
+MiB = 2**20
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "half": 2, "float": 4}
-OVERHEAD = {"cpu": 1.5 * GiB, "cuda": 1.5 * GiB}  # per engine: processes, runtime, activations
+KV_SEQUENCES = {"cpu": 16, "cuda": 4}  # full-length sequences the KV cache holds at least (a batch of questions;
+# on a GPU vLLM gives the cache whatever its share leaves, so this is the least it must leave)
+CPU_PROCESS_OVERHEAD = 384 * MiB  # vLLM imported into the app's process, once (measured: docs/benchmarks.md)
+CPU_ENGINE_OVERHEAD = 64 * MiB  # one more in-process CPU engine, beyond weights and KV (measured: 25 MiB)
+CUDA_CONTEXT = 640 * MiB  # one engine process's CUDA context on its GPU
+GPU_ACTIVATIONS = 1 * GiB  # activations, sampler and allocator slack of one engine
+CUDA_GRAPHS = 512 * MiB  # captured CUDA graphs' memory pool
 USABLE_FRACTION = 0.9  # of what is free/available
 
 
-@dataclass
+@dataclass(frozen=True)
 class MemoryEstimate:
     device: str
     engines: int
@@ -41,6 +43,7 @@ class MemoryEstimate:
     kv_bytes: int  # per engine
     overhead_bytes: int  # per engine
     available_bytes: int
+    fixed_bytes: int = 0  # once for all engines (vLLM in the app's process on the CPU; the app's own headroom)
 
     @property
     def per_engine(self) -> int:
@@ -48,7 +51,7 @@ class MemoryEstimate:
 
     @property
     def need_bytes(self) -> int:
-        return self.engines * self.per_engine
+        return self.engines * self.per_engine + self.fixed_bytes
 
     @property
     def fits(self) -> bool:
@@ -56,46 +59,24 @@ class MemoryEstimate:
 
     def describe(self) -> str:
         where = "free GPU memory" if self.device != "cpu" else "available RAM"
+        fixed = f" + {_gib(self.fixed_bytes)} for the app" if self.fixed_bytes else ""
         return (f"{self.engines} engine{'s' if self.engines > 1 else ''} × ({_gib(self.weights_bytes)} weights + "
-                f"{_gib(self.kv_bytes)} KV cache + {_gib(self.overhead_bytes)} overhead) = {_gib(self.need_bytes)}; "
-                f"{_gib(self.available_bytes)} {where}")
-
-
-@dataclass
-class ServingPlan:
-    mode: str  # "three" or "one"
-    settings: VLLMSettings  # per engine
-    estimate: MemoryEstimate
-    note: str
+                f"{_gib(self.kv_bytes)} KV cache + {_gib(self.overhead_bytes)} overhead){fixed} = "
+                f"{_gib(self.need_bytes)}; {_gib(self.available_bytes)} {where}")
 
 
 def _gib(n: float) -> str:
-    return f"{n / GiB:.1f} GiB"
+    return f"{n / GiB:.1f} GiB" if n >= 0.1 * GiB or n == 0 else f"{n / MiB:.0f} MiB"
 
 
-def available_memory(device: str, gpus: int = 1) -> int:
-    """Free GPU memory (CUDA; the least free of the first `gpus` GPUs) or available RAM (CPU backend), in bytes;
-    ``$LAYERSWAP_AVAILABLE_MEMORY`` (bytes) caps it, so a test can play a small machine."""
-    cap = os.environ.get("LAYERSWAP_AVAILABLE_MEMORY")
-    have = _available(device, gpus)
-    return min(have, int(float(cap))) if cap else have
-
-
-def _available(device: str, gpus: int) -> int:
-    if device != "cpu":
-        import torch
-
-        return int(min(torch.cuda.mem_get_info(i)[0] for i in range(max(1, gpus))))
-    ram = ram_available()
-    if ram is None:
-        raise UserError("Cannot tell how much memory this machine has available (no /proc/meminfo, no psutil): "
-                        "pip install psutil.")
-    return ram
+def available_memory(device: str, gpus: int = 1, hardware: Hardware | None = None) -> int:
+    """Free GPU memory (the least free of the first `gpus` GPUs) or available RAM, in bytes (`hardware.current`)."""
+    return (hardware or current()).memory_available("cuda" if str(device).startswith("cuda") else "cpu", gpus)
 
 
 def check_memory(need: int, device: str, what: str) -> None:
     """Refuse, with the numbers, to load `need` bytes for `what` when the device has less free."""
-    have = available_memory("cuda" if str(device).startswith("cuda") else "cpu")
+    have = available_memory(device)
     if need > have:
         where = "free GPU memory" if str(device).startswith("cuda") else "available RAM"
         raise UserError(f"Loading {what} needs {_gib(need)}, more than the {where} ({_gib(have)}); nothing was "
@@ -110,60 +91,53 @@ def kv_bytes_per_token(ck: Checkpoint, dtype: str) -> int:
     return 2 * ck.num_layers * kv_heads * head_dim * DTYPE_BYTES.get(dtype, 2)
 
 
-def estimate(ck: Checkpoint, engines: int, settings: VLLMSettings, device: str,
-             available: int | None = None) -> MemoryEstimate:
-    """Memory per device: with tensor parallelism each of the engine's GPUs holds 1/tp of weights and cache."""
+def kv_cache_bytes(ck: Checkpoint, settings: VLLMSettings, device: str) -> int:
+    """KV cache per engine (per GPU of an engine), sized from the model (see the module's docstring)."""
+    dtype = settings.engine_dtype(ck.config, device)
+    tp = max(1, settings.tensor_parallel_size) if device != "cpu" else 1
+    seq = kv_bytes_per_token(ck, dtype) * settings.context_length(ck.config) // tp
+    if device == "cpu" and settings.kv_cache_gib:
+        return max(int(settings.kv_cache_gib * GiB), seq)
+    sized = seq * KV_SEQUENCES["cpu" if device == "cpu" else "cuda"]
+    if device == "cpu":
+        sized = min(sized, int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1) * GiB))
+    return max(seq, sized)
+
+
+def estimate(ck: Checkpoint, engines: int, settings: VLLMSettings, device: str, available: int,
+             fixed: int = 0) -> MemoryEstimate:
+    """Memory per device for `engines` engines of `ck`'s shape (see the module's docstring); `fixed`: the app's
+    own headroom, counted once."""
     dtype = settings.engine_dtype(ck.config, device)
     tp = max(1, settings.tensor_parallel_size) if device != "cpu" else 1
     params = sum(t.numel for t in ck.tensors.values())
-    weights = params * DTYPE_BYTES.get(dtype, 2) / tp
-    max_len = settings.context_length(ck.config)
-    min_kv = kv_bytes_per_token(ck, dtype) * max_len / tp  # vLLM refuses to start without one full sequence
+    weights = params * DTYPE_BYTES.get(dtype, 2) // tp
+    kv = kv_cache_bytes(ck, settings, device)
     if device == "cpu":
-        kv = max(int(settings.cpu_kv_cache_gib() * GiB), min_kv)
+        overhead, fixed = CPU_ENGINE_OVERHEAD, fixed + CPU_PROCESS_OVERHEAD
     else:
-        kv = min_kv
-    avail = available_memory(device, tp) if available is None else available
-    return MemoryEstimate(device, engines, int(weights), int(kv), int(OVERHEAD.get(device, OVERHEAD["cuda"])), avail)
+        overhead = CUDA_CONTEXT + GPU_ACTIVATIONS + (0 if settings.enforce_eager else CUDA_GRAPHS)
+    return MemoryEstimate(device, engines, int(weights), int(kv), int(overhead), int(available), int(fixed))
 
 
-def plan_serving(ck: Checkpoint, serving: str = "auto", settings: VLLMSettings | None = None,
-                 device: str = "cpu", available: int | None = None, running: int = 0) -> ServingPlan:
-    """Choose three engines or one, and size them; raise UserError (before starting) when it cannot fit.
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
-    `running`: idle engines of this model's shape already running (they are reused, and the memory
-    they hold counts as available to them).
-    """
-    if serving not in SERVING_CHOICES:
-        raise UserError(f"Unknown serving mode {serving!r}; use one of: {', '.join(SERVING_CHOICES)}.")
-    settings = settings or VLLMSettings()
-    three = estimate(ck, 3, settings, device, available)
-    if running:
-        three = dataclasses.replace(three, available_bytes=three.available_bytes
-                                    + int(min(running, 3) * three.per_engine / USABLE_FRACTION))
-    one = dataclasses.replace(three, engines=1)
-    if serving in ("auto", "three") and three.fits:
-        est, mode = three, "three"
-        note = "three vLLM engines side by side"
-    elif serving == "three":
-        raise UserError(
-            f"The three models do not fit as three vLLM engines: {three.describe()}. Serve them one at a time "
-            "with one engine whose weights are swapped per model (serving 'one': --serving one, or 'One engine' "
-            "in the app), lower max_model_len, or use a machine with more memory.")
-    elif one.fits:
-        est, mode = one, "one"
-        note = "one vLLM engine, weights swapped per model"
-        if serving == "auto":
-            note += f" (three engines would not fit: {three.describe()})"
-    else:
-        raise UserError(f"Even one vLLM engine does not fit: {one.describe()}. Lower max_model_len, free memory, "
-                        "or use the transformers engine (--engine transformers).")
-    if device == "cpu":
-        settings = dataclasses.replace(settings, kv_cache_gib=est.kv_bytes / GiB)
-    else:
-        import torch
 
-        total = torch.cuda.mem_get_info(0)[1]
-        share = USABLE_FRACTION * est.available_bytes / est.engines / total
-        settings = dataclasses.replace(settings, gpu_memory_utilization=round(min(share, 0.92), 3))
-    return ServingPlan(mode, settings, est, note)
+def vllm_lora_rank(cks: dict[str, Checkpoint]) -> tuple[int | None, str]:
+    """Whether vLLM can serve the experts as LoRA adapters on their base (arrangement ``lora_vllm``): the
+    `max_lora_rank` the engine needs (the merged adapter's rank: the two ranks side by side), or None and why not."""
+    from ..adapters import read_adapter
+
+    math, lang = cks["math"], cks["lang"]
+    if math.adapter_kind != "lora" or lang.adapter_kind != "lora":
+        return None, "the experts are not both LoRA adapters"
+    ranks = []
+    for ck in (math, lang):
+        w = read_adapter(ck.adapter).weights()
+        if w.full or any(e["embedding"] for e in w.modules.values()):
+            return None, (f"{ck.ref}: vLLM's LoRA serves the layers' linear modules only, not full copies "
+                          "(modules_to_save) or embedding LoRA")
+        ranks.append(max((e["A"].shape[0] for e in w.modules.values()), default=1))
+    need = sum(ranks)
+    rank = next((r for r in LORA_RANKS if r >= need), None)
+    return (rank, "") if rank else (None, f"the merged adapter's rank {need} is over vLLM's {LORA_RANKS[-1]}")

@@ -55,10 +55,33 @@ class TransformersEngine(TokenizingEngine):
 
     name = "transformers"
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 8, use_chat_template: bool | None = None):
+    def __init__(self, model, tokenizer, *, batch_size: int = 8, use_chat_template: bool | None = None,
+                 prefix: "torch.Tensor | None" = None):
         super().__init__(tokenizer, use_chat_template)
         self.model = model
         self.batch_size = batch_size
+        self._runner = model  # what generates: the model, or peft's prefix-tuning wrapper around it
+        self.set_prefix(prefix)
+
+    def set_prefix(self, table: "torch.Tensor | None") -> None:
+        """Answer with a prefix-tuning prefix (``(virtual tokens, layers * 2 * width)``, as peft saves it; peft
+        runs it), or without one (None). The model's weights stay where they are (`load_state_dict` still works)."""
+        if table is None:
+            self._runner = self.model
+            return
+        try:
+            from peft import PeftModelForCausalLM, PrefixTuningConfig
+        except ImportError:
+            raise UserError("Prefix-tuning experts need peft: pip install peft.") from None
+        run = self._runner
+        if run is self.model or run.peft_config["default"].num_virtual_tokens != table.shape[0]:
+            run = PeftModelForCausalLM(self.model, PrefixTuningConfig(task_type="CAUSAL_LM", inference_mode=True,
+                                                                       num_virtual_tokens=int(table.shape[0])))
+        emb = run.prompt_encoder["default"].embedding.weight
+        if tuple(emb.shape) != tuple(table.shape):
+            raise UserError(f"The prefix has shape {tuple(table.shape)}; this model takes {tuple(emb.shape)}.")
+        emb.data = table.to(emb.device, self.model.dtype)
+        self._runner = run.eval()
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu", **kw) -> "TransformersEngine":
@@ -87,7 +110,7 @@ class TransformersEngine(TokenizingEngine):
             enc = tok([texts[i] for i in idx], return_tensors="pt", padding=True,
                       add_special_tokens=self.add_special_tokens).to(self.device)
             prompt_len = enc["input_ids"].shape[1]
-            gen = self.model.generate(
+            gen = self._runner.generate(
                 **enc,
                 max_new_tokens=max_new_tokens,
                 do_sample=False,

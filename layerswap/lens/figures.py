@@ -26,6 +26,8 @@ from ..sources import Sources
 from .classes import CLASSES
 from .run import LensResult
 
+SUBTITLE_WIDTH = 560  # the narrowest grid figure: room for its longest note line (61 characters) at subtitle size
+
 CLASS_COLORS = {"target": "#e7298a", "english": "#1f78b4", "digits": "#e6ab02", "other": "#999999"}
 CLASS_LABELS = {"target": "target language", "english": "English", "digits": "digits", "other": "other"}
 ROLE_COLORS = {"math": MATH_COLOR, "lang": LANG_COLOR, "merged": MODEL_COLORS["merged model"], "base": BASE_COLOR}
@@ -95,13 +97,15 @@ def lens_grid(result: LensResult, roles: list[str] | None = None, max_chars: int
                 fig.add_hrect(y0=a - 0.5, y1=b + 0.5, row=j, col=1, line={"color": LANG_COLOR, "width": 2.5},
                               fillcolor="rgba(0,0,0,0)", layer="above")
     answered = any(m.answer is not None for m in result.models.values())
-    fig.update_layout(
-        title=f"Logit lens, top token per layer · {result.language_name} prompt<br><sup>columns: the last prompt token"
-              + (", then each token of the model's own answer" if answered else "") + "; colour: class of the top "
-              "token (deeper = more probable)" + ("; outlined on the merged model: layers from the language expert"
-                                                  if result.layer_weights is not None else "") + "</sup>",
-        height=len(roles) * (row_height * (L + 1) + 70) + 120, width=min(1600, max(560, 160 + 62 * width)),
-        margin={"l": 70, "r": 30, "t": 90, "b": 40})
+    notes = ["columns: the last prompt token" + (", then the model's own answer" if answered else ""),
+             "colour: class of the top token (deeper = more probable)"]
+    if result.layer_weights is not None:
+        notes.append("outlined on the merged model: layers from the language expert")
+    fig.update_layout(  # one short line per note: the figure may be as narrow as one column
+        title=f"Logit lens, top token per layer · {result.language_name} prompt" + "".join(
+            f"<br><sup>{n}</sup>" for n in notes),
+        height=len(roles) * (row_height * (L + 1) + 70) + 120 + 18 * len(notes),
+        width=min(1600, max(SUBTITLE_WIDTH, 160 + 62 * width)), margin={"l": 70, "r": 30, "t": 60 + 18 * len(notes), "b": 40})
     return fig
 
 

@@ -145,6 +145,7 @@ class Stack:
         import torch
 
         self.model, self.source = model, source
+        self.prefix: "torch.Tensor | None" = None  # a prefix-tuning expert's prefix table (`with_prefix`)
         self.base = model.base_model
         self.config = model.config
         self.layers = list(self.base.layers)[: self.config.num_hidden_layers]
@@ -174,6 +175,22 @@ class Stack:
         with init_empty_weights(include_buffers=False):
             model = AutoModelForCausalLM.from_config(config)
         return cls(model.eval(), source, device)
+
+    def with_prefix(self, table: "torch.Tensor | None") -> "Stack":
+        """Run with a prefix-tuning prefix in every layer's attention (as peft runs it); None: without."""
+        self.prefix = table
+        return self
+
+    def _prefixed(self, batch: int, cache=None):
+        """`cache` (or a new one) holding the prefix's keys and values for `batch` rows."""
+        from ..adapters import prefix_kv
+
+        cache = cache if cache is not None else self.new_cache(prefixed=False)
+        heads = getattr(self.config, "num_key_value_heads", None) or self.config.num_attention_heads
+        for i in range(self.num_layers):
+            k, v = prefix_kv(self.prefix, i, self.num_layers, heads)
+            cache.update(*(t.expand(batch, -1, -1, -1).to(self.device, self.dtype) for t in (k, v)), i)
+        return cache
 
     @property
     def num_layers(self) -> int:
@@ -228,6 +245,10 @@ class Stack:
         with torch.inference_mode():
             emb = self.embed(ids)
             on_layer(0, emb)
+            if self.prefix is not None and cache is None:  # a prefix: every token also attends to it
+                cache = self._prefixed(ids.shape[0])
+                if mask is not None:
+                    mask = torch.cat([mask.new_ones(mask.shape[0], self.prefix.shape[0]), mask], 1)
             try:
                 for i, layer in enumerate(self.layers):
                     hooks.append(layer.register_forward_pre_hook(pre(i), with_kwargs=True))
@@ -261,7 +282,9 @@ class Stack:
                 logits = torch.tanh(logits / cap) * cap
             return logits.float()
 
-    def new_cache(self):
+    def new_cache(self, prefixed: bool = True):
+        """A cache to generate with (holding the prefix, for one row, when the model has one)."""
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.config)
+        cache = DynamicCache(config=self.config)
+        return self._prefixed(1, cache) if prefixed and self.prefix is not None else cache

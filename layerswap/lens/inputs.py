@@ -46,7 +46,8 @@ class LensConfig:
     top: int = 5
 
     def validate(self) -> None:
-        """Raise UserError (with the fix) for settings out of range; data-dependent checks come in `prepare`."""
+        """Raise UserError (with the fix) for settings out of range and languages the MGSM set does not hold (file
+        names only: before any model loads); the other data-dependent checks come in `prepare`."""
         if (self.index is None) == (self.question is None):
             raise UserError("Give either an MGSM question number (--mgsm-lang XX --index N) or a question's text "
                             "(--question \"...\").")
@@ -68,6 +69,7 @@ class LensConfig:
             raise UserError(f"Top tokens: {self.top}; choose 1 to {MAX_TOP}.")
         if self.mode not in ("native_cot", "direct"):
             raise UserError(f"Unknown MGSM mode {self.mode!r}; use native_cot or direct.")
+        mgsm.check_languages([self.language, "en"], self.source)
 
 
 @dataclass

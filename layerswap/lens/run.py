@@ -295,8 +295,20 @@ def run_lens(math: Checkpoint | str, lang: Checkpoint | str, recipe: Recipe | Pl
                                            else WeightSource(cks[r]), device)) for r in wanted}
     else:
         stacks = _memory_stacks(cks, recipe, wanted, device)
-    return lens_stacks(stacks, tokenizer, config, recipe=recipe, streamed={r: mode == "stream" for r in wanted},
-                       progress=progress, cancel=cancel)
+    return lens_stacks(_with_prefixes(stacks, cks, recipe), tokenizer, config, recipe=recipe,
+                       streamed={r: mode == "stream" for r in wanted}, progress=progress, cancel=cancel)
+
+
+def _with_prefixes(stacks: dict[str, StackFactory], cks: dict, recipe: Recipe) -> dict[str, StackFactory]:
+    """Prefix-tuning experts: each model's stack runs with its prefix (the merged one's from the adapters' swap)."""
+    from ..adapters import prefix_of
+    from ..merging import adapter_pair, merged_adapter
+
+    if adapter_pair(cks["math"], cks["lang"]) != "prefix":
+        return stacks
+    prefixes = {"math": prefix_of(cks["math"]), "lang": prefix_of(cks["lang"]),
+                "merged": merged_adapter(cks["math"], cks["lang"], recipe, cks.get("base")).prefix}
+    return {r: (lambda f=f, p=prefixes.get(r): f().with_prefix(p)) for r, f in stacks.items()}
 
 
 def _memory_stacks(cks: dict, recipe: Recipe, roles: list[str], device: str) -> dict[str, StackFactory]:
@@ -361,5 +373,5 @@ def lens_workbench(wb, config: LensConfig, *, recipe: Recipe | None = None, prog
         elif role in cks:
             stacks[role] = lambda ck=cks[role]: Stack.streamed(WeightSource(ck), device)
     tokenizer = getattr(wb.engines.get("math"), "tokenizer", None) or load_tokenizer(cks["math"].path)
-    return lens_stacks(stacks, tokenizer, config, recipe=recipe, streamed=streamed, progress=progress,
+    return lens_stacks(_with_prefixes(stacks, cks, recipe), tokenizer, config, recipe=recipe, streamed=streamed, progress=progress,
                        cancel=cancel)

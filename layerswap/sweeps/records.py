@@ -86,6 +86,9 @@ def units_of(spec: SweepSpec, s: ExpertSet, cks: dict, left_out: dict) -> list[U
     return units
 
 
+NOT_RUN = "not run"  # a merge point its experts cannot take (the record's message says why)
+
+
 def record(spec: SweepSpec, s: ExpertSet, u: Unit, **extra) -> dict:
     r = {"key": u.key, "sweep": spec.name, "set": s.name, "kind": u.kind, "name": u.name,
          "recipe": u.point.recipe.to_dict() if u.point else None, "vars": dict(u.point.vars) if u.point else {},
@@ -144,10 +147,11 @@ def ordered(plan: list, refusal: dict[str, str], rows: dict[str, dict]) -> list[
 
 
 def lm_eval_record(experts: dict, recipe: dict | None, name: str, settings: dict, metrics: dict,
-                   force: bool = False, set_name: str = "experts") -> dict:
+                   force: bool = False, set_name: str = "") -> dict:
     """A results-file record (kind ``lm-eval``) of lm-evaluation-harness `metrics` ({task: {metric: value}},
     `layerswap.lmeval`) for a merge (`recipe`) or a model (`recipe` None); `settings`: what changes the
-    numbers (`LmEvalConfig.settings`); `experts` as `experts_shown` gives them (only their fingerprints key it)."""
+    numbers (`LmEvalConfig.settings`); `experts` as `experts_shown` gives them (only their fingerprints key it);
+    `set_name`: the expert set it belongs to (`spec.set_name`)."""
     ident = {"experts": {r: {"fingerprint": e["fingerprint"]} for r, e in experts.items()}, "force": force,
              "recipe": recipe, "lm_eval": settings}  # where the models are is not part of the key
     return {"key": point_key(ident), "sweep": "lm-eval", "set": set_name, "kind": "lm-eval", "name": name,

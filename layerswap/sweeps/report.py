@@ -92,7 +92,13 @@ def results_table(rows: Sequence[dict], metric: str = "flexible") -> list[dict]:
             extra.setdefault(_join_key(r), {"set": r["set"], "recipe": r["name"], "kind": "lm-eval"}).update(
                 {k: round(v, 4) for k, v in r["metrics"].items()})
     out = []
-    for r in evaluated(rows):
+    for r in rows:
+        if r["kind"] == "not run":  # a recipe these experts cannot take: the row says why
+            out.append({"set": r["set"], "recipe": f"{r['name']}: not run ({r['message'].split(':')[0][:120]})",
+                        "kind": "not run", "test set": r["test_set"]["name"], "n": 0})
+            continue
+        if r["kind"] not in ("expert", "merge"):
+            continue
         s = scores(r, metric)
         row = {"set": r["set"], "recipe": r["name"], "kind": r["kind"], "test set": r["test_set"]["name"]}
         for lang in r["eval"]["langs"]:

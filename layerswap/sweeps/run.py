@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..errors import UserError
 from ..roles import EXPERTS, ROLE_NAMES
 from ..runtime import Progress, no_progress
 from .log import ResultsLog, load_results
-from .records import Unit, evaluation_fields, layout, ordered, record, refusal_reason, refused_record
+from .records import NOT_RUN, Unit, evaluation_fields, layout, ordered, record, refusal_reason, refused_record
 from .spec import ExpertSet, SweepSpec, load_spec
 
 
@@ -78,7 +79,11 @@ def execute(wb, spec: SweepSpec, s: ExpertSet, units: list[Unit], cancel: thread
         if u.kind == "merge":
             if built != u.point.name:
                 tell(0.0, f"merging {u.name}")
-                lw, built = wb.build(u.point.recipe), u.point.name
+                try:
+                    lw, built = wb.build(u.point.recipe), u.point.name
+                except UserError as e:  # this recipe cannot run on these experts (a merge method on prefixes)
+                    yield record(spec, s, u, kind=NOT_RUN, message=str(e), seconds=time.perf_counter() - t)
+                    continue
             plan = u.point.recipe.plan
             extra = {"layer_weights": lw, "reverted": sorted(plan.reverted()) if plan else [],
                      "pairing_forced": bool(wb.pairing.suspicious)}
@@ -104,8 +109,9 @@ def run_sweep(spec: SweepSpec | str | Path, out: str | Path | None, progress: Pr
               cancel: threading.Event | None = None, *, workbench: Callable[[SweepSpec], object] | None = None,
               ) -> SweepRun:
     """Run (or resume) a sweep, appending each finished point to the results file `out` (None: a
-    temporary file, removed afterwards). `progress(fraction, text)` hears about every step, with the
-    count of points and an ETA; `cancel` stops after the current batch (what is finished is kept)."""
+    temporary file, removed afterwards). `progress(fraction, text)` hears about every step from the first
+    second (the count of points, what is loading), with an ETA from the points measured in this call only (their
+    records' ``seconds``; loading the experts is not a point); `cancel` stops after the current batch (what is finished is kept)."""
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
     spec.check_experts()
     p = progress or no_progress
@@ -118,14 +124,13 @@ def run_sweep(spec: SweepSpec | str | Path, out: str | Path | None, progress: Pr
             plan, refusal = layout(spec, left_out)
             total = sum(len(us) for _, _, us in plan)
             done = sum(len(us) if refusal[s.name] in log else sum(u.key in log for u in us) for s, _, us in plan)
-            ran, t0, cancelled = 0, time.perf_counter(), False
+            ran, measured, cancelled = 0, 0.0, False  # points run now, and the seconds they took
 
             def tell(f: float, what: str) -> None:
-                eta = ""
-                if ran:
-                    rate = (time.perf_counter() - t0) / ran
-                    eta = f" · ETA {_clock(rate * (total - done - f))}"
-                p(min(1.0, (done + f) / max(total, 1)), f"{done}/{total}{eta} · {what}")
+                eta = f" · ETA {_clock(measured / ran * (total - done - f))}" if ran else ""
+                p(min(1.0, (done + f) / max(total, 1)), f"{done}/{total} points{eta} · {what}")
+
+            tell(0.0, f"{done} already in the results file" if done else "starting")
 
             for s, cks, units in plan:
                 todo = [u for u in units if u.key not in log]
@@ -139,11 +144,13 @@ def run_sweep(spec: SweepSpec | str | Path, out: str | Path | None, progress: Pr
                 wb = make(spec)
                 try:
                     tell(0.0, f"{s.name}: loading the experts")
-                    wb.load(s.math, s.lang, s.base, force=s.force)
+                    wb.load(s.math, s.lang, s.base, force=s.force,
+                            progress=lambda f, d, n=s.name: tell(0.0, f"{n}: loading the experts: {d}"))
                     for rec in execute(wb, spec, s, todo, cancel, tell):
                         log.append(rec)
                         done += 1
                         ran += 1
+                        measured += rec["seconds"]  # what the point took, as its record says
                     cancelled = cancel is not None and cancel.is_set()
                 finally:
                     wb.close()

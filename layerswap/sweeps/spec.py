@@ -16,7 +16,8 @@
     stats: true                                             # each expert's distance from the base
     build: python scripts/build_demo_experts.py --ablation-experts   # said when experts are missing
 
-Relative paths are read from the sweep file's folder. Grid points that do not fit the experts'
+Relative paths are read from the sweep file's folder; ``assets:`` references name shipped models and sets
+wherever the file is. Grid points that do not fit the experts'
 layer count are left out (and counted); listed recipes that do not fit are refused.
 """
 
@@ -34,6 +35,7 @@ from ..evaluation import EvalConfig
 from ..fields import PLAN_FILE_KEYS
 from ..hub import looks_like_hub_id
 from ..methods import METHODS
+from ..presets import ASSETS_PREFIX, assets_dir, portable_ref
 from ..recipes import Recipe, read_data_file, refuse_unknown
 
 TOP_KEYS = ("name", "experts", "expert_sets", "recipes", "grid", "test_sets", "langs", "eval", "engine",
@@ -99,7 +101,8 @@ class SweepSpec:
         out = []
         for s in self.expert_sets:
             for ref in s.refs().values():
-                if not Path(ref).exists() and not looks_like_hub_id(ref):
+                shipped = ref.startswith(ASSETS_PREFIX) and (assets_dir() / ref[len(ASSETS_PREFIX):]).is_dir()
+                if not shipped and not Path(ref).exists() and not looks_like_hub_id(ref):
                     out.append(ref)
         return out
 
@@ -160,11 +163,21 @@ def fit_points(points: list[SweepPoint], num_layers: int, where: str = "sweep") 
 def _path(ref: Any, folder: Path, what: str) -> str:
     if not isinstance(ref, str) or not ref:
         raise UserError(f"{what} is a folder or a Hub id (got {ref!r}).")
+    if ref.startswith(ASSETS_PREFIX):  # a shipped model or MGSM set, wherever the file is
+        return ref
     p = Path(ref).expanduser()
     p = p if p.is_absolute() else folder / p
     if p.exists() or ref.startswith((".", "/", "~")) or not looks_like_hub_id(ref):
         return str(p.resolve())
     return ref
+
+
+def set_name(math: str, lang: str) -> str:
+    """How a sweep names an expert set the file leaves unnamed: by its two experts, as results files name models
+    (`presets.portable_ref`), e.g. ``assets:demo/{math, lang}``."""
+    m, lg = portable_ref(math), portable_ref(lang)
+    (mp, _, mn), (lp, _, ln) = m.rpartition("/"), lg.rpartition("/")
+    return f"{mp}/{{{mn}, {ln}}}" if mp and mp == lp else f"{m} + {lg}"
 
 
 def _expert_sets(d: dict, folder: Path, where: str) -> list[ExpertSet]:
@@ -181,12 +194,13 @@ def _expert_sets(d: dict, folder: Path, where: str) -> list[ExpertSet]:
         extra = sorted(set(s) - {"name", "math", "lang", "base", "force"})
         if extra or "math" not in s or "lang" not in s:
             raise UserError(f"{what}: needs math and lang (and may have base, name, force); got {', '.join(sorted(s))}.")
-        name = str(s.get("name") or ("experts" if len(raw) == 1 else f"set {i + 1}"))
+        math, lang = _path(s["math"], folder, f"{what} math"), _path(s["lang"], folder, f"{what} lang")
+        name = str(s.get("name") or set_name(math, lang))
+        name = name if s.get("name") or name not in names else f"set {i + 1}"
         if name in names:
             raise UserError(f"{where}: two expert sets are named {name!r}.")
         names.add(name)
-        out.append(ExpertSet(name, _path(s["math"], folder, f"{what} math"), _path(s["lang"], folder, f"{what} lang"),
-                             _path(s["base"], folder, f"{what} base") if s.get("base") else None,
+        out.append(ExpertSet(name, math, lang, _path(s["base"], folder, f"{what} base") if s.get("base") else None,
                              bool(s.get("force", False))))
     return out
 

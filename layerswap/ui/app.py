@@ -22,17 +22,23 @@ from .tabs import analysis, build, evaluate, models, sweeps
 __all__ = ["AppDefaults", "Context", "create_app"]
 
 
-def _header(ctx: Context) -> None:
+def _banner(ctx: Context, refs) -> list:
+    """The banner and the organism card of the visitor's models (`Context.banner`)."""
+    md, card = ctx.banner(refs)
+    return [md, gr.update(visible=card is not None), card_markdown(card) if card is not None else ""]
+
+
+def _header(ctx: Context, page: Page) -> None:
     d, pol = ctx.d, ctx.policy
     gr.Markdown("# layerswap\nMerge a **math expert** and a **language expert** fine-tuned from one base by layer "
                 "swapping (Bandarkar et al., ICLR 2025): the bottom *b* and top *u* layers come from the language "
                 "expert, the middle from the math expert, with *tb*/*tu* blended transition layers.")
-    if d.label:
-        gr.Markdown(f"> **Default models: {d.label}.**" + (f" {d.summary}" if d.summary else ""), elem_id="demo-label")
-    if d.summary:
-        with gr.Accordion("The demo organism's card: how it was built, every number, its limits", open=False,
-                          elem_id="organism-card"):
-            gr.Markdown(card_markdown(), elem_id="card-text")
+    md, card = ctx.banner(ctx.key) if d.math and d.lang else ("", None)
+    banner = gr.Markdown(md, elem_id="demo-label")
+    with gr.Accordion("The organism's card: how it was built, every number, its limits", open=False,
+                      elem_id="organism-card", visible=card is not None) as accordion:
+        text = gr.Markdown(card_markdown(card) if card is not None else "", elem_id="card-text")
+    page.on_models([banner, accordion, text], lambda c, refs: _banner(c, refs))
     if pol.hosted:
         gr.Markdown(f"> **Hosted mode** ({d.gpu} GPU mode):  models by Hub id (public, no token) or preset only; "
                     f"exports stay in your own temporary folder. Limits: {pol.limits.markdown()}.", elem_id="hosted")
@@ -43,15 +49,18 @@ def create_app(defaults: AppDefaults, shared: Shared | None = None) -> tuple[gr.
     ctx = Context(defaults, shared)
     page = Page()
     with gr.Blocks(title="layerswap", delete_cache=(3600, 3600)) as demo:
-        _header(ctx)
+        _header(ctx, page)
         page.status = gr.Markdown(ctx.shared.status, elem_id="status")
         section = models.render(ctx, page)
+        page.tab = gr.State("build")  # the visitor's open tab, for the share link
         with gr.Tabs(elem_id="main-tabs") as page.tabs:
             build.render(ctx, page)
             analysis.render(ctx, page)
             evaluate.render(ctx, page)
             sweeps.render(ctx, page)
         models.wire(ctx, page, demo, section)
+    # an admission lapses once Gradio holds no event of its session (the client went away before it ran)
+    ctx.fair.pending = lambda session: bool(demo._queue.pending_event_ids_session.get(session))
     return demo, ctx
 
 

@@ -15,16 +15,21 @@ from typing import Any, Callable
 from .. import mgsm
 from ..engines import EngineSettings
 from ..errors import UserError
-from ..hosting import Policy, fetch_models
+from ..hosting import Policy, fetch_models, prune_hub_cache
 from ..hub import hub_id_of
-from ..plans import Plan, default_plan
-from ..presets import Preset, presets
+from ..markup import code
+from ..organisms import describe, opening_plan, showcase, test_set
+from ..plans import Plan
+from ..presets import Preset, portable_ref, presets
 from ..recipes import Recipe
 from ..workbench import Workbench
 from ..fields import LINK_KEYS
 from .controls import plan_md, recipe, strip_figure
 from .events import Job, event
+from .lane import Lane
+from .files import neutral_root
 from .session import Shared
+from .visitors import MAX_VISITORS
 
 
 @dataclass
@@ -38,12 +43,12 @@ class AppDefaults:
     default_lang: str | None = None
     engine: str | None = None  # auto (vLLM when installed), vllm, transformers; None: $LAYERSWAP_ENGINE
     serving: str = "auto"  # vLLM: three engines, or one with weights swapped (auto: by memory)
-    plan: Plan | None = None  # the plan the page opens on (default: the literature's, scaled)
-    summary: str = ""  # one line on what the default models show
+    plan: Plan | None = None  # the plan the page opens on (default: `organisms.opening_plan`)
     policy: Policy = field(default_factory=Policy)
     capacity: int = 1  # model trios held at once
-    gpu: str = "cpu"  # cpu, dedicated or zerogpu (`hosting.gpu_mode`)
+    gpu: str = "cpu"  # cpu or dedicated (`hosting.gpu_mode`; on ZeroGPU the app refuses to start)
     tensor_parallel_size: int = 1  # vLLM: GPUs per engine
+    max_visitors: int = MAX_VISITORS  # sessions remembered at once (`ui.visitors`)
 
 
 @dataclass
@@ -53,6 +58,7 @@ class Page:
     status: Any = None
     report: Any = None
     refs: list = field(default_factory=list)  # base, math, lang
+    models: Any = None  # hidden: the models this page shows (`events.page_models`), sent back by model-using jobs
     plan: list = field(default_factory=list)  # the plan controls, in `fields.LINK_KEYS` order
     sliders: list = field(default_factory=list)  # b, u, tb, tu
     strip: Any = None
@@ -60,8 +66,17 @@ class Page:
     share: Any = None
     tabs: Any = None
     push_group: Any = None
+    tab: Any = None  # the visitor's open tab (a gr.State), for the share link
+    tab_items: dict = field(default_factory=dict)  # tab id -> gr.Tab
+    views: list = field(default_factory=list)  # (components, fn(ctx, refs) -> their updates): what belongs to models
+    view_outputs: list = field(default_factory=list)  # the components of `views`, in order
     _redraw: Callable | None = None  # set by the analysis tab: `dep.then(its view)`
     _pending: list = field(default_factory=list)
+
+    def on_models(self, components: list, fn: Callable) -> None:
+        """`fn(ctx, refs)` gives `components`' updates for the visitor's models (menus, banner...): set when the page
+        opens on other models than the defaults and on every Load (`ui.tabs.models`)."""
+        self.views.append((components, fn))
 
     def redraw(self, dep):
         """Redraw the analysis tab after event `dep` (wired once the tab exists); the `.then` is returned."""
@@ -88,31 +103,39 @@ class Context:
         self.policy = defaults.policy
         settings = EngineSettings(defaults.engine, defaults.device, defaults.serving,
                                   tensor_parallel_size=defaults.tensor_parallel_size)
-        self.shared = shared or Shared(lambda: Workbench.from_settings(settings), defaults.capacity)
+        self.shared = shared or Shared(lambda: Workbench.from_settings(settings), defaults.capacity,
+                                       defaults.max_visitors, neutral_root() if self.policy.hosted else None)
         self.presets: dict[str, Preset] = presets()
         self.key = (defaults.base, defaults.math, defaults.lang)
-        self.plan0 = defaults.plan or self._default_plan()
-        self.lane = dict(concurrency_id="models", concurrency_limit=1)  # model-touching events: one at a time
+        self.plan0 = defaults.plan or self._opening_plan()
+        self.fair = Lane(self.policy.hosted, lambda session: self.shared.visitor(session, self.key))
+        self.shared.visitors.alive = lambda v: self.fair.alive(v.job, v.session) or self.fair.pending(v.session)
+        # model-touching events: one at a time, each visitor's one job admitted as it joins the queue
+        # hosted mode: admitted as they join the queue (Gradio's validator; it also checks the values there, so a
+        # wrong one is refused before queueing, with the message in the reply's body rather than as an event)
+        admit = dict(validator=self.fair.admit) if self.policy.hosted else {}
+        self.lane = dict(concurrency_id="models", concurrency_limit=1, **admit)
+        # the page's first view reads loaded models' headers: beside the lane, so a long job never delays it
+        self.views = dict(concurrency_id="views", concurrency_limit=4, **admit)
 
-    def job(self, handler: Callable, *, gpu: bool = True, clear_stop: bool = True, plan: bool = False) -> Callable:
-        """`handler(ctx, job, *values)` as a Gradio event (see the module's docstring). `gpu`: on ZeroGPU it
-        runs where the GPU is attached; `clear_stop`: False for the Stop buttons and quick reads; `plan`: its
-        ``*values`` are the plan controls (named after `fields.LINK_KEYS` in the API)."""
-        wrap = None
-        if gpu and self.d.gpu == "zerogpu":
-            import spaces  # the ZeroGPU runtime of Hugging Face Spaces
-
-            wrap = spaces.GPU(duration=300)
+    def job(self, handler: Callable, *, clear_stop: bool = True, plan: bool = False, models: bool = False) -> Callable:
+        """`handler(ctx, job, *values)` as a Gradio event (see the module's docstring). `clear_stop`: False for the
+        Stop buttons and quick reads (the others are heavy: they run in the lane, `Context.lane`, one per visitor in
+        hosted mode); `plan`: its ``*values`` are the plan controls (named after `fields.LINK_KEYS` in the API);
+        `models`: its last input is `Page.models` (the models the page shows), and the job is refused when they are
+        not the visitor's."""
         return event(functools.partial(handler, self), lambda session: self.shared.visitor(session, self.key),
-                     self.policy, clear_stop=clear_stop, wrap=wrap, rest=LINK_KEYS if plan else ())
+                     self.policy, clear_stop=clear_stop, rest=LINK_KEYS if plan else (),
+                     lane=self.fair if clear_stop else None, release=self.shared.visitors.release, models=models)
 
-    def _default_plan(self) -> Plan:
-        """The sliders' first values; a Hub model is not downloaded for them (the page is served first)."""
+    def _opening_plan(self) -> Plan:
+        """The sliders' first values (`organisms.opening_plan`); a Hub model is not downloaded for them (the page is
+        served first)."""
         from ..checkpoints import Checkpoint
 
         try:
-            return default_plan(Checkpoint.open(self.d.math).num_layers) if self.d.math and not hub_id_of(self.d.math) \
-                else Plan()
+            return opening_plan(self.key, Checkpoint.open(self.d.math).num_layers).plan \
+                if self.d.math and not hub_id_of(self.d.math) else Plan()
         except UserError:
             return Plan()
 
@@ -123,6 +146,8 @@ class Context:
         models are the operator's choice and are not re-checked."""
         if self.policy.hosted and refs != self.key and self.shared.loaded(refs) is None:
             fetch_models(self.policy, refs, refs[0], progress=job.part(0, 0.5), cancel=job.visitor.stop)
+            in_use = {hub_id_of(r) for key in [refs, *self.shared.loaded_keys()] for r in key if r}
+            prune_hub_cache(self.policy.limits.hub_cache_bytes, {r for r in in_use if r})
 
     def workbench(self, job: Job) -> Workbench:
         """The visitor's models, waiting for the background start and loading them again if dropped."""
@@ -150,9 +175,13 @@ class Context:
             md += ("\n- **warning** " if wb.pairing.suspicious else "\n- ") + wb.pairing.message()
         if wb.engine_plan is not None:
             md += f"\n\n{wb.engine_plan.describe()}"
-        now = self.shared.engine_status(wb)
-        if now:
-            md += f"\n\n**Engine now:** {now}"
+        if wb.engine_plan is not None and {"math", "lang"} <= set(wb.checkpoints):
+            from ..engines.planning import hardware_table, table_markdown
+            from ..hardware import FLAVOURS
+
+            rows = hardware_table(wb.checkpoints, list(FLAVOURS), engine=wb.engine_choice, settings=wb.vllm_settings)
+            md += ("\n\n<details><summary>What would serve these models (Hugging Face Spaces hardware)</summary>\n\n"
+                   + table_markdown(rows) + "\n\n</details>")
         return md
 
     def strip_and_md(self, wb: Workbench, r: Recipe, built: bool):
@@ -163,39 +192,69 @@ class Context:
         """Load the default models (and build the opening plan) behind the served page."""
         if self.d.math and self.d.lang:
             self.shared.start_background(self.key, after=lambda wb: self.shared.ensure_built(
-                wb, Recipe(plan=self.d.plan or default_plan(wb.num_layers))))
+                wb, Recipe(plan=self.d.plan or opening_plan(self.key, wb.num_layers).plan)))
         else:
             self.shared.status = "No default models: load some above."
             self.shared.ready.set()
 
-    # ---- the MGSM data the page offers (Ask, Evaluate) -----------------------------------------
-    def langs(self) -> list[tuple[str, str]]:
-        src = self.d.mgsm_dir
+    # ---- what belongs to the visitor's models: their MGSM set, the menus, the banner ---------------------
+    def data(self, refs: tuple[str, str, str]) -> str | None:
+        """The MGSM set the models are tested on: the set they bring (`organisms.test_set`: a shipped organism's),
+        else the app's (--mgsm-dir, $LAYERSWAP_MGSM_DIR), else None (the Hub)."""
+        own = test_set(refs[1], refs[2], refs[0])
+        return str(own) if own is not None else self.d.mgsm_dir
+
+    def langs(self, refs: tuple[str, str, str]) -> list[tuple[str, str]]:
+        src = self.data(refs)
         langs = mgsm.languages(src)
         return [(f"{langs[c].name} ({c})", c) for c in mgsm.available_languages(src) if c in langs]
 
-    def default_lang(self) -> str | None:
-        codes = [c for _, c in self.langs()]
-        for c in (self.d.default_lang, "xx", "sw", "en"):
-            if c in codes:
-                return c
-        return codes[0] if codes else None
+    def opening_question(self, refs: tuple[str, str, str]) -> tuple[str | None, int]:
+        """The language and question Ask opens on: one a shipped pair's recommended plan answers right
+        (`organisms.showcase`), else question 0 of the app's --default-lang, Swahili or the first target."""
+        codes = [c for _, c in self.langs(refs)]
+        shown = showcase(refs)
+        if shown is not None and shown[0] in codes:
+            return shown
+        first = next((c for c in (self.d.default_lang, "sw") if c in codes), None)
+        return first or next((c for c in codes if c != "en"), codes[0] if codes else None), 0
 
-    def question_choices(self, lang: str | None) -> list[tuple[str, int]]:
+    def question_choices(self, lang: str | None, refs: tuple[str, str, str]) -> list[tuple[str, int]]:
         if not lang:
             return []
         try:
-            items = mgsm.load(lang, self.d.mgsm_dir)
+            items = mgsm.load(lang, self.data(refs))
         except UserError:
             return []
         return [(f"{it.index}: {it.question[:90]}{'…' if len(it.question) > 90 else ''}", it.index) for it in items]
 
-    def counts(self) -> dict[str, int]:
-        """Questions per language in the data folder (what "0 = all" means)."""
+    def counts(self, refs: tuple[str, str, str]) -> dict[str, int]:
+        """Questions per language in the models' set (what "0 = all" means)."""
         out = {}
-        for _, c in self.langs():
+        for _, c in self.langs(refs):
             try:
-                out[c] = len(mgsm.load(c, self.d.mgsm_dir))
+                out[c] = len(mgsm.load(c, self.data(refs)))
             except UserError:
                 pass
         return out
+
+    def test_set_md(self, refs: tuple[str, str, str]) -> str:
+        """Which test set the page uses for these models, and what it holds."""
+        src, langs, counts = self.data(refs), self.langs(refs), self.counts(refs)
+        where = f"MGSM set {code(portable_ref(src))}" if src else f"MGSM from the Hub dataset {code(mgsm.HUB_DATASET)}"
+        own = " (the one these models bring)" if test_set(refs[1], refs[2], refs[0]) is not None else ""
+        sizes = sorted(set(counts.values()))
+        n = f"; {sizes[0]:,} questions each" if len(sizes) == 1 else ""
+        return f"**Test set:** {where}{own}: {', '.join(label for label, _ in langs) or 'no languages'}{n}."
+
+    def banner(self, refs: tuple[str, str, str]) -> tuple[str, Any]:
+        """The line above the page naming the models (a preset's label, a shipped pair's measured summary) and
+        the folder of the organism card that belongs to them (None: no card)."""
+        d = describe(refs)
+        label = (self.d.label if refs == self.key else "") or d.label  # the operator's, else the preset's
+        if label:
+            md = f"> **Models: {label}.**" + (f" {d.summary}" if d.summary else "")
+        else:
+            md = f"> **Models:** math expert {code(refs[1])}, language expert {code(refs[2])}" + \
+                (f", base {code(refs[0])}." if refs[0] else ".")
+        return md + (" The card is one click below." if d.card and d.summary else ""), d.card

@@ -14,11 +14,12 @@ import gradio as gr
 
 from ..errors import UserError
 from ..fields import FIELDS, LINK_KEYS
+from ..plans import Plan, format_layers
 from ..plots import layer_strip
 from ..recipes import Recipe
 from ..sources import Sources
 
-TABS = ("build", "analysis", "evaluate")
+TABS = ("build", "analysis", "evaluate", "sweeps")
 _BY_KEY = {f.key: f for f in FIELDS}
 
 
@@ -52,6 +53,20 @@ def plan_md(r: Recipe, num_layers: int, built: bool, short: bool = False) -> str
         return f"{state} {title} ({num_layers} layers). {r.method.spec.description}"
     lines = Sources(r, num_layers).describe().replace("\n", "  \n")
     return f"{state} {title} ({num_layers} layers)  \n{lines}"
+
+
+def plan_values(plan: Plan) -> list:
+    """Control updates (in `LINK_KEYS` order) that set the page's plan controls to `plan` (layer swapping)."""
+    params: dict = {"method": "layer_swap"}
+    for f in FIELDS:
+        if f.plan and f.plan != "weights":
+            v = getattr(plan, f.plan)
+            params[f.key] = format_layers(v) if f.plan == "revert" else v
+    updates, _ = restore(params)
+    if not plan.revert:  # restore leaves empty values alone: clear a revert left from an earlier plan
+        i = [f.key for f in FIELDS].index(next(f.key for f in FIELDS if f.plan == "revert"))
+        updates[i] = gr.update(value="")
+    return updates
 
 
 def query_string(refs: tuple[str, str, str], values, tab: str = "build") -> str:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
+import threading
 import time
 import typing
 from dataclasses import dataclass, field
@@ -23,10 +25,32 @@ import gradio as gr
 
 from ..errors import UserError
 from ..hosting import Policy
+from ..markup import html_text
 from ..runtime import Progress
+from .lane import Lane, time_limit, timed_out
 from .session import Visitor
 
 STOPPED = "Stopped. Nothing was changed; the models stay loaded."
+MODELS_CHANGED = ("The models changed: the server no longer holds the models this page shows for you (or never "
+                  "did). Press Load again.")
+
+
+def page_models(refs: tuple[str, str, str]) -> str:
+    """The models a page shows, as the page sends them back with each event (`check_models`)."""
+    return json.dumps(list(refs))
+
+
+def check_models(shown: object, refs: tuple[str, str, str]) -> None:
+    """Refuse a job whose page shows other models than the visitor's (its visitor was dropped and made
+    again, say): it must never run on other models. Empty: an API caller that did not say."""
+    if shown in (None, ""):
+        return
+    try:
+        same = isinstance(shown, str) and len(shown) < 2000 and json.loads(shown) == list(refs)
+    except ValueError:
+        same = False
+    if not same:
+        raise UserError(MODELS_CHANGED)
 
 
 @dataclass
@@ -38,10 +62,12 @@ class Job:
     bar: Callable
     request: gr.Request | None = None
     started: float = field(default_factory=time.perf_counter)
+    kind: str = ""
+    timed_out: bool = False  # hosted mode: the kind's time limit passed (the visitor's Stop flag was set)
 
     def progress(self, fraction: float, desc: str = "") -> None:
         if self.visitor.stop.is_set():
-            raise UserError(STOPPED)
+            raise UserError(timed_out(self.kind) if self.timed_out else STOPPED)
         self.bar(fraction, desc=desc + self.time_left(fraction))
 
     def time_left(self, fraction: float) -> str:
@@ -57,10 +83,15 @@ class Job:
 
 
 def event(fn: Callable, visitor_of: Callable[[str | None], Visitor], policy: Policy | None = None, *,
-          clear_stop: bool = True, wrap: Callable | None = None, rest: tuple[str, ...] = ()) -> Callable:
+          clear_stop: bool = True, rest: tuple[str, ...] = (),
+          lane: Lane | None = None, release: Callable[[Visitor], None] | None = None,
+          models: bool = False) -> Callable:
     """A Gradio handler for `fn(job, *values)`: the visitor of the request's session (a fresh one for a caller
     without a session), its Stop flag cleared first unless `clear_stop` is False (the Stop buttons), errors
-    made readable (`guarded`). `wrap` (e.g. ZeroGPU's `spaces.GPU`) wraps the handler first. The handler
+    made readable (`guarded`). With a `lane` the job is heavy: it holds the visitor's one admission while it
+    runs and, in hosted mode, stops at its kind's time limit (`ui.lane`); `release` runs after every job (the
+    visitor table drops a visitor whose tab closed meanwhile). `models`: the event's last input is the models the
+    page shows (`page_models`), refused unless they are the visitor's (`check_models`). The handler
     keeps `fn`'s parameter names, so the API's argument names and order are `fn`'s; `rest` names the values
     that `fn` takes as ``*values`` (the plan controls), so API clients see those names too."""
     pos = inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -68,29 +99,60 @@ def event(fn: Callable, visitor_of: Callable[[str | None], Visitor], policy: Pol
     if rest and params and params[-1].kind == inspect.Parameter.VAR_POSITIONAL:
         taken = {q.name for q in params}
         params = params[:-1] + [inspect.Parameter(f"plan_{n}" if n in taken else n, pos) for n in rest]
+    if models:
+        params.append(inspect.Parameter("page_models", pos, default="", annotation=str))
     hints = typing.get_type_hints(getattr(fn, "func", fn))  # a functools.partial: its function's
+    kind = getattr(getattr(fn, "func", fn), "__name__", "job")
+    policy = policy or Policy()
 
-    def start(request: gr.Request | None, progress) -> Job:
+    def start(request: gr.Request | None, progress, values: tuple) -> tuple[Job, threading.Timer | None, tuple]:
         v = visitor_of(getattr(request, "session_hash", None))
+        if models:
+            *values, shown = values or ("",)
+            try:
+                check_models(shown, v.refs)
+            except UserError:
+                if lane is not None:
+                    lane.ended(v)  # its admission goes with it
+                raise
         if clear_stop:
             v.stop.clear()
         v.busy += 1
-        return Job(v, progress, request)
+        job, timer = Job(v, progress, request, kind=kind), None
+        if lane is not None:
+            lane.started(v)
+            if policy.hosted:
+                def expire() -> None:
+                    job.timed_out = True
+                    v.stop.set()
+                timer = threading.Timer(time_limit(kind), expire)
+                timer.daemon = True
+                timer.start()
+        return job, timer, tuple(values)
+
+    def end(job: Job, timer: threading.Timer | None) -> None:
+        if timer is not None:
+            timer.cancel()
+        if lane is not None:
+            lane.ended(job.visitor)
+        job.visitor.busy -= 1
+        if release is not None:
+            release(job.visitor)  # its tab closed while this ran: the visitor goes now
 
     if inspect.isgeneratorfunction(fn):
         def handler(request: gr.Request, progress=gr.Progress(), *values):
-            job = start(request, progress)
+            job, timer, values = start(request, progress, values)
             try:
                 yield from fn(job, *values)
             finally:
-                job.visitor.busy -= 1
+                end(job, timer)
     else:
         def handler(request: gr.Request, progress=gr.Progress(), *values):
-            job = start(request, progress)
+            job, timer, values = start(request, progress, values)
             try:
                 return fn(job, *values)
             finally:
-                job.visitor.busy -= 1
+                end(job, timer)
 
     # what Gradio reads: request and progress first (it fills them in), then `fn`'s own parameters (some
     # without defaults after progress's, which only a signature built without validation can say)
@@ -100,7 +162,7 @@ def event(fn: Callable, visitor_of: Callable[[str | None], Visitor], policy: Pol
     handler.__annotations__ = {"request": gr.Request, **{q.name: hints[q.name] for q in params if q.name in hints}}
     handler.__name__ = handler.__qualname__ = getattr(getattr(fn, "func", fn), "__name__", "handler")
     handler.layerswap_event = True  # tests/test_hostile_inputs.py: every API event resolves its caller so
-    return guarded(wrap(handler) if wrap else handler, policy)
+    return guarded(handler, policy)
 
 
 def _message(e: BaseException) -> str:
@@ -126,8 +188,8 @@ def guarded(fn, policy: Policy | None = None):
     """Errors become gr.Error dialogs (scrubbed of server paths in hosted mode); generators too."""
     policy = policy or Policy()
 
-    def fail(e: BaseException):
-        raise gr.Error(policy.scrub(_message(e)), duration=None) from None
+    def fail(e: BaseException):  # the dialog renders HTML: a message quoting a model's files stays text
+        raise gr.Error(html_text(policy.scrub(_message(e))), duration=None) from None
 
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)

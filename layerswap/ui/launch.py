@@ -17,7 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lang", default=env("LAYERSWAP_LANG"), help="language expert (folder or Hub id)")
     p.add_argument("--base", default=env("LAYERSWAP_BASE"), help="base model (for heatmaps)")
     p.add_argument("--mgsm-dir", default=env("LAYERSWAP_MGSM_DIR"),
-                   help="folder of mgsm_XX.tsv files (default: the demo's test sets, or the Hub)")
+                   help="folder of mgsm_XX.tsv files for models that bring no test set of their own (the shipped "
+                        "organisms use theirs; default: the Hub)")
     p.add_argument("--device", default=env("LAYERSWAP_DEVICE", "auto"),
                    help="transformers engine and merges: cpu, cuda or auto (default auto: cuda when torch sees a GPU)")
     p.add_argument("--engine", default=env("LAYERSWAP_ENGINE"), choices=ENGINE_CHOICES,
@@ -31,52 +32,77 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--share", action="store_true", help="public gradio.live link (needs internet)")
     p.add_argument("--max-models", type=int, default=int(env("LAYERSWAP_MAX_MODELS", "1")),
                    help="model trios held at once for all visitors (default 1; more need more memory)")
-    p.add_argument("--max-queue", type=int, default=int(env("LAYERSWAP_MAX_QUEUE", "32")),
-                   help="jobs waiting in the queue before new ones are refused (default 32)")
+    p.add_argument("--max-visitors", type=int, default=int(env("LAYERSWAP_MAX_VISITORS", "512")),
+                   help="sessions remembered at once (default 512); a visitor with work in progress is never dropped")
+    p.add_argument("--max-queue", type=int, default=int(env("LAYERSWAP_MAX_QUEUE", "0")),
+                   help="jobs waiting in the queue before new ones are refused (default 0: one per remembered "
+                        "visitor and 16 more, so that with one job per visitor the queue is never full)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve the page at once on the given models (or the shipped demo organism); they load behind it."""
-    from ..demo import demo_mgsm_dir, demo_refs
+    from ..demo import demo_refs
     from ..hosting import Policy, forbid_implicit_token, gpu_mode
     from .app import AppDefaults, create_app
+    from .lane import queue_size
 
     from ..scratch import clean_stale
 
-    for d in clean_stale():  # scratch merges and visitor folders of an earlier run that was killed
+    from .files import files_base
+
+    for d in clean_stale() + clean_stale(files_base()):  # scratch merges and visitor folders of a killed run
         print(f"removed a stale scratch folder: {d}")
     policy = Policy.from_env()
     if policy.hosted:
         forbid_implicit_token()
     gpu = gpu_mode()
-    if gpu == "zerogpu":  # vLLM cannot run there: transformers inside the GPU-decorated functions
-        args.engine, args.device = "transformers", "cuda"
-    label, summary, plan = "", "", None
+    label = ""
     if not (args.math and args.lang):
         print("No --math/--lang given: starting on the demo models (built offline on first run).")
-        refs, label, summary, plan = demo_refs()
+        refs, label, _, _ = demo_refs()  # their MGSM set and plan come with them (`organisms`)
         args.math, args.lang, args.base = refs["math"], refs["lang"], refs["base"]
-        if not args.mgsm_dir and demo_mgsm_dir():
-            args.mgsm_dir = str(demo_mgsm_dir())
-    defaults = AppDefaults(math=args.math, lang=args.lang, base=args.base or "", label=label, summary=summary,
-                           plan=plan, mgsm_dir=args.mgsm_dir, device=args.device, engine=args.engine,
+    if gpu == "zerogpu":
+        print(zero_gpu_refusal(args.math, args.lang), file=sys.stderr, flush=True)
+        return 2
+    defaults = AppDefaults(math=args.math, lang=args.lang, base=args.base or "", label=label, mgsm_dir=args.mgsm_dir,
+                           device=args.device, engine=args.engine,
                            serving=args.serving, policy=policy, capacity=args.max_models, gpu=gpu,
-                           tensor_parallel_size=args.tensor_parallel_size)
+                           tensor_parallel_size=args.tensor_parallel_size, max_visitors=args.max_visitors)
     demo, app = create_app(defaults)
     print(f"serving the page now; {'hosted mode, ' if policy.hosted else ''}GPU mode: {gpu}; models load in the "
           "background", flush=True)
     # vLLM engines run in child processes: on SIGTERM exit normally so that they are shut down too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        demo.queue(default_concurrency_limit=1, max_size=args.max_queue).launch(
+        demo.queue(default_concurrency_limit=1, max_size=args.max_queue or queue_size(app.shared)).launch(
             server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
-            show_error=True)  # our handlers' errors are readable already; this makes Gradio's own refusals (a
+            show_error=True, state_session_capacity=args.max_visitors)  # show_error: Gradio's own refusals (a
         # value of the wrong type for a slider, say) readable too instead of a bare "Error"
+        app.shared.visitors.bound_state(demo)  # Gradio's per-session state: as many, never a busy visitor's
         app.start_loading()  # after the page is served: model imports and loads never delay it
         demo.block_thread()
     finally:
         app.shared.close()
     return 0
+
+
+def zero_gpu_refusal(math: str, lang: str) -> str:
+    """Why the app does not start on ZeroGPU, and which Spaces hardware serves these models instead (the engine
+    plan over the Hub's flavours, from the headers of local or shipped models; the literature's 8B trio otherwise)."""
+    from ..engines.planning import zero_gpu_problem, would_serve_text
+    from ..hub import hub_id_of
+
+    pick = ("`a100-large` (three vLLM engines) or `l40sx1` (two) for 8B experts; `layerswap inspect --math M --lang L "
+            "--hardware all` says which serves yours")
+    if not (hub_id_of(math) or hub_id_of(lang)):
+        from ..checkpoints import Checkpoint
+
+        try:
+            pick = would_serve_text({"math": Checkpoint.open(math), "lang": Checkpoint.open(lang)})
+        except Exception:  # unreadable models: the generic advice stands
+            pass
+    return (f"layerswap does not run on ZeroGPU: {zero_gpu_problem()} Pick this hardware in the Space's settings "
+            f"instead: {pick}. See docs/hosting.md#what-serves-which-models.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,13 +4,14 @@
   its Stop flag, its last evaluation and export. The plan always comes from the visitor's own controls
   with each event. Its id is made by the server (unguessable) and names its folder.
 - `Shared` (one per app process): the loaded models (one `Workbench` per trio, at most `capacity`),
-  the lock that makes them one lane, the background start, and the visitors by session (at most
-  `MAX_VISITORS`; the least recently seen idle ones, and their folders, go first).
+  the lock that makes them one lane, the background start, and the visitors by session (`ui.visitors`:
+  a bounded table that never drops a visitor with work in progress).
 
 Loading a trio reads headers only (`Workbench.check`): the report, analysis, export and card need no
-engine. Engines start behind the page when their plan says they are quick (`EnginePlan.quick`; small
-experts answer with transformers at once while vLLM starts, then move to vLLM), otherwise when answers
-are asked for (`engines`), and never when they do not fit (the plan says, with numbers, why).
+engine. The engine plan decides everything about serving (`engines.planning`, counting the engines of the
+trio it replaces as released, which go before the new ones start) and `Workbench.start` starts what it says;
+this module only decides when: behind the page when the plan is quick (`EnginePlan.quick`), otherwise when
+answers are asked for (`engines`). The page's engine line comes from the running engines (`engine_status`).
 
 Identity comes from the server, never from a handler's arguments: every event asks `Shared.visitor`
 with the request's session, and a caller without a session gets a fresh identity of its own.
@@ -21,41 +22,22 @@ merged model holds another visitor's plan, so answers always come from the askin
 
 from __future__ import annotations
 
-import hashlib
-import secrets
+import os
 import shutil
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from .. import scratch
+from ..engines import releasing
 from ..errors import UserError
 from ..recipes import Recipe
 from ..runtime import Progress, no_progress
 from ..workbench import Workbench
-
-Key = tuple[str, str, str]  # base, math, lang references
-MAX_VISITORS = 512  # sessions remembered at once; beyond that the least recently seen idle one is dropped
-
-
-def new_sid() -> str:
-    """A visitor id made by the server: unguessable, and safe as a folder name."""
-    return secrets.token_hex(16)
-
-
-@dataclass
-class Visitor:
-    sid: str = field(default_factory=new_sid)
-    refs: Key = ("", "", "")
-    force: bool = False
-    stop: threading.Event = field(default_factory=threading.Event)  # set by the visitor's Stop button
-    busy: int = 0  # jobs running for the visitor (it is not dropped while one runs)
-    last_eval: Any = None  # the visitor's latest EvalReport
-    last_export: str | None = None  # the visitor's latest export folder (what Push to Hub uploads)
-    eval_recipe: dict | None = None  # the merged model's recipe in `last_eval` (its results go on that card)
+from .visitors import MAX_VISITORS, Key, Visitor, Visitors
 
 
 @dataclass
@@ -67,10 +49,6 @@ class EngineStart:
     error: str | None = None
 
 
-def _key(session_hash: str) -> str:
-    return hashlib.sha256(session_hash.encode("utf-8", "replace")).hexdigest()
-
-
 def same_recipe(wb: Workbench, recipe: Recipe) -> bool:
     """Does the workbench's merged model hold `recipe`?"""
     return wb.recipe is not None and wb.recipe.to_dict() == recipe.to_dict()
@@ -79,7 +57,12 @@ def same_recipe(wb: Workbench, recipe: Recipe) -> bool:
 class Shared:
     """Models shared by all visitors, loaded once per trio and used one job at a time."""
 
-    def __init__(self, make_workbench: Callable[[], Workbench], capacity: int = 1):
+    def __init__(self, make_workbench: Callable[[], Workbench], capacity: int = 1, max_visitors: int = MAX_VISITORS,
+                 root: Path | None = None):
+        # transformers' lazy module cannot be set up by two threads at once ("cannot import name AutoTokenizer"
+        # when a visitor's job and the background start first use it together): once, here, before either runs
+        import transformers  # noqa: F401
+
         self.make_workbench = make_workbench
         self.capacity = max(1, capacity)
         self.lock = threading.RLock()  # the one lane (GPU or CPU): model-touching work runs under it
@@ -87,20 +70,31 @@ class Shared:
         self.status = "Starting…"
         self.start_error: str | None = None
         self._wbs: OrderedDict[Key, Workbench] = OrderedDict()
-        self._visitors: OrderedDict[str, Visitor] = OrderedDict()
-        self._vlock = threading.Lock()
         self._starting: dict[Key, EngineStart] = {}
-        self.root = scratch.make("sessions")
+        self.root = root or scratch.make("sessions")  # hosted mode: the served root (`ui.files.neutral_root`)
+        self.visitors = Visitors(self.root, max_visitors)
 
     # ---- models ---------------------------------------------------------------------------
     def loaded(self, key: Key) -> Workbench | None:
         return self._wbs.get(key)
 
+    def loaded_keys(self) -> list[Key]:
+        """The trios held now (models in use: the Hub cache never prunes them)."""
+        return list(self._wbs)
+
     def workbench(self, key: Key, force: bool = False, progress: Progress = no_progress,
                   after: Callable[[Workbench], None] | None = None) -> Workbench:
         """The workbench of `key`, checked (headers and the shared-base check) if new; models already loaded
-        are dropped (oldest first, above `capacity`) only once the new ones passed. Quick engines start behind
-        it, then `after` runs (e.g. building the opening plan)."""
+        are dropped (oldest first, above `capacity`) only once the new ones passed, and before their engines
+        start (their plan counted them as released). Quick engines start behind it, then `after` runs (e.g.
+        building the opening plan)."""
+        wb = self._wbs.get(key)
+        if wb is not None:  # loaded: no need to wait for the lane (a first view while a job runs)
+            try:
+                self._wbs.move_to_end(key)
+            except KeyError:  # dropped meanwhile by a load under the lock
+                pass
+            return wb
         with self.lock:
             wb = self._wbs.get(key)
             if wb is not None:
@@ -110,13 +104,15 @@ class Shared:
             if not (math and lang):
                 raise UserError("Give a math expert and a language expert, then press Load.")
             wb = self.make_workbench()
-            wb.check(math, lang, base or None, force=force, progress=progress)
-            while len(self._wbs) >= self.capacity:
-                old_key, old = self._wbs.popitem(last=False)
+            evicted = list(self._wbs)[:max(0, len(self._wbs) - self.capacity + 1)]
+            wb.check(math, lang, base or None, force=force, progress=progress,
+                     releasing=releasing([self._wbs[k].answering_engines for k in evicted
+                                          if self._wbs[k].answering_engines is not None]))
+            for old_key in evicted:
                 self._starting.pop(old_key, None)
-                old.close()
+                self._wbs.pop(old_key).close()
             self._wbs[key] = wb
-            if wb.engine_plan is not None and wb.engine_plan.quick:
+            if wb.engine_plan is not None and wb.engine_plan.quick and not wb.engine_plan.played:
                 self._start_engines(key, wb, after)
             return wb
 
@@ -129,25 +125,18 @@ class Shared:
         def p(f: float, d: str) -> None:
             st.status = f"{d} ({f:.0%})"
 
+        def ready() -> None:
+            if after is not None:
+                with self.lock:
+                    after(wb)
+            st.answering.set()
+
         def run() -> None:
             try:
-                first = "transformers" if wb.engine_plan.transformers_first else None
-                with self.lock:
-                    if not wb.answering:
-                        wb.start(p, engine=first)
-                    if after is not None:
-                        after(wb)
-                st.answering.set()
-                if first:
-                    st.status = "answering with transformers while vLLM starts"
-                    served = wb.prepare_vllm(p)
-                    if served is not None:
-                        with self.lock:
-                            recipe = wb.recipe
-                            wb.switch(served)
-                            if recipe is not None:
-                                wb.build(recipe)
-                st.status = wb.engine_note
+                if not wb.answering:
+                    wb.start(p, lock=self.lock, ready=ready)
+                else:
+                    ready()
             except Exception as e:  # shown when answers are asked for; everything else keeps working
                 st.error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
                 st.status = f"the engines did not start: {st.error}"
@@ -157,10 +146,13 @@ class Shared:
         threading.Thread(target=run, name="layerswap-engines", daemon=True).start()
 
     def engine_status(self, wb: Workbench) -> str:
-        """Which engine answers for `wb`, or what its engines are doing, for the page."""
+        """The page's engine line: the engines running for `wb` (`Workbench.engine_note`, derived from them), or,
+        before any answers, what the start is doing."""
+        if wb.answering:
+            return wb.engine_note
         key = next((k for k, w in self._wbs.items() if w is wb), None)
         st = self._starting.get(key) if key is not None else None
-        return st.status if st is not None and not wb.answering else wb.engine_note if wb.answering else ""
+        return st.status if st is not None else ""
 
     def engines(self, key: Key, progress: Progress = no_progress, *, slow_ok: bool = False) -> Workbench:
         """The workbench of `key` with its engines answering: waits for a background start, else starts them
@@ -227,6 +219,8 @@ class Shared:
     def close(self) -> None:
         """Scratch folders first (no lock: a job holding the lane must not keep them on disk), then the models."""
         shutil.rmtree(self.root, ignore_errors=True)
+        if os.environ.get("GRADIO_TEMP_DIR") == str(self.root):  # it was Gradio's cache (`ui.files`): not any more
+            del os.environ["GRADIO_TEMP_DIR"]
         for wb in list(self._wbs.values()):
             wb.drop_scratch()
         if not self.lock.acquire(timeout=10):  # a job still runs: the process is ending, its engines with it
@@ -238,35 +232,16 @@ class Shared:
         finally:
             self.lock.release()
 
-    # ---- per visitor ----------------------------------------------------------------------
+    # ---- per visitor (`ui.visitors`) --------------------------------------------------------
     def visitor(self, session_hash: str | None, refs: Key = ("", "", "")) -> Visitor:
-        """The visitor of a Gradio session (made on its first event, with `refs` as its models); a caller
-        without a session gets a fresh one. Sessions are keyed by a digest, so a long hash costs nothing."""
-        key = _key(session_hash) if session_hash else new_sid()
-        with self._vlock:
-            v = self._visitors.get(key)
-            if v is None:
-                v = self._visitors[key] = Visitor(refs=refs)
-                idle = [k for k, x in self._visitors.items() if not x.busy and k != key]
-                for k in idle[:max(0, len(self._visitors) - MAX_VISITORS)]:
-                    self._drop(k)
-            self._visitors.move_to_end(key)
-            return v
+        """The visitor of a Gradio session, made on its first event with `refs` as its models."""
+        return self.visitors.get(session_hash, refs)
 
     def folder(self, v: Visitor) -> Path:
         """The visitor's own folder (exports, downloads); nothing a visitor writes goes elsewhere."""
-        d = self.root / v.sid
-        d.mkdir(parents=True, exist_ok=True)
-        return d
+        return self.visitors.folder(v)
 
     def end(self, session_hash: str | None) -> None:
-        """The tab was closed: its visitor and files go."""
+        """The tab was closed: its visitor and files go (once its running job ends)."""
         if session_hash:
-            with self._vlock:
-                self._drop(_key(session_hash))
-
-    def _drop(self, key: str) -> None:
-        v = self._visitors.pop(key, None)
-        if v is not None:
-            v.stop.set()
-            shutil.rmtree(self.root / v.sid, ignore_errors=True)
+            self.visitors.end(session_hash)

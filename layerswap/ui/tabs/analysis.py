@@ -1,4 +1,4 @@
-"""The "Where each expert changed" tab: heatmaps, depth profile, tables, plan suggestion.
+"""The "Where each expert changed" tab: heatmaps, depth profile, tables, the weight-diff prior.
 
 It is filled when the models are loaded (no click needed) and redrawn when its controls or the plan change
 (`Page.redraw`: the one place that wiring lives); the visitor's plan is drawn on top.
@@ -64,7 +64,7 @@ def view(ctx: Context, job: Job, panels, metric, overlap_metric, k, norm, *plan_
 
 
 def suggest(ctx: Context, job: Job, metric, k):
-    """Propose b, u, tb, tu from the analysis and put them on the sliders."""
+    """The weight-diff prior's b, u, tb, tu on the sliders (a prior, not an answer: Find a plan tests plans)."""
     wb = ctx.workbench(job)
     if "base" not in wb.checkpoints:
         raise UserError("Suggesting a plan needs the analysis against the base: load a base model too.")
@@ -82,6 +82,7 @@ def suggest(ctx: Context, job: Job, metric, k):
 
 def render(ctx: Context, page: Page) -> None:
     with gr.Tab("Where each expert changed", id="analysis", elem_id="tab-analysis") as tab:
+        page.tab_items["analysis"] = tab
         gr.Markdown("### Where each expert changed\nEach cell is one tensor (layer × parameter type); your "
                     "plan is drawn on top (outlined: from the language expert, shaded: blended). A "
                     "reconstruction of the paper's analysis: its exact metric and normalisation are not in its "
@@ -102,7 +103,7 @@ def render(ctx: Context, page: Page) -> None:
         heat = gr.Plot(label="Change from the base, per layer and parameter type", elem_id="heatmap", visible=False)
         profile = gr.Plot(label="Change by depth", elem_id="profile", visible=False)
         with gr.Row():
-            suggest_btn = gr.Button("Suggest plan (sets the sliders)", elem_id="suggest")
+            suggest_btn = gr.Button("The weight-diff prior (sets the sliders)", elem_id="suggest")
         suggest_md = gr.Markdown(elem_id="suggestion")
         nonlayer_df = gr.Dataframe(value=None, label="Embeddings, final norm, lm_head (outside the layer grid)",
                                    elem_id="non-layer", interactive=False, visible=False)
@@ -112,11 +113,12 @@ def render(ctx: Context, page: Page) -> None:
         lens.render(ctx, page)
     controls = [panels, metric, overlap_metric, k, norm]
     outputs = [heat, summary_md, profile, nonlayer_df, top_df, top_csv]
-    handler = ctx.job(view, plan=True)
+    handler = ctx.job(view, plan=True, models=True)
+    inputs = [*controls, *page.plan, page.models]
     # redrawn when its controls change and whenever the tab is opened (the plan may have changed)
-    gr.on([c.change for c in controls] + [tab.select], handler, [*controls, *page.plan], outputs,
+    gr.on([c.change for c in controls] + [tab.select], handler, inputs, outputs,
           api_name="heatmap", trigger_mode="always_last", **ctx.lane, **page.on)
-    page.set_redraw(lambda dep: dep.then(handler, [*controls, *page.plan], outputs, api_visibility="private",
+    page.set_redraw(lambda dep: dep.then(handler, inputs, outputs, api_visibility="private",
                                          **ctx.lane, **page.on))
-    page.redraw(suggest_btn.click(ctx.job(suggest), [metric, k], [*page.sliders, suggest_md], api_name="suggest",
+    page.redraw(suggest_btn.click(ctx.job(suggest, models=True), [metric, k, page.models], [*page.sliders, suggest_md], api_name="weight_diff_prior",
                                   **ctx.lane, **page.on))

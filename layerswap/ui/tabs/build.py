@@ -8,6 +8,7 @@ previews the plan as the controls move (no merge); Build merges it at once.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -20,8 +21,9 @@ from ...plans import KINDS, MODULES, NON_LAYER_OPTIONS
 from ..context import Context, Page
 from ..controls import plan_inputs, query_string, recipe
 from ..events import Job
+from ..files import Budget
 from ..session import same_recipe
-from . import ask, push
+from . import ask, push, search
 
 MAX_SLIDER = 64
 EXPORT_NAME = "layerswap-merge"
@@ -45,33 +47,55 @@ def build(ctx: Context, job: Job, *values):
 
 
 def export(ctx: Context, job: Job, out_dir: str, overwrite: bool, *values):
+    return _export(ctx, job, out_dir, overwrite, values, adapter=False)
+
+
+def export_adapter(ctx: Context, job: Job, out_dir: str, overwrite: bool, *values):
+    """The swap of two PEFT adapters of one kind, written as an adapter of that kind (`Workbench.export`)."""
+    return _export(ctx, job, out_dir, overwrite, values, adapter=True)
+
+
+def _export(ctx: Context, job: Job, out_dir: str, overwrite: bool, values, adapter: bool):
     v = job.visitor
     wb = ctx.workbench(job)
     r = recipe(*values)
-    if ctx.policy.hosted:  # the visitor's own folder, replaced by each export
-        out, overwrite = ctx.shared.folder(v) / EXPORT_NAME, True
+    if ctx.policy.hosted:  # the visitor's own folder, replaced by each export, within the disk budgets
+        own = ctx.shared.folder(v)
+        for old in (EXPORT_NAME, "download"):
+            shutil.rmtree(own / old, ignore_errors=True)
+        v.last_export = None
+        ctx.shared.visitors.expire_exports()
+        size = wb.checkpoints["math"].nbytes
+        need = size + (size if size <= ctx.policy.limits.zip_bytes else 0)  # the export, and its zip
+        Budget(ctx.policy.limits).check(need, own, ctx.shared.root)
+        out, overwrite = own / EXPORT_NAME, True
     else:
         out = (out_dir or "").strip()
         if not out:
             raise UserError("Give an output folder for the merged model.")
+        out = Path(out).expanduser()
     with ctx.shared.lock:
-        s = wb.export(out, recipe=r, overwrite=bool(overwrite), protect=tuple(p for p in (ctx.d.mgsm_dir,) if p),
-                      progress=job.progress)
-    v.last_export = str(s.out)
-    where = EXPORT_NAME if ctx.policy.hosted else f"`{s.out}`"
-    msg = (f"Wrote {where}: {s.n_tensors} tensors ({s.n_copied} copied, {s.n_blended} computed), "
+        s = wb.export(out, recipe=r, overwrite=bool(overwrite), protect=tuple(p for p in (ctx.data(v.refs),) if p),
+                      progress=job.progress, adapter=adapter)
+    folder = s if adapter else s.out
+    size = sum(f.stat().st_size for f in Path(folder).iterdir() if f.is_file()) if adapter else s.bytes_written
+    v.last_export, v.exported_at = str(folder), time.monotonic()  # kept for the export TTL (`ui.visitors`)
+    where = EXPORT_NAME if ctx.policy.hosted else f"`{folder}`"
+    msg = (f"Wrote {where}: a {wb.checkpoints['math'].adapter_kind} adapter (PEFT) of the swap on the experts' base, "
+           f"{size / 1e6:.2f} MB, with the tokenizer and model card." if adapter else
+           f"Wrote {where}: {s.n_tensors} tensors ({s.n_copied} copied, {s.n_blended} computed), "
            f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard(s), with config, tokenizer and model card.")
     if v.last_eval is not None and v.eval_recipe == r.to_dict():
-        attach_eval(s.out, v.last_eval)  # the card shows what was measured on this very merge
+        attach_eval(folder, v.last_eval)  # the card shows what was measured on this very merge
         msg += " The card holds your evaluation of this plan (MGSM)."
     cap = ctx.policy.limits.zip_bytes
     zip_path = None
-    if s.bytes_written <= cap:
+    if size <= cap:
         job.progress(0.95, "zipping for download")
         zdir = ctx.shared.folder(v) / "download"
         shutil.rmtree(zdir, ignore_errors=True)
         zdir.mkdir()
-        zip_path = shutil.make_archive(str(zdir / EXPORT_NAME), "zip", root_dir=s.out)
+        zip_path = shutil.make_archive(str(zdir / EXPORT_NAME), "zip", root_dir=folder)
     else:
         msg += (f" It is over the {cap / 1e9:.1f} GB download cap: push it to the Hub instead."
                 if ctx.policy.hosted else " (too large to offer as a download; copy it from the server.)")
@@ -85,6 +109,15 @@ def export_yaml(ctx: Context, job: Job, *values):
     path = ctx.shared.folder(job.visitor) / "layerswap-mergekit.yml"
     path.write_text(text)
     return gr.update(value=str(path), visible=True)
+
+
+def yaml_written(ctx: Context, job: Job, *values) -> str:
+    """The export status after the mergekit YAML: which plan it holds (the YAML button has its own file)."""
+    wb = ctx.shared.loaded(job.visitor.refs)
+    L = wb.num_layers if wb is not None else None
+    title = recipe(*values).title() + (f", {L} layers" if L else "")
+    return (f"Wrote the mergekit YAML of {title}: **Download mergekit YAML** below. `mergekit-yaml` builds the same "
+            "merge from it (experts named as loaded here).")
 
 
 def _plan_controls(ctx: Context, page: Page) -> gr.Button:
@@ -140,18 +173,21 @@ def _plan_controls(ctx: Context, page: Page) -> gr.Button:
 
 def render(ctx: Context, page: Page) -> None:
     pol = ctx.policy
-    with gr.Tab("Build & ask", id="build", elem_id="tab-build"):
+    with gr.Tab("Build & ask", id="build", elem_id="tab-build") as page.tab_items["build"]:
         with gr.Group():
             build_btn = _plan_controls(ctx, page)
+        search.render(ctx, page)
         ask.render(ctx, page)
         with gr.Group():
             gr.Markdown("### 4 · Export")
             with gr.Row():
-                out_dir = gr.Textbox(str(Path("exports") / EXPORT_NAME), label="Output folder (on the server)",
+                out_dir = gr.Textbox(str(Path("~") / "layerswap-exports" / EXPORT_NAME),  # outside any checkout
+                                     label="Output folder (on the server)",
                                      scale=3, visible=not pol.hosted, elem_id="out-dir")
                 overwrite = gr.Checkbox(False, label="Overwrite an earlier export", visible=not pol.hosted)
             with gr.Row():
                 export_btn = gr.Button("Export merged model", elem_id="export")
+                adapter_btn = gr.Button("Export as PEFT adapter", elem_id="export-adapter")
                 yaml_btn = gr.Button("mergekit YAML", elem_id="export-yaml")
             export_md = gr.Markdown(elem_id="export-status")
             with gr.Row():
@@ -159,12 +195,16 @@ def render(ctx: Context, page: Page) -> None:
                 yaml_file = gr.DownloadButton("Download mergekit YAML", visible=False, elem_id="yaml-file")
         push.render(ctx, page)
 
-    quick = dict(gpu=False, clear_stop=False)
+    quick = dict(clear_stop=False)
     # preview skips the queue, so a Build queued after it always has the last word
     gr.on([c.change for c in page.plan], ctx.job(preview, **quick, plan=True), page.plan, [page.strip, page.plan_md],
           api_name="preview", trigger_mode="always_last", show_progress="hidden", queue=False)
-    page.redraw(build_btn.click(ctx.job(build, plan=True), page.plan, [page.strip, page.plan_md, page.share], api_name="build",
+    page.redraw(build_btn.click(ctx.job(build, plan=True, models=True), [*page.plan, page.models], [page.strip, page.plan_md, page.share], api_name="build",
                                 **ctx.lane, **page.on))
-    export_btn.click(ctx.job(export, plan=True), [out_dir, overwrite, *page.plan], [export_md, download, page.push_group],
+    export_btn.click(ctx.job(export, plan=True, models=True), [out_dir, overwrite, *page.plan, page.models], [export_md, download, page.push_group],
                      api_name="export", **ctx.lane, **page.on)
-    yaml_btn.click(ctx.job(export_yaml, plan=True), page.plan, [yaml_file], api_name="export_yaml", **ctx.lane, **page.on)
+    adapter_btn.click(ctx.job(export_adapter, plan=True, models=True), [out_dir, overwrite, *page.plan, page.models],
+                      [export_md, download, page.push_group], api_name="export_adapter", **ctx.lane, **page.on)
+    yaml_btn.click(ctx.job(export_yaml, plan=True, models=True), [*page.plan, page.models], [yaml_file],
+                   api_name="export_yaml", **ctx.lane, **page.on).success(
+        ctx.job(yaml_written, clear_stop=False, plan=True), page.plan, [export_md], queue=False, api_visibility="private")

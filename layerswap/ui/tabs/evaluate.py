@@ -13,6 +13,7 @@ import gradio as gr
 
 from ... import mgsm
 from ...errors import UserError, whole_number
+from ...markup import block, code, text
 from ...plots import eval_bars
 from ...roles import ANSWERING, ROLE_NAMES
 from ..context import Context, Page
@@ -30,10 +31,10 @@ def evaluate(ctx: Context, job: Job, langs, roles, limit, shots, mode, max_new, 
         raise UserError("Choose at least one model to evaluate.")
     limit = whole_number(limit or 0, "Questions per language", 0, 10**6)
     cfg = EvalConfig(langs=list(langs or []), limit=limit or None, shots=whole_number(shots, "Few-shot exemplars", 0, 8),
-                     mode=mode, max_new_tokens=ctx.policy.new_tokens(max_new), source=ctx.d.mgsm_dir)
+                     mode=mode, max_new_tokens=ctx.policy.new_tokens(max_new), source=ctx.data(v.refs))
     cfg.validate()
     whole = ctx.policy.hosted and not cfg.limit  # only then do the set sizes matter to the server's cap
-    ctx.policy.check_eval(cfg.limit, max((ctx.counts().get(c, 0) for c in cfg.langs), default=0) if whole else 0)
+    ctx.policy.check_eval(cfg.limit, max((ctx.counts(v.refs).get(c, 0) for c in cfg.langs), default=0) if whole else 0)
     job.progress(0, "starting")
     if "merged" in order:
         wb, r = ctx.built(job, plan_values)
@@ -79,14 +80,15 @@ def _browse(rep, lang, position) -> str:
     rows = [r for r in rep.results if r.lang == lang]
     indices = sorted({r.index for r in rows})
     if not indices:
-        return f"No answers for {str(lang)[:20]} in the last evaluation."
+        return f"No answers for {text(str(lang)[:20])} in the last evaluation."
     pos = whole_number(position or 0, "Question", 0, len(indices) - 1)
     qrows = [r for r in rows if r.index == indices[pos]]
-    head = (f"**{lang} question {indices[pos]}** ({pos + 1} of {len(indices)}) · gold answer **{qrows[0].gold}**"
-            f"\n\n```\n{qrows[0].prompt}\n```\n\n| model | strict | flexible | correct (flexible) |\n|---|---|---|---|\n")
-    table = "".join(f"| {r.model} | `{r.strict}` | `{r.flexible}` | {'✓' if r.flexible_correct else '✗'} |\n"
-                    for r in qrows)
-    outs = "".join(f"\n**{r.model}** ({r.engine})\n\n```\n{r.output.strip() or '(empty)'}\n```\n" for r in qrows)
+    head = (f"**{text(lang)} question {indices[pos]}** ({pos + 1} of {len(indices)}) · gold answer "
+            f"**{text(qrows[0].gold)}**\n\n{block(qrows[0].prompt)}\n\n"
+            "| model | strict | flexible | correct (flexible) |\n|---|---|---|---|\n")
+    table = "".join(f"| {r.model} | {code(r.strict).replace('|', '¦')} | {code(r.flexible).replace('|', '¦')} | "
+                    f"{'✓' if r.flexible_correct else '✗'} |\n" for r in qrows)
+    outs = "".join(f"\n**{r.model}** ({r.engine})\n\n{block(r.output.strip() or '(empty)')}\n" for r in qrows)
     return head + table + outs
 
 
@@ -99,25 +101,30 @@ def _table(report):
     return pd.DataFrame(data, columns=headers)
 
 
+def menus(ctx: Context, refs) -> list[dict]:
+    """The language choices of the models' MGSM set (its target languages checked) and the question count."""
+    codes = [c for _, c in ctx.langs(refs)]
+    targets = [c for c in mgsm.PAPER_LANGS if c in codes] or [c for c in codes if c != "en"] or codes[:1]
+    counts = ctx.counts(refs)
+    sizes = sorted({counts[c] for c in codes if c in counts})
+    size_txt = (f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}") if sizes else "all"
+    cap = f"; this server: at most {ctx.policy.limits.eval_questions:,}" if ctx.policy.hosted else ""
+    return [dict(choices=ctx.langs(refs), value=targets), dict(label=f"Questions per language (0 = all {size_txt}{cap})")]
+
+
 def render(ctx: Context, page: Page) -> None:
-    with gr.Tab("Evaluate", id="evaluate", elem_id="tab-evaluate"):
+    with gr.Tab("Evaluate", id="evaluate", elem_id="tab-evaluate") as page.tab_items["evaluate"]:
         gr.Markdown("### MGSM evaluation: math expert vs language expert vs merged model\n"
                     "lm-evaluation-harness `mgsm_native_cot` by default (greedy, native stop words, strict "
                     "and flexible extraction, exact match); every question of the chosen languages unless "
                     "limited. The merged model is your current plan (built first if needed). Per-question "
                     "results download as JSONL.")
-        codes = [c for _, c in ctx.langs()]
-        targets = [c for c in mgsm.PAPER_LANGS if c in codes] or [c for c in codes if c != "en"] or codes[:1]
-        counts = ctx.counts()
-        sizes = sorted({counts[c] for c in codes if c in counts})
-        size_txt = (f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}") if sizes else "all"
-        cap = f"; this server: at most {ctx.policy.limits.eval_questions:,}" if ctx.policy.hosted else ""
+        lang_menu, limit_label = menus(ctx, ctx.key)
         with gr.Row():
-            langs = gr.CheckboxGroup(ctx.langs(), value=targets, label="Languages", elem_id="eval-langs")
+            langs = gr.CheckboxGroup(**lang_menu, label="Languages", elem_id="eval-langs")
             roles = gr.CheckboxGroup(EVAL_ROLES, value=["math", "lang", "merged"], label="Models", elem_id="eval-models")
         with gr.Row():
-            limit = gr.Number(0, precision=0, minimum=0, elem_id="eval-limit",
-                              label=f"Questions per language (0 = all {size_txt}{cap})")
+            limit = gr.Number(0, precision=0, minimum=0, elem_id="eval-limit", **limit_label)
             shots = gr.Radio([0, 8], value=0, label="Few-shot exemplars", elem_id="eval-shots")
             mode = gr.Radio([("native CoT (mgsm_native_cot)", "native_cot"), ("direct (mgsm_direct)", "direct")],
                             value="native_cot", label="Protocol", elem_id="eval-mode")
@@ -135,8 +142,10 @@ def render(ctx: Context, page: Page) -> None:
             b_lang = gr.Dropdown([], label="Language", elem_id="eval-browse-lang", allow_custom_value=True)
             b_pos = gr.Slider(0, 249, 0, step=1, label="Question", elem_id="eval-browse-pos")
         detail = gr.Markdown("Run an evaluation to browse its questions.", elem_id="eval-detail")
-    quick = dict(gpu=False, clear_stop=False)
-    run_btn.click(ctx.job(evaluate, plan=True), [langs, roles, limit, shots, mode, max_new, *page.plan],
+    page.on_models([langs, limit], lambda c, refs: [gr.update(**m) for m in menus(c, refs)])
+    quick = dict(clear_stop=False)
+    run_btn.click(ctx.job(evaluate, plan=True, models=True),
+                  [langs, roles, limit, shots, mode, max_new, *page.plan, page.models],
                   [status, table, bars, results, b_lang, b_pos, detail], api_name="evaluate", **ctx.lane,
                   show_progress_on=[status])
     stop_btn.click(ctx.job(stop_eval, **quick), None, [status], api_name="stop_eval", queue=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ...errors import whole_number
+from ...markup import code, text
 from ..context import Context, Page
 from ..controls import recipe
 from ..events import Job
@@ -25,7 +26,7 @@ def run(ctx: Context, job: Job, lang: str, index, question: str, twin: str, batc
     cfg = LensConfig(language=str(lang or ""), index=None if question else whole_number(index or 0, "Question", 0, 10**6),
                      question=question or None, twin=(twin or None) if question else None,
                      batch=ctx.policy.lens_batch(batch), answer_tokens=whole_number(answer_tokens or 0, "Answer tokens", 0, 64),
-                     source=ctx.d.mgsm_dir)
+                     source=ctx.data(job.visitor.refs))
     cfg.validate()
     wb = ctx.workbench(job)
     r = recipe(*plan_values)
@@ -35,15 +36,20 @@ def run(ctx: Context, job: Job, lang: str, index, question: str, twin: str, batc
     path = res.write_json(ctx.shared.folder(job.visitor) / "lens.json")
     where = f"MGSM {res.language} question {res.index}" if res.index is not None else "your question"
     md = (f"**{where}**, batch of {len(res.batch_indices)} parallel questions for CKA. Last prompt token: "
-          f"`{res.last_token}`.\n\n**Token classes:** {res.rule}")
+          f"{code(res.last_token)}.\n\n**Token classes:** {text(res.rule)}")
     return (md, gr.update(value=lens_curves(res), visible=True), gr.update(value=lens_grid(res), visible=True),
             gr.update(value=str(path), visible=True))
 
 
+def menu(ctx: Context, refs) -> dict:
+    """The target languages of the models' MGSM set (English is the twin), opened on Ask's."""
+    codes = [(label, c) for label, c in ctx.langs(refs) if c != "en"]
+    first = ctx.opening_question(refs)[0]
+    return dict(choices=codes, value=first if any(c == first for _, c in codes) else (codes[0][1] if codes else None))
+
+
 def render(ctx: Context, page: Page) -> None:
     """Inside the analysis tab, under the heatmaps."""
-    codes = [(label, c) for label, c in ctx.langs() if c != "en"]
-    first = ctx.default_lang() if ctx.default_lang() != "en" else (codes[0][1] if codes else None)
     with gr.Column(elem_id="lens-panel"):
         gr.Markdown("### What each layer does with the question: the latent-language lens\nEach model's state after every "
                     "layer, decoded through its own final norm and lm_head (which tokens it would say there, and how much "
@@ -52,7 +58,7 @@ def render(ctx: Context, page: Page) -> None:
                     "language expert maps the question to English-like states in the bottom layers; the merge keeps that "
                     "below the swap boundary and the math expert's reasoning above it.")
         with gr.Row():
-            lang = gr.Dropdown(codes, value=first, label="Language", elem_id="lens-lang")
+            lang = gr.Dropdown(**menu(ctx, ctx.key), label="Language", elem_id="lens-lang")
             index = gr.Number(0, precision=0, minimum=0, label="MGSM question number", elem_id="lens-index")
             batch = gr.Slider(1, 64, 16, step=1, label="Batch (parallel questions for CKA)", elem_id="lens-batch")
             answer_tokens = gr.Slider(0, 32, 0, step=1, label="Also lens the answers (tokens)", elem_id="lens-answer")
@@ -65,5 +71,7 @@ def render(ctx: Context, page: Page) -> None:
         curves = gr.Plot(label="Target language, English and alignment by layer", visible=False, elem_id="lens-curves")
         grid = gr.Plot(label="Top token after each layer, by position (coloured by class)", visible=False, elem_id="lens-grid")
         json_file = gr.DownloadButton("Download the numbers (JSON)", visible=False, elem_id="lens-json")
-    run_btn.click(ctx.job(run, plan=True), [lang, index, question, twin, batch, answer_tokens, *page.plan],
+    page.on_models([lang], lambda c, refs: [gr.update(**menu(c, refs))])
+    run_btn.click(ctx.job(run, plan=True, models=True),
+                  [lang, index, question, twin, batch, answer_tokens, *page.plan, page.models],
                   [summary, curves, grid, json_file], api_name="lens", **ctx.lane, **page.on)

@@ -1,8 +1,12 @@
 """The Models section above the tabs: presets, the three model fields, Load, Stop, and the page's opening.
 
-Opening the page restores a shared link's models, plan and tab (`controls.restore`), then shows the models'
-report and builds the plan once the models are there; Load does the same for other models. Both end by
-redrawing the analysis.
+Opening the page restores a shared link's models, plan and tab (`controls.restore`; without a tab in the link the
+visitor stays where they are). What can be shown comes at once, off the queue and without waiting for the models
+(`glance`: status, share link, plan controls, what belongs to the models); the models' report and the plan's strip
+follow once their headers are read (`first_view`). Load (or picking a preset of complete models) loads them and
+sets everything that belongs to them: the plan they open on (`organisms.opening_plan`), their MGSM set with its
+menus, the banner and card, the test-set line (`Page.on_models`). Both end by redrawing the analysis. The share
+link is recomputed from the current values on every change of the plan and of the open tab (`share_link`).
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ import time
 import gradio as gr
 
 from ...errors import UserError
-from ...plans import default_plan
+from ...fields import FIELDS
+from ...markup import text
+from ...organisms import opening_plan, preset_of
 from ..context import Context, Page
-from ..controls import query_string, recipe, restore
-from ..events import Job
+from ..controls import TABS, plan_values, query_string, recipe, restore
+from ..events import Job, page_models
 from ..session import same_recipe
 
 
@@ -40,8 +46,28 @@ def load(ctx: Context, job: Job, base: str, math: str, lang: str, force: bool = 
     job.visitor.refs, job.visitor.force = refs, bool(force)
     report = ctx.models_md(wb) + f"\n\nLoaded in {time.perf_counter() - t0:.1f} s."
     L = wb.num_layers
-    p = ctx.d.plan if refs == ctx.key and ctx.d.plan else default_plan(L)  # the default models' own, else the literature's
+    p = opening_plan(refs, L).plan  # a shipped pair's recommended plan, else the literature's
     return [report] + [gr.update(maximum=L, value=x) for x in (p.b, p.u, p.tb, p.tu)]
+
+
+def load_preset(ctx: Context, job: Job, base: str, math: str, lang: str):
+    """A preset picked: its models loaded, unless it leaves the language expert to the visitor (then the events
+    after it do not run either)."""
+    if not (math and lang):
+        raise gr.Error("Type a language expert, then Load.", visible=False)
+    return load(ctx, job, base, math, lang)
+
+
+KEEP = ("k", "seed", "offset")  # the other maps' parameters: a Load leaves them as the visitor set them
+
+
+def opening(ctx: Context, job: Job):
+    """After a Load: the plan controls on the plan the models open on (layer swapping: map, transition, revert)."""
+    wb = ctx.shared.loaded(job.visitor.refs)
+    if wb is None:
+        return [gr.update()] * len(FIELDS)
+    updates = plan_values(opening_plan(job.visitor.refs, wb.num_layers).plan)
+    return [gr.update() if f.name in KEEP else u for f, u in zip(FIELDS, updates)]
 
 
 def stop(ctx: Context, job: Job) -> str:
@@ -49,8 +75,14 @@ def stop(ctx: Context, job: Job) -> str:
     return "**Stopping** your running job…"
 
 
+def held(ctx: Context, job: Job) -> str:
+    """The models the server holds for the visitor, for the page to send back (after Load)."""
+    return page_models(job.visitor.refs)
+
+
 def open_page(ctx: Context, job: Job):
-    """Page open: this tab's plan, tab and models restored from the URL if it has them."""
+    """Page open: this tab's plan, tab and models restored from the URL if it has them; the open tab only moves
+    when the link names one."""
     v = job.visitor
     params = dict(job.request.query_params) if job.request is not None else {}
     try:
@@ -61,18 +93,60 @@ def open_page(ctx: Context, job: Job):
         v.refs = refs  # loaded by the view that follows
     updates, tab = restore(params)
     status = ctx.shared.status if not ctx.shared.ready.is_set() else "Models ready."
-    return [status, *[gr.update(value=r) for r in v.refs], *updates, gr.Tabs(selected=tab or "build")]
+    moved = [gr.Tabs(selected=tab), tab] if tab else [gr.update(), gr.update()]
+    return [status, *[gr.update(value=r) for r in v.refs], *updates, *moved, page_models(v.refs)]
+
+
+def glance(ctx: Context, page: Page, job: Job, tab: str, values, all_views: bool) -> list:
+    """What can be shown at once for the visitor's models, never waiting for them: the report and strip if they
+    are loaded (else what the loading is doing), the share link, and (`all_views`, or models other than the
+    page was laid out for) what belongs to the models."""
+    v = job.visitor
+    wb = ctx.shared.loaded(v.refs)
+    if wb is None or "math" not in wb.checkpoints:
+        status = ctx.shared.status if not ctx.shared.ready.is_set() else "Loading the models…"
+        shown = [f"*{text(status)}*", gr.update(), "*The plan is drawn once the models' headers are read.*",
+                 *[gr.update()] * 4]
+    else:
+        try:
+            r = recipe(*values)
+            r.validate(wb.num_layers)
+            strip, md = ctx.strip_and_md(wb, r, built=same_recipe(wb, r) and "merged" in wb.engines)
+        except UserError as e:
+            strip, md = None, f"**Invalid plan:** {e}"
+        shown = [ctx.models_md(wb), strip, md, *[gr.update(maximum=wb.num_layers)] * 4]
+    rest = [u for _, fn in page.views for u in fn(ctx, v.refs)] if all_views or v.refs != ctx.key else \
+        [gr.update()] * len(page.view_outputs)
+    return [*shown, share_link(ctx, job, tab, *values), *rest]
 
 
 def first_view(ctx: Context, job: Job, *values):
-    """After the page opened (or Load): the models' report and the plan's strip, as soon as the headers are read
-    (no engine needed; the plan is built when answers are asked for)."""
+    """After the page opened: the models' report and the plan's strip once their headers are read (waits for the
+    models, beside the lane; no engine needed, the plan is built when answers are asked for)."""
     wb = ctx.workbench(job)
     r = recipe(*values)
     r.validate(wb.num_layers)
     sliders = [gr.update(maximum=wb.num_layers)] * 4
-    return [ctx.models_md(wb), *ctx.strip_and_md(wb, r, built=same_recipe(wb, r) and "merged" in wb.engines),
-            query_string(job.visitor.refs, values), *sliders]
+    return [ctx.models_md(wb), *ctx.strip_and_md(wb, r, built=same_recipe(wb, r) and "merged" in wb.engines), *sliders]
+
+
+def share_link(ctx: Context, job: Job, tab: str, *values) -> str:
+    """The share link of the current values: the visitor's models, every plan control, the open tab."""
+    return query_string(job.visitor.refs, values, tab if tab in TABS else "build")
+
+
+def unloading(request: gr.Request, session: str) -> bool:
+    """Is `request` Gradio's unload of `session` (it comes from the session's heartbeat route)?"""
+    url = getattr(request, "url", None)
+    return getattr(url, "path", "").endswith(f"/heartbeat/{session}")
+
+
+def engine_line(ctx: Context, job: Job) -> str:
+    """The engine line, read every few seconds: the visitor's models' engines as they run now
+    (`Shared.engine_status`: derived from the engines, never from a start-up message)."""
+    wb = ctx.shared.loaded(job.visitor.refs)
+    now = ctx.shared.engine_status(wb) if wb is not None else ""
+    return f"**Engine now:** {text(now)}" if now else ""  # may quote an engine's error
 
 
 def render(ctx: Context, page: Page) -> dict:
@@ -81,7 +155,7 @@ def render(ctx: Context, page: Page) -> dict:
     with gr.Group():
         gr.Markdown("### 1 · Models")
         with gr.Row():
-            preset = gr.Dropdown([(p.label, k) for k, p in ctx.presets.items()], value=None,
+            preset = gr.Dropdown([(p.label, k) for k, p in ctx.presets.items()], value=preset_of(ctx.key),
                                  label="Presets", elem_id="preset", scale=3)
             preset_md = gr.Markdown(elem_id="preset-note")
         src = "Hub id" if pol.hosted else "folder or Hub id"
@@ -94,24 +168,62 @@ def render(ctx: Context, page: Page) -> dict:
             load_btn = gr.Button("Load", variant="primary", elem_id="load", scale=1)
             stop_btn = gr.Button("Stop my job", variant="stop", elem_id="stop", scale=1)
         page.report = gr.Markdown("Loading the default models…", elem_id="report")
-    return dict(preset=preset, preset_md=preset_md, force=force, load_btn=load_btn, stop_btn=stop_btn)
+        page.models = gr.Textbox("", visible=False, elem_id="page-models")  # set when the page opens and on Load
+        engine_now = gr.Markdown(elem_id="engine-now")
+        test_set = gr.Markdown(ctx.test_set_md(ctx.key), elem_id="test-set")
+    page.on_models([preset, test_set], lambda c, refs: [gr.update(value=preset_of(refs)), c.test_set_md(refs)])
+    return dict(preset=preset, preset_md=preset_md, force=force, load_btn=load_btn, stop_btn=stop_btn,
+                engine_now=engine_now, ticks=gr.Timer(3))
 
 
 def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
-    quick = dict(gpu=False, clear_stop=False)
-    shown = [page.report, page.strip, page.plan_md, page.share, *page.sliders]
-    opened = demo.load(ctx.job(open_page, **quick), None, [page.status, *page.refs, *page.plan, page.tabs],
-                       api_visibility="private", queue=False)
-    page.redraw(opened.then(ctx.job(first_view, plan=True), page.plan, shown, api_visibility="private", **ctx.lane, **page.on)).then(
-        lambda: "Models ready.", None, [page.status], queue=False, api_visibility="private")
+    quick = dict(clear_stop=False)
+    off = dict(queue=False, api_visibility="private")
+    page.view_outputs = [o for outs, _ in page.views for o in outs]
+    shown = [page.report, page.strip, page.plan_md, *page.sliders]
+    at_once = [*shown, page.share, *page.view_outputs]
 
-    def end(request: gr.Request) -> None:  # the tab was closed: its visitor and files go
-        ctx.shared.end(getattr(request, "session_hash", None))
+    def opened_view(ctx: Context, job: Job, tab: str, *values):
+        """The page's first view, at once (off the queue, nothing waited for)."""
+        return glance(ctx, page, job, tab, values, all_views=False)
+
+    def loaded_view(ctx: Context, job: Job, tab: str, *values):
+        """After a Load: the same, with everything that belongs to the new models."""
+        return glance(ctx, page, job, tab, values, all_views=True)
+
+    def after_load(dep) -> None:
+        dep = dep.success(ctx.job(held, **quick), None, [page.models], **off)
+        dep = dep.success(ctx.job(opening, **quick), None, page.plan, **off)
+        page.redraw(dep.success(ctx.job(loaded_view, **quick, plan=True), [page.tab, *page.plan], at_once, **off))
+
+    opened = demo.load(ctx.job(open_page, **quick), None,
+                       [page.status, *page.refs, *page.plan, page.tabs, page.tab, page.models], **off)
+    opened = opened.then(ctx.job(opened_view, **quick, plan=True), [page.tab, *page.plan], at_once, **off)
+    page.redraw(opened.then(ctx.job(first_view, plan=True, models=True), [*page.plan, page.models], shown,
+                            api_visibility="private", **ctx.views, **page.on)).then(
+        lambda: "Models ready.", None, [page.status], **off)
+
+    def end(request: gr.Request) -> None:
+        """The tab was closed: its visitor and files go. Only Gradio's own unload (the session's heartbeat
+        ending) may call it; a caller reaching it through the queue is refused."""
+        session = getattr(request, "session_hash", None)
+        if not session or not unloading(request, session):
+            raise gr.Error("Not an event of this page.")
+        ctx.shared.end(session)
 
     demo.unload(end)
-    c["preset"].change(ctx.job(pick_preset, **quick), [c["preset"]], [*page.refs, c["preset_md"]], api_name="preset",
-                       queue=False)
-    loaded = c["load_btn"].click(ctx.job(load), [*page.refs, c["force"]], [page.report, *page.sliders], api_name="load",
-                                 **ctx.lane, **page.on)
-    page.redraw(loaded.then(ctx.job(first_view, plan=True), page.plan, shown, api_visibility="private", **ctx.lane, **page.on))
+    picked = c["preset"].input(ctx.job(pick_preset, **quick), [c["preset"]], [*page.refs, c["preset_md"]],
+                               api_name="preset", queue=False)
+    after_load(picked.success(ctx.job(load_preset), page.refs, [page.report, *page.sliders], api_visibility="private",
+                              **ctx.lane, **page.on))
+    after_load(c["load_btn"].click(ctx.job(load), [*page.refs, c["force"]], [page.report, *page.sliders],
+                                   api_name="load", **ctx.lane, **page.on))
     c["stop_btn"].click(ctx.job(stop, **quick), None, [page.status], api_name="stop", queue=False)
+    c["ticks"].tick(ctx.job(engine_line, **quick), None, [c["engine_now"]], api_visibility="private", queue=False,
+                    show_progress="hidden")
+    # the share link follows every change of the plan and of the open tab
+    link = dict(fn=ctx.job(share_link, **quick, plan=True), inputs=[page.tab, *page.plan], outputs=page.share,
+                show_progress="hidden", **off)
+    gr.on([x.change for x in page.plan], trigger_mode="always_last", **link)
+    for tab_id, item in page.tab_items.items():
+        item.select(lambda t=tab_id: t, None, page.tab, **off).then(**link)

@@ -57,5 +57,6 @@ def render(ctx: Context, page: Page) -> None:
                            type="password", elem_id="push-token", visible=not (pol.hosted and on_space()))
         btn = gr.Button("Push to Hub", elem_id="push")
         status = gr.Markdown(elem_id="push-status")
-    btn.click(ctx.job(push, gpu=False), [repo, private, token], [status],  # an upload, no GPU (not a ZeroGPU job)
-              api_name="push", **ctx.lane, show_progress_on=[status])
+    btn.click(ctx.job(push), [repo, private, token], [status],
+              api_name="push", **ctx.lane, show_progress_on=[status]).failure(
+        lambda: "", None, [status], queue=False, api_visibility="private")  # the dialog says why: no bare "Error" here

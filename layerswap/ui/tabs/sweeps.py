@@ -58,7 +58,8 @@ def run_sweep(ctx: Context, job: Job, name, custom, results, limit):
     ctx.policy.check_sweep(len(spec.points), spec.eval.get("limit"))
     check_output_file(out, input_paths(extra=[r for es in spec.expert_sets for r in es.refs().values()]))
     with ctx.shared.lock:  # one lane: a sweep holds the models' place in the queue
-        done = run(spec, out, progress=job.progress, cancel=job.visitor.stop)
+        # the sweep's own progress: points, what loads, an ETA from measured points (not the job's elapsed time)
+        done = run(spec, out, progress=lambda f, d: job.bar(f, desc=d), cancel=job.visitor.stop)
     return _view(done.rows, spec.name, out, done.cancelled, done.ran)
 
 
@@ -91,7 +92,7 @@ def _view(rows, title: str, out: Path, cancelled, ran: int):
 
 def render(ctx: Context, page: Page) -> None:
     files = list(shipped_sweeps())
-    with gr.Tab("Sweeps", id="sweeps", elem_id="tab-sweeps"):
+    with gr.Tab("Sweeps", id="sweeps", elem_id="tab-sweeps") as page.tab_items["sweeps"]:
         gr.Markdown("### Sweeps: many recipes, evaluated and compared\nA sweep file lists experts, recipes (or "
                     "a grid) and test sets (`assets/sweeps/README.md`). Each finished point is written at once: "
                     "Stop keeps it, and Run again resumes. The same file runs from the command line: "
@@ -112,7 +113,7 @@ def render(ctx: Context, page: Page) -> None:
         plots = [gr.Plot(visible=False, elem_id=f"sweep-plot-{i}") for i in range(3)]
         files_out = gr.File(label="Results as CSV and HTML", file_count="multiple", visible=False)
     inputs, outputs = [name, custom, results, limit], [status, table, *plots, files_out]
-    quick = dict(gpu=False, clear_stop=False)
+    quick = dict(clear_stop=False)
     run_btn.click(ctx.job(run_sweep), inputs, outputs, api_name="sweep", **ctx.lane, show_progress_on=[status])
-    show_btn.click(ctx.job(show_sweep, **quick), inputs, outputs, api_name="sweep_results", concurrency_limit=None)
+    show_btn.click(ctx.job(show_sweep, **quick), inputs, outputs, api_name="sweep_results", queue=False)
     stop_btn.click(ctx.job(stop, **quick), None, [status], api_name="stop_sweep", queue=False)

@@ -1,0 +1,82 @@
+"""`layerswap search`: find a layer-swap plan with an evaluation in the loop, chosen on dev questions and scored on
+held-out ones (`layerswap.search`); resumable from its results file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import UserError
+from .options import Bar, check_outputs, data_inputs, engine_options, engine_settings, eval_options, models, test_data
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("search", help="find a plan: search b, u, tb, tu (and more) on dev questions, report it on "
+                                      "held-out ones with exact intervals and McNemar against the experts")
+    models(s)
+    s.add_argument("--force", action="store_true", help="merge even if the experts seem not to share the base")
+    s.add_argument("--budget", type=int, default=40, help="plans to evaluate (default 40); exhaustive when the space "
+                                                         "holds no more")
+    s.add_argument("--seed", type=int, default=0, help="the split's and the optimiser's seed (default 0)")
+    s.add_argument("--dev", type=int, metavar="N", help="dev questions per language (default 40%% of the set, at "
+                                                        "most 400)")
+    s.add_argument("--test", type=int, metavar="N", help="held-out questions (default: the rest of the set)")
+    s.add_argument("--strategy", choices=("auto", "exhaustive", "tpe"), default="auto",
+                   help="auto (default): every plan when the space fits the budget, else Optuna TPE")
+    s.add_argument("--no-halving", action="store_true", help="score every candidate on every dev question")
+    s.add_argument("--first-rung", type=int, metavar="N", help="questions of the first rung (default max(10, dev/16))")
+    s.add_argument("--z", type=float, default=2.0, help="a candidate stops when behind the best by more than z paired "
+                                                        "standard errors (default 2)")
+    g = s.add_argument_group("the space (default: b, u, tb, tu at any depth, every transition and non-layer choice)")
+    g.add_argument("--max-b", type=int, help="at most this many bottom layers")
+    g.add_argument("--max-u", type=int, help="at most this many top layers")
+    g.add_argument("--max-t", type=int, help="at most this many transition layers at each end")
+    g.add_argument("--transitions", default="flat:0.25,flat:0.5,flat:0.75,ramp",
+                   help="transition choices: flat:W (W the language weight) and/or ramp")
+    g.add_argument("--non-layer-choices", default="neighbour,math,lang,avg", help="non-layer choices to try")
+    g.add_argument("--module-wise", action="store_true", help="also try the map on attention only or MLP only")
+    g.add_argument("--revert-ranges", action="store_true", help="also try reverting a range of layers to the base")
+    eval_options(s)
+    engine_options(s)
+    s.add_argument("--json", metavar="FILE", help="the result as JSON: plan, dev, test, baselines, evaluated, split")
+    s.add_argument("-o", "--results", metavar="FILE", help="results file (JSONL; default: one shared by every search "
+                                                          "on this machine, in the cache); a rerun resumes it")
+    s.add_argument("--ray", type=int, metavar="N", help="race candidates on N Ray actors (pip install ray)")
+    s.add_argument("--ray-address", help="a running Ray cluster's address (default: start a local one)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=run)
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in str(text).split(",") if x.strip())
+
+
+def run(args) -> int:
+    from ..search import SearchConfig, default_results, search
+
+    if args.limit is not None:
+        raise UserError("A search splits the set itself: use --dev N and --test N instead of --limit.")
+    test_data(args, args.math, args.lang, args.base)  # the models' own set and languages when not given
+    data = args.mgsm_dir
+    cfg = SearchConfig(langs=list(_words(args.langs)), source=str(data) if data else None, budget=args.budget,
+                       seed=args.seed, dev=args.dev, test=args.test, strategy=args.strategy,
+                       halving=not args.no_halving, first_rung=args.first_rung, z=args.z, shots=args.shots,
+                       mode=args.mode, max_new_tokens=args.max_new_tokens, max_b=args.max_b, max_u=args.max_u,
+                       max_t=args.max_t, transitions=_words(args.transitions),
+                       non_layer=_words(args.non_layer_choices), module_wise=args.module_wise,
+                       revert=args.revert_ranges)
+    results = args.results or str(default_results())
+    check_outputs([args.json, results], extra=(args.math, args.lang, args.base, *data_inputs(args)))
+    print(f"search: {', '.join(cfg.langs)} from {data or 'the MGSM set'}, budget {cfg.budget} plans, seed {cfg.seed}; "
+          f"records in {results}")
+    bar = Bar(enabled=not args.quiet)
+    try:
+        result = search(args.math, args.lang, args.base, cfg, results=results, engine=engine_settings(args),
+                        force=args.force, progress=bar, workers=args.ray or 0, address=args.ray_address)
+    finally:
+        bar.done()
+    print(result.text())
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0

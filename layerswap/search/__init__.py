@@ -1,0 +1,28 @@
+"""Find the plan: search layer-swap plans with an evaluation in the loop, chosen on dev, scored on held-out questions.
+
+    from layerswap.search import SearchConfig, search
+    result = search("math/", "lang/", "base/", SearchConfig(langs=["sw"], budget=40))
+    result.plan, result.test["interval"], result.to_dict()      # also `layerswap search` and the page's panel
+
+Where each part lives (each module imports only those above it):
+
+    space     the plans a search may try (b, u, tb, tu at any depth, transitions, non-layer, module-wise, reverts)
+    split     the dev / test split: disjoint by construction, the same ids in every language, recorded
+    prior     where it starts: the weight-diff prior and the τ rule's plans
+    race      successive halving on questions, the paired standard error deciding promotions
+    store     records in a sweeps results file (content keyed: resumable, reused by later searches)
+    strategy  every plan when the space fits the budget, else Optuna's TPE seeded with the priors
+    report    the honest result: dev (optimistic), test with its interval, McNemar against the baselines
+    ray       candidates raced on Ray actors
+    run       the driver (`search`)
+"""
+
+from .prior import Prior, priors, tau_rule
+from .race import race, rungs
+from .report import SearchResult, Trial
+from .run import SearchConfig, default_results, search
+from .space import Space, grid_space
+from .split import Split, split_questions
+
+__all__ = ["Prior", "SearchConfig", "SearchResult", "Space", "Split", "Trial", "default_results", "grid_space",
+           "priors", "race", "rungs", "search", "split_questions", "tau_rule"]

@@ -1,0 +1,59 @@
+"""The dev / test split of a search: disjoint by construction, the same for every language, recorded.
+
+    split = split_questions(["sw", "te"], source="mgsm/", seed=0)
+    split.dev, split.test                  # question ids: the search sees only dev; test scores the choice
+
+MGSM's languages are translations of one set of problems, so a question id is one problem in every
+language: the ids are shuffled once (``random.Random(f"layerswap-split-{seed}")``), the first `dev` are
+the dev set and the rest (or the next `test`) the held-out test set. A problem is never on both sides in
+any language. The dev order is the order questions are evaluated in (successive halving reads prefixes).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from .. import mgsm
+from ..errors import UserError
+
+DEV_SHARE = 0.4  # of the set, when `dev` is not given
+DEV_MAX = 400
+
+
+@dataclass(frozen=True)
+class Split:
+    seed: int
+    langs: tuple[str, ...]
+    dev: tuple[int, ...]  # in evaluation order
+    test: tuple[int, ...]  # sorted
+    total: int  # problems in the set
+
+    def to_dict(self) -> dict:
+        return {"seed": self.seed, "langs": list(self.langs), "total": self.total, "dev": list(self.dev),
+                "test": list(self.test)}
+
+
+def split_questions(langs: list[str], source=None, seed: int = 0, dev: int | None = None,
+                    test: int | None = None) -> Split:
+    """Shuffle the set's problem ids with `seed`; `dev` of them (default 40 % of the set, at most 400) for the
+    search, `test` of the rest (default all of them) held out."""
+    if not langs:
+        raise UserError("Choose at least one language for the search.")
+    sizes = {code: len(mgsm.load(code, source)) for code in langs}
+    total = min(sizes.values())
+    if len(set(sizes.values())) > 1:
+        raise UserError("The languages' sets differ in size (" + ", ".join(f"{c}: {n}" for c, n in sizes.items())
+                        + "): a search needs parallel sets (question i the same problem in each language).")
+    if total < 2:
+        raise UserError(f"A search needs at least 2 questions per language (dev and test); the set has {total}.")
+    n_dev = min(DEV_MAX, max(1, round(DEV_SHARE * total))) if dev is None else dev
+    if not isinstance(n_dev, int) or not 1 <= n_dev <= total - 1:
+        raise UserError(f"dev is a number of questions from 1 to {total - 1} (the set has {total}; at least one "
+                        f"stays held out), not {dev!r}.")
+    n_test = total - n_dev if test is None else test
+    if not isinstance(n_test, int) or not 1 <= n_test <= total - n_dev:
+        raise UserError(f"test is a number of held-out questions from 1 to {total - n_dev}, not {test!r}.")
+    ids = list(range(total))
+    random.Random(f"layerswap-split-{seed}").shuffle(ids)
+    return Split(seed, tuple(langs), tuple(ids[:n_dev]), tuple(sorted(ids[n_dev:n_dev + n_test])), total)

@@ -1,0 +1,155 @@
+"""`scripts/gpu_check.py --vllm`: the engine plan and vLLM on the machine's own GPU (or, with ``--device cpu``, the
+CPU build), checked end to end.
+
+1. hardware: what `layerswap.hardware` reads on this machine (GPUs, memory, RAM, disk), and the engine plan for
+   an 8B-shaped trio on it (headers only) beside the plan for the Hub's flavours of the same size.
+2. the planned engines at a small shape (random bf16 experts with real weights, head size 64): `Workbench.load` with
+   vLLM starts exactly the plan's arrangement (the engine line says so); every model's greedy answer is compared with
+   transformers on the same folder (tokens equal up to the first bf16 tie); a merge is exported, loaded into the
+   running engine (`reload_weights`: the refresh that keeps CUDA graphs valid) and answered again against
+   transformers on the exported folder; seconds for the start, a refresh and a swap.
+3. with ``--disk-8b``: the same at the 8B shape (48 GB of disk), so the plan's sizes meet the card's real memory.
+
+Each row goes into the report table that `gpu_check.py` prints for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+PROMPTS = ["Question: Roger has 5 tennis balls. He buys 2 more cans of 3. How many does he have? Answer:",
+           "Question: A baker made 24 rolls and sold 9. How many are left? Answer:"]
+
+
+def check_vllm(work: Path, device: str, shape_spec: dict, rep, new_tokens: int = 24, disk_8b: bool = False) -> None:
+    from layerswap import hardware
+    from layerswap.checkpoints import Checkpoint
+    from layerswap.engines import plan_engines, vllm_status
+
+    hw = hardware.current()
+    gpus = ", ".join(f"{g.name or 'GPU'} {g.total / 2**30:.1f} GiB ({g.free / 2**30:.1f} free)" for g in hw.gpus)
+    rep.add("hardware read by layerswap.hardware", gpus or "no GPU", f"RAM {hw.ram_available / 2**30:.0f} of "
+            f"{hw.ram_total / 2**30:.0f} GiB available, scratch disk {hw.disk_free / 1e9:.0f} GB free, {hw.cpus} CPUs",
+            ok=(device == "cpu") or bool(hw.gpus))
+    eight = _sparse_8b(work / "sparse-8b")
+    plan = plan_engines({r: Checkpoint.open(eight / r) for r in ("math", "lang")}, engine="vllm")
+    rep.add("engine plan for an 8B trio on this machine", plan.arrangement if plan.fits else "none",
+            plan.describe().replace("**", "").replace("|", "/")[:400])
+    ok, why = vllm_status()
+    if not ok:
+        rep.add("vLLM", "NOT INSTALLED", f"{why}; the engine checks need it", ok=False)
+        return
+    from bench_common import build_trio
+
+    trio = build_trio(work, spec=shape_spec, log=lambda *_: None)
+    _serve(trio, shape_spec["name"], work, rep, new_tokens)
+    if disk_8b:
+        from bench_common import SPEC_8B
+
+        free = shutil.disk_usage(work).free
+        if free < 3.3 * 16.1e9:
+            rep.add("vLLM at 8B", "skipped", f"the trio needs 53 GB free under {work}, {free / 1e9:.0f} GB are")
+            return
+        _serve(build_trio(work, spec=SPEC_8B, log=lambda *_: None), "8b", work, rep, new_tokens)
+
+
+def _serve(trio: dict[str, Path], shape: str, work: Path, rep, new_tokens: int) -> None:
+    from layerswap import Plan
+    from layerswap.engines import TransformersEngine
+    from layerswap.workbench import Workbench
+
+    t = time.perf_counter()
+    wb = Workbench(engine="vllm", chat_template=False)
+    try:
+        wb.load(str(trio["math"]), str(trio["lang"]), force=True)
+        plan = wb.engine_plan
+        started = time.perf_counter() - t
+        line = wb.engine_note
+        rep.add(f"vLLM engines started as planned ({shape})", plan.arrangement,
+                f"{started:.0f} s; engine line: {line}; CUDA graphs {'on' if plan.cuda_graphs else 'off'}",
+                ok=line.startswith(plan.title))
+        for role in ("math", "lang"):
+            _compare(wb.engines[role], TransformersEngine.from_pretrained(trio[role], _tdev(wb), use_chat_template=False),
+                     f"{shape} {role} expert", rep, new_tokens)
+        for i, p in enumerate((Plan(b=1, u=1, tb=1, tu=1), Plan(b=2, u=1, tb=0, tu=1))):
+            t = time.perf_counter()
+            wb.build(p)
+            built = time.perf_counter() - t
+            out = work / f"merged-{shape}-{i}"
+            wb.export(out, overwrite=True)
+            _compare(wb.engines["merged"], TransformersEngine.from_pretrained(out, _tdev(wb), use_chat_template=False),
+                     f"{shape} merge {i + 1} after a refresh ({built:.1f} s: export + reload_weights)", rep, new_tokens)
+            shutil.rmtree(out, ignore_errors=True)
+        t = time.perf_counter()
+        for role in ("math", "lang", "merged"):
+            wb.engines[role].generate(PROMPTS[:1], max_new_tokens=1)
+        rep.add(f"one question's engine switches ({shape}, {plan.arrangement})", f"{time.perf_counter() - t:.1f} s",
+                "a token from each model in turn (weight swaps included where the arrangement swaps)")
+    finally:
+        wb.close()
+
+
+def _tdev(wb) -> str:
+    return "cuda" if wb.engine_plan.device != "cpu" else "cpu"
+
+
+def _compare(eng, ref, what: str, rep, new_tokens: int) -> None:
+    """Greedy token ids of the vLLM engine against transformers' on the same prompts (ids, not decoded text: the
+    random models' tokens may decode to nothing), every token generated (no stop at EOS)."""
+    a, b = _vllm_ids(eng, new_tokens), _transformers_ids(ref, new_tokens)
+    same = sum(x == y for x, y in zip(a, b))
+    first = min(next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(x)) for x, y in zip(a, b))
+    rep.add(f"vLLM = transformers, {what}", f"{same}/{len(a)} answers identical",
+            f"greedy, {new_tokens} token ids each; where they differ (a bf16 tie), equal for the first {first} tokens",
+            ok=same == len(a) or first >= 4)
+
+
+def _vllm_ids(eng, n: int) -> list[list[int]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    if hasattr(eng, "weights_path") and hasattr(eng, "engine"):  # a swapped model: its weights in first
+        eng.engine.ensure(eng.weights_path)
+        eng = eng.engine
+    sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    outs = eng.llm.generate([TokensPrompt(prompt_token_ids=eng.encode(p)) for p in PROMPTS], sp, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _transformers_ids(ref, n: int) -> list[list[int]]:
+    import torch
+
+    out = []
+    for p in PROMPTS:
+        ids = torch.tensor([ref.encode(p)], device=ref.model.device)
+        with torch.no_grad():
+            g = ref.model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        out.append(g[0, ids.shape[1]:].tolist())
+    return out
+
+
+def _sparse_8b(folder: Path) -> Path:
+    """An 8B-shaped trio's headers in sparse files (no disk used), for planning."""
+    import json
+
+    from bench_common import SPEC_8B, config, tensor_specs
+
+    for r in ("math", "lang"):
+        d = folder / r
+        d.mkdir(parents=True, exist_ok=True)
+        header, off = {"__metadata__": {"format": "pt"}}, 0
+        for name, shape in tensor_specs(SPEC_8B):
+            n = 2
+            for s in shape:
+                n *= s
+            header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
+            off += n
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(d / "model.safetensors", "wb") as f:
+            f.write(len(raw).to_bytes(8, "little") + raw)
+            f.truncate(8 + len(raw) + off)
+        (d / "config.json").write_text(json.dumps(config(SPEC_8B)))
+    return folder

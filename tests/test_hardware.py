@@ -1,0 +1,213 @@
+"""Every GPU decision, table-tested on the CPU: the hardware is data (`layerswap.hardware`, played by settings), and
+the engine plan (`engines.planning.plan_engines`) is made for 8B-shaped experts (sparse files: headers only) on
+each GPU size and Spaces flavour, with the engines it would release counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from layerswap import hardware
+from layerswap.checkpoints import Checkpoint
+from layerswap.engines import Releasing, VLLMSettings
+from layerswap.engines.planning import plan_engines, question_seconds
+from layerswap.errors import UserError
+from layerswap.hardware import GiB, HELD, current, flavour
+from tests.helpers import LLAMA_8B, sparse_llama
+
+
+@pytest.fixture(autouse=True)
+def nothing_held(monkeypatch):
+    """Each test plays a GPU this process holds nothing on: engines an earlier test left in the pool would
+    otherwise shrink the played GPU's free memory (the ledger is per process)."""
+    monkeypatch.setattr(HELD, "_by", {})
+
+
+@pytest.fixture(scope="module")
+def eight_b(tmp_path_factory) -> dict[str, Checkpoint]:
+    root = tmp_path_factory.mktemp("sparse8b")
+    return {r: Checkpoint.open(sparse_llama(root / r, **LLAMA_8B)) for r in ("math", "lang")}
+
+
+@pytest.fixture(scope="module")
+def demo(trio) -> dict[str, Checkpoint]:
+    return {r: Checkpoint.open(trio[r]) for r in ("math", "lang")}
+
+
+@pytest.mark.parametrize("gib, arrangement", [(80, "three_vllm"), (48, "two_vllm"), (40, "one_vllm_swapped"),
+                                              (24, "one_vllm_swapped"), (16, "none")])
+def test_8b_on_each_gpu_size(eight_b, monkeypatch, gib, arrangement):
+    monkeypatch.setenv("LAYERSWAP_GPU_MEMORY", str(gib))
+    hw = current()
+    assert hw.played and hw.device == "cuda" and hw.gpu_total() == gib * GiB
+    plan = plan_engines(eight_b, hardware=hw)
+    assert plan.row(hw)["arrangement"] == arrangement
+    if arrangement == "none":
+        assert not plan.fits and "What would serve them: `l4x1`" in plan.problem and "`a100-large`" in plan.problem
+        return
+    est = plan.estimate
+    # weights in bf16, a model-sized KV cache (4 full 4096-token sequences of 8B: 512 MiB each), a CUDA context,
+    # activations and CUDA graphs per engine, the app's headroom once; all within 90% of the GPU
+    assert est.weights_bytes == (eight_b["math"].nbytes - 0) and est.kv_bytes == 4 * 512 * 2**20
+    assert est.need_bytes == plan.vllm_engines * est.per_engine + est.fixed_bytes <= 0.9 * gib * GiB
+    assert plan.cuda_graphs and not plan.settings.enforce_eager and plan.device == "cuda"
+    share = plan.settings.gpu_memory_utilization * gib * GiB  # what each engine may take, as vLLM reads it
+    assert est.per_engine <= share and plan.vllm_engines * share <= 0.9 * gib * GiB
+    assert plan.question_seconds > 0 and plan.fits and not plan.transformers_first
+    assert (plan.swap_seconds is None) == (arrangement == "three_vllm")
+
+
+def test_spaces_flavours(eight_b, demo):
+    """The Hub's own numbers (a100-large is the 80 GB A100), and what serves the literature's 8B trio on each."""
+    rows = {name: plan_engines(eight_b, hardware=flavour(name)).row(flavour(name)) for name in hardware.FLAVOURS}
+    assert {n: r["arrangement"] for n, r in rows.items()} == {
+        "cpu-basic": "none", "cpu-upgrade": "none", "t4-small": "none", "l4x1": "one_vllm_swapped",
+        "a10g-large": "one_vllm_swapped", "l40sx1": "two_vllm", "a100-large": "three_vllm", "h100": "three_vllm",
+        "zero-gpu": "none"}
+    assert rows["a100-large"]["gpu_memory_gib"] == 80.0 and rows["l40sx1"]["gpu_memory_gib"] == 45.0
+    assert all((r["seconds_per_question"] is None) == (not r["fits"]) for r in rows.values())
+    assert rows["a100-large"]["seconds_per_question"] < rows["l40sx1"]["seconds_per_question"] \
+        < rows["a10g-large"]["seconds_per_question"]  # fewer swaps and more bandwidth: quicker
+    assert "ZeroGPU" in rows["zero-gpu"]["note"] and "`a100-large`" in rows["zero-gpu"]["note"]
+    # the demo's tiny models: vLLM is not installed on CPU Spaces (requirements.txt), transformers serves them
+    tiny = {n: plan_engines(demo, hardware=flavour(n)) for n in ("cpu-basic", "a10g-large")}
+    assert tiny["cpu-basic"].arrangement == "transformers" and tiny["cpu-basic"].device == "cpu"
+    assert tiny["a10g-large"].arrangement == "three_vllm" and tiny["a10g-large"].analysis_device == "cuda"
+    with pytest.raises(UserError, match="Unknown hardware 'a100'.*a100-large"):
+        flavour("a100")
+
+
+def test_trio_switch_counts_the_engines_it_releases(eight_b, tmp_path, monkeypatch):
+    """Loading a second trio on an 80 GB GPU: the first trio's three engines hold 58 GiB; planned without them
+    released, answers would drop to one engine; counted as released (as `ui.session.Shared` does), three again."""
+    monkeypatch.setenv("LAYERSWAP_HARDWARE", "a100-large")
+    first = plan_engines(eight_b)
+    assert first.arrangement == "three_vllm"
+    owner = object()
+    HELD.hold(owner, first.need_memory)  # the played GPU now holds the first trio's engines, as a real one would
+    try:
+        other = {r: Checkpoint.open(sparse_llama(tmp_path / r, **LLAMA_8B)) for r in ("math", "lang")}
+        blind = plan_engines(other)
+        assert blind.arrangement == "none" or blind.vllm_engines < 3
+        switch = plan_engines(other, releasing=Releasing(3, HELD.of(owner)))
+        assert switch.arrangement == "three_vllm" and switch.releases == 3
+        assert "counting 3 engines released first" in switch.describe()
+    finally:
+        HELD.release(owner)
+    assert current().gpu_free() == flavour("a100-large").gpu_free()
+
+
+def test_headroom_keeps_the_analysis_on_the_cpu_when_the_gpu_is_full(eight_b):
+    roomy = plan_engines(eight_b, hardware=flavour("a100-large"))
+    tight = plan_engines(eight_b, hardware=flavour("l40sx1"))
+    assert roomy.analysis_device == "cuda" and tight.analysis_device == "cpu"
+
+
+def test_played_hardware_starts_nothing(trio, monkeypatch):
+    from layerswap.workbench import Workbench
+
+    monkeypatch.setenv("LAYERSWAP_GPU_MEMORY", "80")
+    wb = Workbench(engine="auto")
+    wb.check(str(trio["math"]), str(trio["lang"]), str(trio["base"]))
+    assert wb.engine_plan.played and wb.engine_plan.fits
+    with pytest.raises(UserError, match="played hardware"):
+        wb.start()
+    assert not wb.answering
+
+
+def test_settings_override_the_machine(monkeypatch):
+    this = current()
+    assert this.name == "this" and not this.played and this.ram_available > 0
+    monkeypatch.setenv("LAYERSWAP_GPU_MEMORY", "24,24")
+    two = current()
+    assert len(two.gpus) == 2 and two.gpu_free(2) == 24 * GiB
+    monkeypatch.setenv("LAYERSWAP_AVAILABLE_MEMORY", str(GiB))
+    assert current().gpu_free() == GiB and current().ram_available == GiB
+    monkeypatch.setenv("LAYERSWAP_GPU_MEMORY", "lots")
+    with pytest.raises(UserError, match="LAYERSWAP_GPU_MEMORY"):
+        current()
+    monkeypatch.delenv("LAYERSWAP_GPU_MEMORY")
+    monkeypatch.setenv("LAYERSWAP_HARDWARE", "zero-gpu")
+    assert current().zero_gpu and current().played
+
+
+def test_question_estimate(eight_b):
+    nbytes = eight_b["math"].nbytes
+    cpu = question_seconds("three_vllm", nbytes, current(), "cpu")
+    assert cpu == pytest.approx(3 * 256 * nbytes / 7.0e9)
+    a100 = flavour("a100-large")
+    assert question_seconds("one_vllm_swapped", nbytes, a100, "cuda") > question_seconds("three_vllm", nbytes, a100, "cuda")
+    assert question_seconds("none", nbytes, a100, "cuda") is None
+    eager = plan_engines(eight_b, hardware=a100, settings=VLLMSettings(enforce_eager=True))
+    assert not eager.cuda_graphs and eager.estimate.overhead_bytes < plan_engines(eight_b, hardware=a100).estimate.overhead_bytes
+
+
+def test_hosting_docs_table_and_suggested_hardware_follow_the_plan(eight_b):
+    """docs/hosting.md's 8B table is what `layerswap inspect --hardware` prints, and the README's
+    `suggested_hardware` is the cheapest flavour serving the 8B trio as three engines side by side."""
+    from layerswap.engines.planning import hardware_table, table_markdown
+    from tests.helpers import REPO
+
+    names = [n for n in hardware.FLAVOURS]
+    rows = hardware_table(eight_b, names)
+    assert table_markdown(rows) in (REPO / "docs" / "hosting.md").read_text()
+    three = [r for r in rows if r["arrangement"] == "three_vllm" and hardware.FLAVOURS[r["hardware"]].price]
+    cheapest = min(three, key=lambda r: hardware.FLAVOURS[r["hardware"]].price)["hardware"]
+    assert f"suggested_hardware: {cheapest}\n" in (REPO / "README.md").read_text()
+
+
+def test_inspect_hardware_json_for_an_8b_trio(tmp_path):
+    import json
+
+    from tests.helpers import run_cli
+
+    for r in ("math", "lang"):
+        sparse_llama(tmp_path / r, **LLAMA_8B)
+    out = run_cli("inspect", "--math", str(tmp_path / "math"), "--lang", str(tmp_path / "lang"),
+                  "--hardware", "a100-large,l40sx1,cpu-basic", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [(r["hardware"], r["arrangement"], r["fits"]) for r in rows] == [
+        ("a100-large", "three_vllm", True), ("l40sx1", "two_vllm", True), ("cpu-basic", "none", False)]
+    assert {"hardware", "gpu_memory_gib", "ram_gib", "arrangement", "fits", "seconds_per_question", "note"} <= set(rows[0])
+    assert rows[0]["seconds_per_question"] > 0 and rows[2]["seconds_per_question"] is None
+    bad = run_cli("inspect", "--math", str(tmp_path / "math"), "--lang", str(tmp_path / "lang"), "--hardware", "a100")
+    assert bad.returncode != 0 and "Unknown hardware 'a100'" in bad.stdout + bad.stderr
+
+
+def test_zero_gpu_is_refused_at_start_with_the_hardware_to_pick(tmp_path):
+    """On ZeroGPU the app does not start (no CUDA call is made, nothing is served): it says which flavour serves
+    the Space's models instead."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    env = {**__import__("os").environ, "SPACES_ZERO_GPU": "true", "LAYERSWAP_HOSTED": "0", "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, str(REPO / "app.py"), "--port", "1"], capture_output=True, text=True,
+                       timeout=300, env=env, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "does not run on ZeroGPU" in r.stderr and "daily quota" in r.stderr
+    assert "`cpu-basic`" in r.stderr  # the demo's tiny models: a free CPU Space serves them (transformers)
+
+
+def test_refresh_mode_is_the_plans(eight_b, demo, monkeypatch):
+    """How a Build reaches the merge's engine is decided by the planner: in memory where the engine runs in this
+    process (vLLM on the CPU, transformers; no scratch disk needed), through disk where vLLM's engine core is a
+    process of its own (a GPU), the plan's scratch disk checked then."""
+    import dataclasses
+
+    cpu = dataclasses.replace(flavour("cpu-upgrade"), vllm=True, disk_free=0)  # vLLM on the CPU, no disk at all
+    plan = plan_engines(demo, hardware=cpu)
+    assert plan.engine == "vllm" and plan.device == "cpu" and plan.fits
+    assert (plan.refresh, plan.scratch_bytes) == ("memory", 0) and "in this process" in plan.refresh_why
+    assert "refreshes the merge's engine in memory" in plan.describe() and plan.row(cpu)["refresh"] == "memory"
+    tr = plan_engines(demo, engine="transformers", hardware=cpu)
+    assert tr.refresh == "memory" and tr.row(cpu)["refresh"] == "memory" and "refreshes" not in tr.describe()
+    monkeypatch.setenv("LAYERSWAP_GPU_MEMORY", "80")
+    gpu = current()
+    plan = plan_engines(eight_b, hardware=gpu)
+    assert plan.arrangement == "three_vllm" and plan.refresh == "disk" and "process of its own" in plan.refresh_why
+    assert plan.scratch_bytes == eight_b["math"].nbytes and "through disk" in plan.describe()
+    assert plan.row(gpu)["refresh"] == "disk"
+    full = plan_engines(eight_b, engine="vllm", hardware=dataclasses.replace(gpu, disk_free=10**9), alternatives=False)
+    assert not full.fits and "loads the merged model from disk" in full.problem

@@ -1,0 +1,232 @@
+"""Hostile models (issue 30): what a model's own files or the Hub say is data, never a path or markup.
+
+- Shard names (index.json), tokenizer file names and a repo's file list name only files of the model's own
+  folder; a refusal echoes no file's content or size (reproduction 1).
+- Hub errors never carry the Hub's address (reproduction 7).
+- Model-derived text (config strings, answers, questions) is escaped before Markdown/HTML, and code blocks
+  cannot be closed by what they show (reproduction 6): see `layerswap.markup`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from layerswap.checkpoints import Checkpoint
+from layerswap.errors import UserError
+from layerswap.hosting import Limits
+from tests.helpers import JsonHandler, serve
+
+SHA = "c" * 40
+MARKER = 1234.5  # the gated model's secret value
+
+
+def _hub_snapshot(cache: Path, repo: str, src: Path) -> Path:
+    """`src`'s files laid out as the Hugging Face cache holds a downloaded repo (blobs, snapshots/<sha>)."""
+    snap = cache / f"models--{repo.replace('/', '--')}" / "snapshots" / SHA
+    snap.mkdir(parents=True)
+    blobs = snap.parent.parent / "blobs"
+    blobs.mkdir()
+    for f in src.iterdir():
+        blob = blobs / f"{f.name}.blob"
+        shutil.copy(f, blob)
+        (snap / f.name).symlink_to(Path("../../blobs") / blob.name)
+    return snap
+
+
+@pytest.fixture
+def evil_cache(trio, tmp_path):
+    """A cache holding a gated model (a marker value in its weights) and a public repo whose index names shards
+    that are not its own; returns the cache, the public snapshot and the gated model's weight file."""
+    cache = tmp_path / "hub"
+    secret = tmp_path / "secret-src"
+    shutil.copytree(trio["math"], secret)
+    tensors = load_file(str(secret / "model.safetensors"))
+    name = next(iter(tensors))
+    tensors[name] = torch.full_like(tensors[name], MARKER)
+    save_file(tensors, str(secret / "model.safetensors"), metadata={"format": "pt"})
+    gated = _hub_snapshot(cache, "gated/secret", secret)
+    evil_src = tmp_path / "evil-src"
+    evil_src.mkdir()
+    for f in trio["math"].iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, evil_src / f.name)
+    snap = _hub_snapshot(cache, "evil/math", evil_src)
+    return cache, snap, gated / "model.safetensors", name
+
+
+def _write_index(snap: Path, shard: object) -> None:
+    index = snap / "model.safetensors.index.json"
+    index.unlink(missing_ok=True)
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {"model.embed_tokens.weight": shard}}))
+
+
+@pytest.mark.parametrize("kind", ["relative", "absolute", "etc-passwd", "dot", "backslash", "not-a-string"])
+def test_an_index_cannot_name_files_outside_the_models_own_folder(evil_cache, kind):
+    """Reproduction 1: a public repo's index pointing at a gated model's shard in the same cache (`../`), at its
+    absolute path, or at /etc/passwd: refused before any byte of it is read; the refusal says neither the
+    file's first bytes nor its size."""
+    cache, snap, secret_file, _ = evil_cache
+    shard = {"relative": f"../../../models--gated--secret/snapshots/{SHA}/model.safetensors",
+             "absolute": str(secret_file), "etc-passwd": "/etc/passwd", "dot": "./model.safetensors",
+             "backslash": "..\\..\\model.safetensors", "not-a-string": {"path": "/etc/passwd"}}[kind]
+    _write_index(snap, shard)
+    with pytest.raises(UserError, match="not a file of the model's own folder") as e:
+        Checkpoint.from_folder(snap, "evil/math")
+    msg = str(e.value)
+    sizes = {str(secret_file.stat().st_size), str(Path("/etc/passwd").stat().st_size)}
+    assert not any(f" {s}" in msg for s in sizes) and "header" not in msg and "bytes" not in msg, msg
+
+
+def test_an_index_naming_its_own_shards_opens(trio, tmp_path):
+    """The rule keeps ordinary sharded models and Hub snapshots (links into the cache's blobs) working."""
+    snap = _hub_snapshot(tmp_path / "hub", "good/math", trio["math"])
+    _write_index(snap, "model.safetensors")
+    ck = Checkpoint.from_folder(snap, "good/math")
+    assert ck.weight_files == [snap / "model.safetensors"] and ck.tokenizer_files()
+
+
+def test_tokenizer_config_cannot_name_files_elsewhere(trio, tmp_path):
+    """The same rule for file names a tokenizer's config gives (transformers would open them)."""
+    folder = tmp_path / "m"
+    shutil.copytree(trio["math"], folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "vocab_file": "/etc/passwd"}))
+    ck = Checkpoint.open(folder)
+    with pytest.raises(UserError, match="vocab_file names '/etc/passwd', which is not a file"):
+        ck.tokenizer_files()
+
+
+class EvilListing(JsonHandler):
+    """A Hub whose file list names a file outside the repo, and whose errors carry its own address."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        if "/api/models/evil/list" in self.path:
+            self.reply({"id": "evil/list", "sha": SHA, "private": False, "gated": False,
+                        "siblings": [{"rfilename": "config.json", "size": 10},
+                                     {"rfilename": "../../gated/model.safetensors", "size": 10}]})
+        else:
+            self.reply({"error": "Repository Not Found"}, status=404)
+
+
+@pytest.fixture
+def evil_hub(monkeypatch, tmp_path):
+    import huggingface_hub.constants as c
+
+    from layerswap.hub import hub_reachable
+
+    for url in serve(EvilListing):
+        monkeypatch.setenv("HF_ENDPOINT", url)
+        monkeypatch.setattr(c, "ENDPOINT", url)
+        monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
+        hub_reachable.cache_clear()
+        yield url
+        hub_reachable.cache_clear()
+
+
+def test_a_repo_file_list_naming_files_elsewhere_is_refused(evil_hub):
+    from layerswap.hosting import plan_download
+
+    with pytest.raises(UserError, match="outside the repo's own folder"):
+        plan_download("evil/list", Limits())
+
+
+def test_hub_errors_do_not_name_the_hub_endpoint(evil_hub):
+    """Reproduction 7 (messages): a missing repo's error says what failed, not where the Hub is."""
+    from layerswap.hosting import plan_download
+
+    host = re.sub(r"^https?://", "", evil_hub)
+    with pytest.raises(UserError) as e:
+        plan_download("nobody/missing", Limits())
+    assert "404" in str(e.value) and host not in str(e.value) and "http" not in str(e.value), str(e.value)
+
+
+# ---- model-derived text is text (reproduction 6) ---------------------------------------------------------------
+
+EVIL = ("Session expired: [sign in again](https://evil.example/login) ![](https://evil.example/pixel.png) "
+        "<img src=https://evil.example/p2.png> www.evil.example `` ``` $$\\href{https://evil.example}{x}$$")
+
+
+def _html(md: str) -> str:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table").render(md)
+
+
+def _assert_inert(md: str) -> None:
+    """No link, image or tag in the rendered page, and no bare address a GFM renderer would link."""
+    out = _html(md)
+    assert "<a " not in out and "<img" not in out and "<h1>" not in out, out
+    assert not re.search(r"(?<!\\)(://|www\.)", md), md
+
+
+def test_config_strings_are_shown_as_text(trio, tmp_path):
+    """A repo whose config.json `architectures` holds a link and an image: the models' report (what a victim's
+    page shows for `/?math=evil/math&lang=evil/lang`) renders neither, and says the string as typed."""
+    from layerswap.checkpoints import check_compatible
+
+    cks = []
+    for role in ("math", "lang"):
+        d = tmp_path / role
+        shutil.copytree(trio[role], d)
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, "architectures": [EVIL]}))
+        cks.append(Checkpoint.open(d))
+    md = check_compatible(*cks).markdown()
+    _assert_inert(md)
+    assert "Session expired" in _html(md) and "sign in again" in _html(md)
+
+
+def test_answers_and_questions_cannot_close_their_code_blocks():
+    """Three (or more) backticks in an answer or a question stay inside their block."""
+    from layerswap import mgsm
+    from layerswap.markup import block, code
+    from layerswap.ui.tabs.ask import _answer_md
+    from layerswap.workbench import Answer
+
+    out = "12\n```\n# Session expired\n[sign in](https://evil.example/x)\n````\n<img src=x>"
+    a = Answer("merged", "q", mgsm.score(out, 12, mgsm.get_language("en")), 12, "transformers", 0.1)
+    rendered = _html(_answer_md(a))
+    assert rendered.count("<pre>") == 1 and "<h1>" not in rendered and "<a " not in rendered
+    assert "# Session expired" in rendered and "&lt;img" in rendered
+    assert _html(block("x ````` y")).count("<pre>") == 1
+    assert "<code>a ``` b</code>" in _html(code("a ``` b"))
+
+
+def test_error_dialogs_show_html_as_text():
+    """Gradio's error dialog renders HTML: a message quoting a model's file is escaped first."""
+    import gradio as gr
+
+    from layerswap.ui.events import guarded
+
+    def fail():
+        raise UserError(f"evil/math: its index names {EVIL!r}")
+
+    with pytest.raises(gr.Error) as e:
+        guarded(fail)()
+    assert "<img" not in e.value.message and "&lt;img" in e.value.message
+
+
+def test_the_hub_cache_is_pruned_least_recently_used_first_never_a_model_in_use(trio, tmp_path):
+    """Reproduction 5 (the Hub cache): pruned to its setting, oldest access first, models in use kept."""
+    import os
+    import time
+
+    from layerswap.hosting import prune_hub_cache
+
+    cache = tmp_path / "hub"
+    snaps = {repo: _hub_snapshot(cache, repo, trio["math"]) for repo in ("old/a", "inuse/b", "new/c")}
+    now = time.time()
+    for i, repo in enumerate(("inuse/b", "old/a", "new/c")):  # inuse/b is the least recently used
+        for blob in (snaps[repo].parent.parent / "blobs").iterdir():
+            os.utime(blob, (now - 1000 + 100 * i, now - 1000 + 100 * i))
+    one = sum(f.stat().st_size for f in (snaps["old/a"].parent.parent / "blobs").iterdir())
+    gone = prune_hub_cache(2 * one, keep={"inuse/b"}, cache=cache)
+    assert gone == ["old/a"] and snaps["inuse/b"].exists() and snaps["new/c"].exists()
+    assert not (cache / "models--old--a").exists()

@@ -1,0 +1,314 @@
+"""The plan search (issue 32): the space, the dev/test split, the priors, successive halving, the strategies, the
+records (resume after SIGKILL, reuse), the honest report, the CLI and its JSON, Ray workers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from layerswap.engines import EngineSettings
+from layerswap.errors import UserError
+from layerswap.plans import Plan
+from layerswap.presets import assets_path
+from layerswap.search import SearchConfig, Space, grid_space, priors, race, rungs, search, split_questions, tau_rule
+from layerswap.search.strategy import TPE, Exhaustive, choose
+from layerswap.sweeps import load_results
+from tests.helpers import REPO
+
+DEMO = {r: f"assets:demo/{r}" for r in ("math", "lang", "base")}
+DATA = str(assets_path("assets:demo/math").parent / "mgsm")
+ENGINE = EngineSettings(engine="transformers", device="cpu", batch_size=64)
+
+
+def small(**kw) -> SearchConfig:
+    """A quick search on the demo organism: few questions, short answers."""
+    return SearchConfig(**{"langs": ["xx"], "source": DATA, "budget": 8, "dev": 40, "test": 60,
+                           "max_new_tokens": 32, "first_rung": 10, **kw})
+
+
+# ---- the space ------------------------------------------------------------------------------------
+
+def _brute(space: Space) -> list:
+    """Every valid parameter combination, written out independently of `Space.plans`."""
+    L = space.num_layers
+    out = []
+    revs = [(0, 0)] + ([(s, n) for n in range(1, L + 1) for s in range(L - n + 1)] if space.revert else [])
+    for b, u, tb, tu in itertools.product(range(L + 1), repeat=4):
+        if b > space.max_b or u > space.max_u or max(tb, tu) > space.max_t or b + u + tb + tu > L:
+            continue
+        for tr in (space.transitions if tb + tu else space.transitions[:1]):
+            out += [(b, u, tb, tu, tr, nl, m, r) for nl in space.non_layer for m in space.modules for r in revs]
+    return out
+
+
+@pytest.mark.parametrize("space", [Space(4), Space(5, max_b=2, max_t=1, transitions=("ramp",)),
+                                   Space(3, module_wise=True, revert=True, non_layer=("math", "lang")),
+                                   grid_space(8)])
+def test_space_counts_and_lists_exactly_the_valid_plans(space):
+    plans = list(space.plans())
+    assert space.size() == len(plans) == len(_brute(space))
+    for p in plans:
+        p.validate(space.num_layers)
+        assert p.b + p.u + p.tb + p.tu <= space.num_layers
+        assert space.params(p) is not None and space.plan(space.params(p)) == p
+
+
+def test_grid_space_of_eight_layers_is_every_b_u_tb_tu():
+    assert grid_space(8).size() == math.comb(12, 4) == 495
+
+
+def test_invalid_plans_are_refused_before_anything_runs():
+    s = Space(8)
+    assert s.plan({"b": 4, "u": 2, "tb": 1, "tu": 1}) is not None
+    assert s.plan({"b": 5, "u": 3, "tb": 0, "tu": 0}) is not None
+    assert s.plan({"b": 5, "u": 3, "tb": 1, "tu": 0}) is None  # 9 > 8 layers
+    assert Space(8, revert=True).plan({"b": 1, "u": 0, "tb": 0, "tu": 0, "revert_start": 6, "revert_len": 3}) is None
+    with pytest.raises(UserError, match="flat:W"):
+        Space(8, transitions=("flat:2",))
+    with pytest.raises(UserError, match="Non-layer"):
+        Space(8, non_layer=("nowhere",))
+
+
+def test_plans_with_the_same_effect_are_one_plan():
+    s = Space(8)
+    a = s.plan({"b": 2, "u": 0, "tb": 0, "tu": 0, "transition": "ramp"})
+    b = s.plan({"b": 2, "u": 0, "tb": 0, "tu": 0, "transition": "flat:0.75"})
+    assert a == b and s.effect(a) == s.effect(b)
+    # a ramp over one layer is the flat 0.5 blend: different plans, one model
+    r = s.plan({"b": 2, "u": 1, "tb": 1, "tu": 1, "transition": "ramp"})
+    f = s.plan({"b": 2, "u": 1, "tb": 1, "tu": 1, "transition": "flat:0.5"})
+    assert r != f and s.effect(r) == s.effect(f)
+
+
+# ---- the split ------------------------------------------------------------------------------------
+
+def test_dev_and_test_are_disjoint_the_same_in_every_language_and_seeded():
+    src = str(REPO / "assets" / "demo" / "mgsm")
+    a = split_questions(["xx", "en"], src, seed=3)
+    assert len(a.dev) == 400 and len(a.test) == 600 and a.total == 1000
+    assert not set(a.dev) & set(a.test) and set(a.dev) | set(a.test) == set(range(1000))
+    assert a == split_questions(["xx", "en"], src, seed=3)
+    assert a.dev != split_questions(["xx", "en"], src, seed=4).dev
+    b = split_questions(["xx"], src, seed=3, dev=50, test=100)
+    assert b.dev == a.dev[:50] and len(b.test) == 100 and not set(b.dev) & set(b.test)
+    for bad in ({"dev": 1000}, {"dev": 0}, {"dev": 10, "test": 991}):
+        with pytest.raises(UserError):
+            split_questions(["xx"], src, **bad)
+
+
+# ---- successive halving -------------------------------------------------------------------------
+
+def test_rungs_double_up_to_the_dev_set():
+    assert rungs(400, 25) == [25, 50, 100, 200, 400]
+    assert rungs(400) == [25, 50, 100, 200, 400]
+    assert rungs(30, 10) == [10, 20, 30]
+    assert rungs(5, 10) == [5]
+
+
+def test_a_candidate_clearly_behind_stops_and_one_level_is_promoted():
+    dev = list(range(100))
+    inc = [1.0] * 80 + [0.0] * 20
+    asked = []
+
+    def scorer(values):
+        def score(ids):
+            asked.append(len(ids))
+            return [values[i] for i in ids]
+        return score
+
+    bad = race(scorer([0.0] * 100), dev, [10, 20, 40, 100], inc, z=2.0)
+    assert not bad.complete and len(bad.scores) == 10 and asked == [10]  # 10 questions: d = 1, se = 0
+    asked.clear()
+    level = race(scorer(inc), dev, [10, 20, 40, 100], inc, z=2.0)
+    assert level.complete and level.accuracy == 0.8 and asked == [10, 10, 20, 60]
+    # 7 of the first 10 right against 10 of 10: d = 0.3, se = 0.153; behind by 1.96 SE: promoted at z = 2, not at z = 1
+    close = [1.0] * 7 + [0.0] * 3 + [1.0] * 90
+    assert len(race(scorer(close), dev, [10, 20, 40, 100], inc, z=2.0).scores) > 10
+    assert len(race(scorer(close), dev, [10, 20, 40, 100], inc, z=1.0).scores) == 10
+
+
+# ---- priors and strategies ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def demo_analysis():
+    from layerswap.analysis import analyze
+    from layerswap.checkpoints import Checkpoint
+
+    cks = {r: Checkpoint.open(ref) for r, ref in DEMO.items()}
+    return analyze(cks["base"], cks["math"], cks["lang"])
+
+
+def test_tau_rule_reads_the_organisms_language_layers(demo_analysis):
+    # the demo's language expert trained only layers 0-1 (and embeddings), its math expert only layers 2-7
+    assert tau_rule(demo_analysis, 1.0) == Plan(b=2, u=0, tb=0, tu=0)
+    assert tau_rule(demo_analysis, 1.0, "mlp") == Plan(b=2, u=0, tb=0, tu=0, modules="mlp")
+    names = [p.name for p in priors(Space(8), demo_analysis)]
+    assert names[0] == "the weight-diff prior" and names[-1] == "the default plan"
+    assert any(n.startswith("τ rule") for n in names)
+
+
+def test_strategy_is_exhaustive_when_the_space_fits_the_budget_and_tpe_is_seeded():
+    small_space = Space(3, transitions=("flat:0.5",), non_layer=("neighbour",))
+    assert isinstance(choose("auto", small_space, [], small_space.size(), 0), Exhaustive)
+    assert isinstance(choose("auto", small_space, [], small_space.size() - 1, 0), TPE)
+
+    def first(seed):
+        t = TPE(Space(8), [], seed)
+        out = []
+        for _ in range(15):
+            h, plan, _ = t.ask()
+            out.append(plan)
+            t.tell(h, None)
+        return out
+    assert first(1) == first(1) and first(1) != first(2)
+
+
+# ---- the search, end to end ---------------------------------------------------------------------
+
+def test_search_finds_a_plan_records_every_answer_and_resumes_from_the_file(tmp_path):
+    out = tmp_path / "results.jsonl"
+    r = search(DEMO["math"], DEMO["lang"], DEMO["base"], small(), results=out, engine=ENGINE)
+    d = r.to_dict()
+    assert not set(d["split"]["dev"]) & set(d["split"]["test"])
+    assert d["evaluated"]["plans"] == len(d["trials"]) == 8
+    rows = load_results(out)
+    answered = sum(len(x["ids"]) for x in rows)
+    assert answered == d["evaluated"]["questions_run"] + d["evaluated"]["test_questions_run"]
+    dev_ids = set(d["split"]["dev"])
+    plan_rows = [x for x in rows if x["recipe"] is not None and set(x["ids"]) <= dev_ids]
+    assert sum(len(x["ids"]) for x in plan_rows) == d["evaluated"]["questions"]  # nothing answered twice
+    assert d["test"]["n"] == 60 and d["test"]["interval"][0] <= d["test"]["accuracy"] <= d["test"]["interval"][1]
+    assert [b["name"] for b in d["baselines"]][:2] == ["the math expert", "the language expert"]
+    assert "optimistic" in d["dev"]["optimistic"] or "best of" in d["dev"]["optimistic"]
+    # the plan found is the best plan that was scored on every dev question
+    complete = [t for t in d["trials"] if t["complete"]]
+    assert d["dev"]["accuracy"] == max(t["dev_accuracy"] for t in complete)
+    again = search(DEMO["math"], DEMO["lang"], DEMO["base"], small(), results=out, engine=ENGINE)
+    assert again.evaluated["questions_run"] == 0 and again.evaluated["test_questions_run"] == 0
+    assert again.plan == r.plan and again.to_dict()["trials"] == d["trials"] and again.test == r.test
+    assert len(load_results(out)) == len(rows)
+    # another seed reuses every answer the file holds for its questions
+    other = search(DEMO["math"], DEMO["lang"], DEMO["base"], small(seed=1), results=out, engine=ENGINE)
+    assert other.evaluated["questions_reused"] > 0
+
+
+def test_a_search_started_from_the_loaded_workbench_leaves_the_plan_built(tmp_path):
+    from layerswap.workbench import Workbench
+
+    wb = Workbench.from_settings(ENGINE)
+    wb.load(DEMO["math"], DEMO["lang"], DEMO["base"])
+    stop = __import__("threading").Event()
+    seen = []
+
+    def progress(f, text):
+        seen.append(text)
+        if "1/" in text.split(" plans")[0]:
+            stop.set()  # Stop after the first plan: what was found is kept
+    r = search(DEMO["math"], DEMO["lang"], DEMO["base"], small(budget=20), results=tmp_path / "r.jsonl",
+               workbench=wb, progress=progress, cancel=stop)
+    assert r.cancelled and r.evaluated["plans"] == 1 and r.test is None
+    assert any("best so far" in t for t in seen)
+    assert r.plan is not None and wb.recipe.plan == r.plan  # the caller's merged model answers with it
+    wb.close()
+
+
+def _cli(*extra):
+    return [sys.executable, "-m", "layerswap.cli", "search", "--math", DEMO["math"], "--lang", DEMO["lang"],
+            "--base", DEMO["base"], "--langs", "xx", *extra]
+
+
+def test_cli_json_has_the_fields_and_a_sigkilled_search_resumes_without_re_evaluating(tmp_path):
+    env = {**os.environ, "LAYERSWAP_ENGINE": "transformers", "PYTHONPATH": str(REPO)}
+    args = ["--budget", "12", "--dev", "80", "--test", "100", "--max-new-tokens", "32", "--first-rung", "10", "-q"]
+    whole = tmp_path / "whole.jsonl"
+    subprocess.run(_cli(*args, "-o", str(whole), "--json", str(tmp_path / "whole.json")), check=True, env=env,
+                   timeout=600, capture_output=True)
+    ref = json.loads((tmp_path / "whole.json").read_text())
+    for k in ("b", "u", "tb", "tu", "transition", "non_layer"):
+        assert k in ref["plan"]
+    assert {"n", "accuracy"} <= set(ref["dev"]) and {"n", "accuracy", "interval"} <= set(ref["test"])
+    assert {"plans", "questions"} <= set(ref["evaluated"]) and {"dev", "test"} <= set(ref["split"])
+    killed = tmp_path / "killed.jsonl"
+    proc = subprocess.Popen(_cli(*args, "-o", str(killed)), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    t0 = time.time()
+    while proc.poll() is None and time.time() - t0 < 300:
+        if killed.exists() and killed.read_bytes().count(b"\n") >= 6:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the search finished before it could be killed"
+    before = load_results(killed)
+    done = {(r["model_key"], lang, i) for r in before for lang in r["correct_flexible"] for i in r["ids"]}
+    subprocess.run(_cli(*args, "-o", str(killed), "--json", str(tmp_path / "resumed.json")), check=True, env=env,
+                   timeout=600, capture_output=True)
+    after = load_results(killed)
+    new = [r for r in after if r["key"] not in {b["key"] for b in before}]
+    assert new and not {(r["model_key"], lang, i) for r in new for lang in r["correct_flexible"] for i in r["ids"]} & done
+    resumed = json.loads((tmp_path / "resumed.json").read_text())
+    assert resumed["plan"] == ref["plan"] and resumed["test"] == ref["test"] and resumed["trials"] == ref["trials"]
+    assert sum(len(r["ids"]) for r in after) == sum(len(r["ids"]) for r in load_results(whole))
+
+
+def test_cli_refuses_a_limit_and_bad_budgets(tmp_path):
+    from tests.helpers import run_cli
+
+    p = run_cli("search", "--math", DEMO["math"], "--lang", DEMO["lang"], "--langs", "xx", "--limit", "5")
+    assert p.returncode == 2 and "--dev N" in p.stderr
+    p = run_cli("search", "--math", DEMO["math"], "--lang", DEMO["lang"], "--langs", "xx", "--budget", "0",
+                "-o", str(tmp_path / "r.jsonl"))
+    assert p.returncode == 2 and "budget" in p.stderr
+
+
+def test_hosted_searches_are_bounded_and_the_panel_sets_every_plan_control():
+    from layerswap.fields import LINK_KEYS
+    from layerswap.hosting import Limits, Policy
+    from layerswap.ui.tabs.search import plan_values
+
+    pol = Policy(hosted=True, limits=Limits(search_plans=10, eval_questions=100))
+    pol.check_search(10, 100, 100)
+    with pytest.raises(UserError, match="up to 10 plans"):
+        pol.check_search(11, 50, 50)
+    with pytest.raises(UserError, match="100"):
+        pol.check_search(5, 50, 101)
+    Policy().check_search(10_000, 10**6, 10**6)  # a local research tool: anything
+    ups = dict(zip(LINK_KEYS, plan_values(Plan(b=3, u=1, tb=1, tu=0, transition="ramp", non_layer="math",
+                                                    modules="mlp", revert=(5, 6)))))
+    assert {k: ups[k].get("value") for k in ("b", "u", "tb", "tu", "transition", "non_layer", "modules", "revert",
+                                             "kind", "method")} == {
+        "b": 3, "u": 1, "tb": 1, "tu": 0, "transition": "ramp", "non_layer": "math", "modules": "mlp",
+        "revert": "5-6", "kind": "swap", "method": "layer_swap"}
+    assert dict(zip(LINK_KEYS, plan_values(Plan(b=2, u=0, tb=0, tu=0))))["revert"].get("value") == ""
+
+
+def test_two_ray_workers_race_candidates_and_their_answers_match_the_local_engine(tmp_path):
+    """Candidates raced on two Ray actors: the driver writes their records; every answer equals the one the
+    local engine gives for the same model and question, and a rerun resumes from the file."""
+    pytest.importorskip("ray", reason="Ray is not installed: pip install ray")
+    cfg = small(budget=6)
+    par = search(DEMO["math"], DEMO["lang"], DEMO["base"], cfg, results=tmp_path / "ray.jsonl", engine=ENGINE,
+                 workers=2)
+    assert par.evaluated["plans"] == 6 and par.plan is not None and par.test is not None
+    ray_rows = load_results(tmp_path / "ray.jsonl")
+    assert sum(len(r["ids"]) for r in ray_rows) == par.evaluated["questions_run"] + par.evaluated["test_questions_run"]
+    local = search(DEMO["math"], DEMO["lang"], DEMO["base"], cfg, results=tmp_path / "local.jsonl", engine=ENGINE)
+
+    def answers(rows):
+        return {(r["model_key"], lang, i): bit for r in rows for lang, bits in r["correct_flexible"].items()
+                for i, bit in zip(r["ids"], bits)}
+    a, b = answers(ray_rows), answers(load_results(tmp_path / "local.jsonl"))
+    shared = a.keys() & b.keys()
+    assert len(shared) > 100 and all(a[k] == b[k] for k in shared)
+    assert local.test is not None
+    again = search(DEMO["math"], DEMO["lang"], DEMO["base"], cfg, results=tmp_path / "ray.jsonl", engine=ENGINE,
+                   workers=2)
+    assert again.evaluated["questions_run"] == 0 and again.plan == par.plan

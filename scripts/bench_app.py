@@ -6,12 +6,15 @@ same trio in the same run; and, on the demo, from the page being served to the f
     python3 scripts/bench_app.py --math M --lang L --base B          # any trio
     python3 scripts/bench_app.py --demo                              # the README's app command: first answer
     python3 scripts/bench_app.py --size 8b --ask 8                   # also Start engines and one Ask of 8 tokens
+    python3 scripts/bench_app.py --size 8b --first-view              # a browser's first view, demo and 8B trio
 
 Every measurement starts from a cold page cache (`bench_common.drop_page_cache`) and its own process: `layerswap
 diff` (the read floor's neighbour: the analysis as the CLI runs it) and `app.py --math --lang --base` driven through
 `gradio_client` as a visitor would (`/load`, then `/heatmap` with the default panels); with ``--ask N``, then
 `/start_engines` (the engine plan the app picks on this machine) and one `/ask` of N new tokens to the three
-models (each answer's seconds include its weight swap, as the page shows them). Prints a markdown table with the
+models (each answer's seconds include its weight swap, as the page shows them). With ``--first-view``, Chromium
+opens the page of a fresh app (the demo, and the trio if given) and times, from the page's load event, the page's
+opening event (share link and test set filled in) and the models' report, against the page load itself. Prints a markdown table with the
 ratio app / CLI; record it in docs/benchmarks.md with the date, the machine and `uptime`.
 """
 
@@ -151,6 +154,38 @@ def bench_demo(work: Path) -> list[tuple[str, float, str]]:
         proc.wait(timeout=60)
 
 
+def bench_first_view(name: str, app_args: list[str], work: Path) -> list[tuple[str, float, str]]:
+    """A fresh app opened in Chromium: seconds from the page's load event to its opening event's answer (the share
+    link names the models) and to the models' report (their headers read), against the load event itself."""
+    from playwright.sync_api import sync_playwright
+
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", LAYERSWAP_CACHE=str(work / f"cache-view-{name}"))
+    proc, url, served = _serve(app_args, env, work)
+    rows: list = []
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--headless", "--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            t0 = time.perf_counter()
+            page.goto(url, wait_until="load")
+            loaded = time.perf_counter() - t0
+            page.wait_for_function("() => [...document.querySelectorAll('#share textarea, #share input')]"
+                                   ".some(e => e.value.includes('math='))", timeout=600_000, polling=50)
+            opened = time.perf_counter() - t0 - loaded
+            page.wait_for_function("() => (document.querySelector('#report')?.innerText || '').includes('layers')",
+                                   timeout=600_000, polling=50)
+            report = time.perf_counter() - t0 - loaded
+            browser.close()
+        _add(rows, f"{name}: page served to its load event in the browser", loaded, "the reference")
+        _add(rows, f"{name}: load event to the first view (share link, test set)", opened,
+             f"{opened / loaded:.2f}x the page load")
+        _add(rows, f"{name}: load event to the models' report", report, f"{report / loaded:.2f}x the page load")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=["1b", "8b"], help="bench_common's trio of that size")
@@ -162,19 +197,27 @@ def main() -> int:
     ap.add_argument("--ask", type=int, default=0, metavar="N",
                     help="also Start engines and one Ask of N new tokens (the page's minimum is 16)")
     ap.add_argument("--ask-lang", default="en", help="the MGSM language of that question (default en)")
+    ap.add_argument("--first-view", action="store_true",
+                    help="only the browser's first view: the demo, and the trio if given (needs Chromium)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="layerswap-bench-app-"))
     rows = []
+    paths = None
     if args.size:
         from bench_common import build_trio
 
         t = time.perf_counter()
         paths = build_trio(args.root, size=args.size)
         print(f"trio ready in {time.perf_counter() - t:.0f} s: {paths['math'].parent}")
-        rows += bench_trio(paths, work, args.ask, args.ask_lang)
     elif args.math:
-        rows += bench_trio({"math": Path(args.math), "lang": Path(args.lang), "base": Path(args.base)}, work, args.ask,
-                           args.ask_lang)
+        paths = {"math": Path(args.math), "lang": Path(args.lang), "base": Path(args.base)}
+    if args.first_view:
+        rows += bench_first_view("demo", [], work)
+        if paths:
+            rows += bench_first_view(args.size or "trio", ["--math", str(paths["math"]), "--lang", str(paths["lang"]),
+                                                         "--base", str(paths["base"]), "--device", "cpu"], work)
+    elif paths:
+        rows += bench_trio(paths, work, args.ask, args.ask_lang)
     if args.demo:
         rows += bench_demo(work)
     print(f"\n{os.uname().nodename} · {os.cpu_count()} cores · {time.strftime('%Y-%m-%d')} · load "

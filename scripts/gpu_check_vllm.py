@@ -8,7 +8,9 @@ CPU build), checked end to end.
    transformers on the same folder (tokens equal up to the first bf16 tie); a merge is exported, loaded into the
    running engine (`reload_weights`: the refresh that keeps CUDA graphs valid) and answered again against
    transformers on the exported folder; seconds for the start, a refresh and a swap.
-3. with ``--disk-8b``: the same at the 8B shape (48 GB of disk), so the plan's sizes meet the card's real memory.
+3. on a GPU, the small shape again with serving forced to one engine: the plan's sleep mode (each model on an
+   engine of its own, taking turns asleep) when host RAM allows it, checked the same way, its swaps timed;
+4. with ``--disk-8b``: the same at the 8B shape (48 GB of disk), so the plan's sizes meet the card's real memory.
 
 Each row goes into the report table that `gpu_check.py` prints for docs/benchmarks.md.
 """
@@ -45,6 +47,8 @@ def check_vllm(work: Path, device: str, shape_spec: dict, rep, new_tokens: int =
 
     trio = build_trio(work, spec=shape_spec, log=lambda *_: None)
     _serve(trio, shape_spec["name"], work, rep, new_tokens)
+    if device != "cpu":
+        _serve(trio, shape_spec["name"] + ", serving one", work, rep, new_tokens, serving="one")
     if disk_8b:
         from bench_common import SPEC_8B
 
@@ -55,20 +59,21 @@ def check_vllm(work: Path, device: str, shape_spec: dict, rep, new_tokens: int =
         _serve(build_trio(work, spec=SPEC_8B, log=lambda *_: None), "8b", work, rep, new_tokens)
 
 
-def _serve(trio: dict[str, Path], shape: str, work: Path, rep, new_tokens: int) -> None:
+def _serve(trio: dict[str, Path], shape: str, work: Path, rep, new_tokens: int, serving: str = "auto") -> None:
     from layerswap import Plan
     from layerswap.engines import TransformersEngine
     from layerswap.workbench import Workbench
 
     t = time.perf_counter()
-    wb = Workbench(engine="vllm", chat_template=False)
+    wb = Workbench(engine="vllm", serving=serving, chat_template=False)
     try:
         wb.load(str(trio["math"]), str(trio["lang"]), force=True)
         plan = wb.engine_plan
         started = time.perf_counter() - t
         line = wb.engine_note
         rep.add(f"vLLM engines started as planned ({shape})", plan.arrangement,
-                f"{started:.0f} s; engine line: {line}; CUDA graphs {'on' if plan.cuda_graphs else 'off'}",
+                f"{started:.0f} s; engine line: {line}; CUDA graphs {'on' if plan.cuda_graphs else 'off'}; sleep "
+                f"mode {'on' if plan.sleep else 'off'} ({plan.sleep_why})",
                 ok=line.startswith(plan.title))
         for role in ("math", "lang"):
             _compare(wb.engines[role], TransformersEngine.from_pretrained(trio[role], _tdev(wb), use_chat_template=False),

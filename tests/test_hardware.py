@@ -211,3 +211,65 @@ def test_refresh_mode_is_the_plans(eight_b, demo, monkeypatch):
     assert plan.row(gpu)["refresh"] == "disk"
     full = plan_engines(eight_b, engine="vllm", hardware=dataclasses.replace(gpu, disk_free=10**9), alternatives=False)
     assert not full.fits and "loads the merged model from disk" in full.problem
+
+
+def test_sleep_mode_where_models_take_turns_and_the_host_can_park_them(eight_b):
+    """On a GPU, models that take turns get engines of their own in vLLM's sleep mode when host RAM holds the parked
+    weights and the GPU the sleeping engines' CUDA contexts and graphs; a swap is then two PCIe copies."""
+    import dataclasses
+
+    from layerswap.engines.planning import sleep_mode
+    from layerswap.engines.serving import CUDA_CONTEXT, CUDA_GRAPHS
+
+    per_model = eight_b["math"].nbytes
+    l40 = flavour("l40sx1")
+    plan = plan_engines(eight_b, hardware=l40)
+    assert plan.arrangement == "two_vllm" and plan.sleep and plan.settings.sleep_mode
+    assert plan.swap_seconds == pytest.approx(2 * per_model / 10e9)
+    est = plan.estimate
+    assert est.need_bytes == 2 * est.per_engine + GiB + (CUDA_CONTEXT + CUDA_GRAPHS) == plan.need_memory
+    assert plan.settings.gpu_memory_utilization * l40.gpu_total() >= est.per_engine
+    assert plan.row(l40)["sleep"] and "sleep mode" in plan.describe() and "1 asleep at a time" in plan.sleep_why
+    reload = plan_engines(eight_b, hardware=dataclasses.replace(l40, ram_available=16 * GiB))
+    assert reload.arrangement == "two_vllm" and not reload.sleep and not reload.settings.sleep_mode
+    assert "host RAM" in reload.sleep_why and reload.swap_seconds == pytest.approx(per_model / 2e9)
+    assert reload.question_seconds > plan.question_seconds
+    a10g = plan_engines(eight_b, hardware=flavour("a10g-large"))
+    assert a10g.arrangement == "one_vllm_swapped" and not a10g.sleep and "GPU memory" in a10g.sleep_why
+    one = plan_engines(eight_b, hardware=l40, serving="one")
+    assert one.sleep and "2 asleep at a time" in one.sleep_why
+    assert not plan_engines(eight_b, hardware=flavour("a100-large")).sleep
+    assert sleep_mode("one_vllm_swapped", "cpu", l40, est, per_model) == (0, "vLLM's sleep mode is for GPUs")
+
+
+def test_turns_put_the_others_to_sleep_before_one_wakes():
+    """`Turns` (sleep mode's coordination): the engine asked for wakes only after every other one sleeps, so the
+    GPU memory it takes back is free; an engine already awake is not woken again."""
+    from layerswap.engines.vllm_engine import TurnEngine, Turns
+
+    log: list[str] = []
+
+    class Sleeper:  # the three calls `Turns` makes of a `VLLMEngine`
+        def __init__(self, name: str, asleep: bool):
+            self.name, self.asleep = name, asleep
+
+        def sleep(self):
+            if not self.asleep:
+                log.append(f"sleep {self.name}")
+                self.asleep = True
+
+        def wake(self):
+            if self.asleep:
+                log.append(f"wake {self.name}")
+                self.asleep = False
+
+        def generate(self, prompts, **kw):
+            assert [e.name for e in turns.engines if not e.asleep] == [self.name]
+            return [self.name for _ in prompts]
+
+    turns = Turns([Sleeper("lang", True), Sleeper("merged", False)])
+    lang, merged = (TurnEngine(turns, e) for e in turns.engines)
+    assert lang.generate(["q"]) == ["lang"] and log == ["sleep merged", "wake lang"]
+    assert lang.generate(["q"]) == ["lang"] and len(log) == 2
+    assert merged.generate(["q", "r"]) == ["merged", "merged"] and log[2:] == ["sleep lang", "wake merged"]
+    assert turns.awake is turns.engines[1]

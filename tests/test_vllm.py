@@ -244,3 +244,12 @@ def test_two_engines_the_language_expert_and_the_merge_swapped(engine, vllm_trio
     finally:
         wb.close()
     assert not eng.in_use
+
+
+def test_sleep_mode_is_refused_on_the_cpu_before_anything_starts(vllm_trio):
+    """The plan never asks for sleep mode off a GPU; an engine asked for it there says so instead of starting."""
+    vllm_or_skip()
+    from layerswap.engines.vllm_engine import EngineStartError, VLLMSettings
+
+    with pytest.raises(EngineStartError, match="sleep mode needs a GPU"):
+        VLLMEngine(vllm_trio["math"], VLLMSettings(sleep_mode=True))

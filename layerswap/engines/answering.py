@@ -33,9 +33,9 @@ from ..roles import EXPERTS, ROLE_NAMES
 from ..runtime import Progress, no_progress
 from .base import load_tokenizer
 from .planning import TITLES, VLLM_ENGINES, EnginePlan, Releasing
-from .serving import check_memory
+from .serving import GPU_ACTIVATIONS, check_memory
 from .transformers_engine import TransformersEngine, load_model, model_from_state_dict
-from .vllm_engine import EngineStartError, LoRAEngine, SwappedEngine, TensorWeights, VLLMEngine
+from .vllm_engine import EngineStartError, LoRAEngine, SwappedEngine, TensorWeights, TurnEngine, Turns, VLLMEngine
 
 
 @dataclass
@@ -139,13 +139,16 @@ class TransformersPair(Arrangement):
 class VLLMArrangement(Arrangement):
     """`plan.vllm_engines` vLLM engines sized by the plan; the merge goes into the engine that serves it (`roles`:
     which engine serves which model) as the plan's `refresh` says: streamed from the experts' files into the model
-    (``memory``: nothing written), or exported to a scratch folder (its disk checked by the plan) and reloaded."""
+    (``memory``: nothing written), or exported to a scratch folder (its disk checked by the plan) and reloaded.
+    With the plan's `sleep` (GPU), the models an engine would swap each get an engine of their own that takes
+    turns (`Turns`): started one after another, each put to sleep before the next starts."""
 
     roles: ClassVar[tuple[tuple[str, ...], ...]]  # per engine, the models it serves (one: fixed; more: swapped)
 
     def __init__(self, plan: EnginePlan, trio: Trio):
         super().__init__(plan, trio)
         self.vllm: list[VLLMEngine] = []
+        self.turns: dict[int, tuple[Turns, dict[str, VLLMEngine]]] = {}  # sleep mode: slot -> its turns, per model
         self.merge_dir: Path | None = None
         self.builds = 0  # merges loaded (names each in-memory merge)
 
@@ -154,7 +157,10 @@ class VLLMArrangement(Arrangement):
         VLLMEngine.idle_for(cks["math"].path)  # idle engines of another shape go first (the plan counted them)
         progress(0.1, f"starting vLLM: {self.describe()} (the first start takes about a minute)")
         try:
-            for roles in self.roles:
+            for slot, roles in enumerate(self.roles):
+                if self.plan.sleep and len(roles) > 1:
+                    self._start_turns(slot, roles, tok)
+                    continue
                 first = roles[0] if roles[0] != "merged" else "math"  # the merge does not exist yet
                 eng = VLLMEngine.acquire(cks[first].path, self.plan.settings, tokenizer=tok,
                                          use_chat_template=self.trio.chat_template, held=self.plan.estimate.per_engine)
@@ -165,6 +171,23 @@ class VLLMArrangement(Arrangement):
         except EngineStartError:
             self.release()
             raise
+
+    def _start_turns(self, slot: int, roles: tuple[str, ...], tok) -> None:
+        """Sleep mode: an engine per model of the slot (the merge's starts on the math expert), each asleep before
+        the next starts; the plan budgeted one awake and the others' CUDA contexts."""
+        cks, est, turns, by_role = self.trio.checkpoints, self.plan.estimate, Turns([]), {}
+        for role in roles:
+            if turns.engines:
+                turns.engines[-1].sleep()
+            eng = VLLMEngine.acquire(cks["math" if role == "merged" else role].path, self.plan.settings, tokenizer=tok,
+                                     use_chat_template=self.trio.chat_template,
+                                     held=est.per_engine if not turns.engines else est.overhead_bytes - GPU_ACTIVATIONS)
+            self.vllm.append(eng)
+            turns.engines.append(eng)
+            by_role[role] = eng
+            if role in EXPERTS:
+                self.engines[role] = TurnEngine(turns, eng)
+        self.turns[slot] = (turns, by_role)
 
     def load_merged(self, recipe: Recipe, progress: Progress) -> None:
         from .. import scratch
@@ -186,7 +209,11 @@ class VLLMArrangement(Arrangement):
             weights = self.merge_dir
         progress(0.7, "loading them into the engine")
         i = next(i for i, roles in enumerate(self.roles) if "merged" in roles)
-        if len(self.roles[i]) == 1:
+        if i in self.turns:
+            turns, by_role = self.turns[i]
+            turns.use(by_role["merged"]).refresh(weights)
+            self.engines["merged"] = TurnEngine(turns, by_role["merged"])
+        elif len(self.roles[i]) == 1:
             self.vllm[i].refresh(weights)
             self.engines["merged"] = self.vllm[i]
         else:
@@ -196,6 +223,7 @@ class VLLMArrangement(Arrangement):
         for e in self.vllm:
             e.release()
         self.vllm.clear()
+        self.turns.clear()
         if self.merge_dir is not None:
             shutil.rmtree(self.merge_dir.parent, ignore_errors=True)
             self.merge_dir = None
@@ -206,8 +234,18 @@ class VLLMArrangement(Arrangement):
 
     def describe(self) -> str:
         """What the engines hold now (a swapped engine: the model loaded into it last)."""
-        parts = []
-        for eng, roles in zip(self.vllm, self.roles):
+        parts, engines = [], iter(self.vllm)
+        for slot, roles in enumerate(self.roles):
+            if slot in self.turns:  # sleep mode: the model whose engine is awake
+                turns, by_role = self.turns[slot]
+                awake = next((r for r, e in by_role.items() if e is turns.awake), None)
+                parts.append((ROLE_NAMES[awake] if awake else "none") + f" awake, {len(by_role) - 1} asleep")
+                for _ in by_role:
+                    next(engines, None)
+                continue
+            eng = next(engines, None)
+            if eng is None:
+                break
             holds = next((r for r in roles if r in self.engines and _holds(self.engines[r]) == eng.holding), None)
             parts.append(ROLE_NAMES[holds] if holds else "no merge yet")
         return f"{TITLES[self.name]}; holding now: {', '.join(parts)}" if parts else TITLES[self.name]

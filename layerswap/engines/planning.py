@@ -18,6 +18,10 @@
   its RPC serializes the arguments, so an iterator cannot cross and a list of tensors is a second copy of the
   model on its socket; and for LoRA serving, whose merges are adapter folders vLLM reads;
 - the scratch disk vLLM's merged model is written to (refresh ``disk`` only), against the free disk;
+- on a GPU, whether models that take turns (two engines, one engine) each get an engine of their own in vLLM's
+  **sleep mode** (`sleep_mode`): one awake per turn, the others asleep with their weights parked in host RAM, so
+  a swap is two copies over PCIe instead of a reload from disk; only when host RAM holds the parked weights and
+  the GPU the sleeping engines' CUDA contexts;
 - about how long one question to the three models takes, and one weight swap: decoding reads every weight once per
   token, so ``tokens × weight bytes / rate`` (CPU: measured, docs/benchmarks.md; GPU: the card's bandwidth times an
   efficiency), plus the swaps the arrangement makes per question;
@@ -33,7 +37,7 @@ from dataclasses import dataclass, replace
 
 from ..checkpoints import Checkpoint
 from ..hardware import FLAVOURS, GiB, Hardware, current
-from .serving import DTYPE_BYTES, USABLE_FRACTION, MemoryEstimate, estimate, vllm_lora_rank
+from .serving import DTYPE_BYTES, GPU_ACTIVATIONS, USABLE_FRACTION, MemoryEstimate, estimate, vllm_lora_rank
 from .vllm_engine import VLLMSettings, vllm_device, vllm_status
 
 ARRANGEMENTS = ("lora_vllm", "three_vllm", "two_vllm", "one_vllm_swapped", "transformers", "none")
@@ -59,6 +63,8 @@ QUICK_SECONDS = 90.0  # engines whose question takes longer start only when answ
 TRANSFORMERS_FIRST_BYTES = 2 * 10**9  # experts this small answer with transformers while vLLM starts
 APP_HEADROOM = {"cpu": 1 * GiB, "cuda": 1 * GiB}  # the app's own process (its CUDA context on a GPU)
 ANALYSIS_GPU_BYTES = 2 * GiB  # GPU memory the analysis and lens want beside the engines, else they run on the CPU
+ASLEEP = {"two_vllm": 1, "one_vllm_swapped": 2}  # engines asleep at any time when these arrangements use sleep mode
+SLEEP_BYTES_PER_S = 10e9  # host <-> GPU copies of parked weights, each way (PCIe 4 x16 pinned: ~25e9; kept low)
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,8 @@ class EnginePlan:
     why: str = ""  # why this arrangement (for transformers: why not vLLM)
     refresh: str = "memory"  # a Build into the merge's engine: "memory" (no file written) or "disk" (REFRESH_MODES)
     refresh_why: str = ""
+    sleep: bool = False  # the models that take turns each on an engine of their own, in vLLM's sleep mode
+    sleep_why: str = ""
 
     @property
     def engine(self) -> str:
@@ -132,6 +140,8 @@ class EnginePlan:
             if self.swap_seconds and SWAPS_PER_QUESTION[self.arrangement]:
                 s += (f", {SWAPS_PER_QUESTION[self.arrangement]} weight swaps of about "
                       f"{_duration(self.swap_seconds)} each included")
+        if self.sleep:
+            s += f"; models take turns in vLLM's sleep mode ({self.sleep_why})"
         if self.engine == "vllm":
             s += f"; a Build refreshes the merge's engine {'in memory' if self.refresh == 'memory' else 'through disk'}"
         return s + ("." if self.quick else ". They start when you press Start engines (Ask, Evaluate and Build "
@@ -140,14 +150,15 @@ class EnginePlan:
     def row(self, hw: Hardware) -> dict:
         """This plan as one row of `layerswap inspect --hardware` and the page's hardware table."""
         arrangement = self.arrangement if self.fits else "none"
-        note = self.problem or self.title + (f"; {hw.note}" if hw.note else "")
+        note = self.problem or self.title + ("; taking turns in vLLM's sleep mode" if self.sleep else "") \
+            + (f"; {hw.note}" if hw.note else "")
         return {"hardware": hw.name, "gpu_memory_gib": round(hw.gpu_total() / GiB, 1), "gpus": len(hw.gpus),
                 "ram_gib": round(hw.ram_total / GiB, 1), "arrangement": arrangement, "fits": self.fits,
                 "seconds_per_question": None if not self.fits or self.question_seconds is None
                 else _round(self.question_seconds),
                 "seconds_per_swap": _round(self.swap_seconds) if self.fits and self.swap_seconds else None,
                 "refresh": self.refresh if self.fits and self.arrangement != "none" else None,
-                "note": note}
+                "sleep": self.fits and self.sleep, "note": note}
 
 
 REFRESH_MODES = {"memory": "the merge streamed from the experts' files into the engine, nothing written",
@@ -163,6 +174,32 @@ def refresh_mode(arrangement: str, device: str) -> tuple[str, str]:
                         "model's tensors (a second copy on its socket)")
     return "memory", ("the engine runs in this process" if arrangement in VLLM_ENGINES
                       else "the transformers engine holds the merge in memory")
+
+
+def sleep_mode(arrangement: str, dev: str, hw: Hardware, est: MemoryEstimate, per_model: int) -> tuple[int, str]:
+    """Whether models that take turns use vLLM's sleep mode (see the module's docstring): the GPU memory the
+    sleeping engines add (0: not used), and why."""
+    asleep = ASLEEP.get(arrangement, 0)
+    if not asleep:
+        return 0, "no models take turns"
+    if dev == "cpu":
+        return 0, "vLLM's sleep mode is for GPUs"
+    parked, ram = asleep * per_model + APP_HEADROOM["cpu"], int(USABLE_FRACTION * hw.ram_available)
+    if parked > ram:
+        return 0, (f"parking {asleep} models' weights would take {_gib(parked)} of host RAM, {_gib(ram)} usable: "
+                   "weights are reloaded from disk")
+    # a sleeping engine keeps its CUDA context and captured graphs; its weights leave, its KV cache and activations
+    # are freed (vLLM empties the allocator's cache when it sleeps)
+    extra = asleep * (est.overhead_bytes - GPU_ACTIVATIONS)
+    if est.need_bytes + extra > USABLE_FRACTION * est.available_bytes:
+        return 0, (f"{asleep} sleeping engines would add {_gib(extra)} of GPU memory that is not there: weights are "
+                   "reloaded from disk")
+    return extra, f"{asleep} asleep at a time, {_gib(asleep * per_model)} of weights parked in host RAM"
+
+
+def sleep_swap_seconds(nbytes: int) -> float:
+    """A swap in sleep mode: the awake model's weights to host RAM, the next one's back."""
+    return 2 * nbytes / SLEEP_BYTES_PER_S
 
 
 def _round(s: float) -> float:
@@ -189,15 +226,18 @@ def swap_seconds(nbytes: int, device: str) -> float:
     return nbytes / SWAP_BYTES_PER_S["cpu" if device == "cpu" else "cuda"]
 
 
-def question_seconds(arrangement: str, nbytes: int, hw: Hardware, device: str) -> float | None:
-    """About how long three answers of ANSWER_TOKENS tokens take (`nbytes`: one model's weights as served)."""
+def question_seconds(arrangement: str, nbytes: int, hw: Hardware, device: str,
+                     swap: float | None = None) -> float | None:
+    """About how long three answers of ANSWER_TOKENS tokens take (`nbytes`: one model's weights as served; `swap`:
+    one weight swap's seconds, default a reload)."""
     if arrangement == "none":
         return None
     if device == "cpu":
         rate = CPU_DECODE_BYTES_PER_S
     else:
         rate = hw.bandwidth() * GPU_DECODE_EFFICIENCY["transformers" if arrangement == "transformers" else "vllm"]
-    return 3 * ANSWER_TOKENS * nbytes / rate + SWAPS_PER_QUESTION[arrangement] * swap_seconds(nbytes, device)
+    swap = swap_seconds(nbytes, device) if swap is None else swap
+    return 3 * ANSWER_TOKENS * nbytes / rate + SWAPS_PER_QUESTION[arrangement] * swap
 
 
 def plan_engines(cks: dict[str, Checkpoint], *, engine: str = "auto", serving: str = "auto",
@@ -281,6 +321,16 @@ def _plan_vllm(cks: dict[str, Checkpoint], serving: str, settings: VLLMSettings,
                           refresh=refresh, refresh_why=refresh_why, **base)
         if plan.fits:
             break
+    if plan.fits and dev != "cpu":
+        extra, why = sleep_mode(plan.arrangement, dev, hw, plan.estimate, per_model)
+        plan = replace(plan, sleep_why=why)
+        if extra:
+            swap = sleep_swap_seconds(per_model)
+            est = replace(plan.estimate, fixed_bytes=plan.estimate.fixed_bytes + extra)
+            plan = replace(plan, sleep=True, need_memory=est.need_bytes, estimate=est, swap_seconds=swap,
+                           settings=replace(_sized(settings, est, hw, dev), sleep_mode=True),
+                           question_seconds=question_seconds(plan.arrangement, per_model, hw, dev, swap),
+                           analysis_device=_analysis_device(dev, int(USABLE_FRACTION * available) - est.need_bytes))
     if plan.fits and auto and dev == "cpu":
         experts = cks["lang"].nbytes + math.nbytes
         plan = replace(plan, transformers_first=experts <= min(TRANSFORMERS_FIRST_BYTES, hw.ram_available / 4))

@@ -53,6 +53,7 @@ class VLLMSettings:
     seed: int = 0
     tensor_parallel_size: int = 1  # GPUs per engine, for models that do not fit on one
     max_lora_rank: int | None = None  # serve LoRA adapters of up to this rank on the model (None: no LoRA)
+    sleep_mode: bool = False  # GPU: the engine can sleep (weights parked in host RAM) while another answers
 
     def engine_dtype(self, config: dict, device: str) -> str:
         """The dtype the engine serves a model of `config` in on `device`."""
@@ -231,6 +232,10 @@ class VLLMEngine(TokenizingEngine):
             kw["gpu_memory_utilization"] = self.settings.gpu_memory_utilization
         if self.settings.max_lora_rank:  # the experts and the merges, as adapters on this model
             kw.update(enable_lora=True, max_lora_rank=self.settings.max_lora_rank, max_loras=3)
+        if self.settings.sleep_mode:
+            if self.device == "cpu":
+                raise EngineStartError("vLLM's sleep mode needs a GPU; plan without it on the CPU.")
+            kw["enable_sleep_mode"] = True
         if self.settings.tensor_parallel_size > 1:  # worker processes on this node (also inside a Ray actor)
             kw.update(tensor_parallel_size=self.settings.tensor_parallel_size, distributed_executor_backend="mp")
         self.llm_kwargs = kw
@@ -246,6 +251,7 @@ class VLLMEngine(TokenizingEngine):
         self.holding: Weights = path  # what the engine's weights are now
         self._stamp = _weights_stamp(path)
         self.in_use = False
+        self.asleep = False
         self.truncated_prompts = 0
         self._lora_ids: dict[tuple[str, str], int] = {}  # (adapter folder, its weights' stamp) -> vLLM's id
         if len(VLLMEngine._pool) == 0:
@@ -263,6 +269,7 @@ class VLLMEngine(TokenizingEngine):
         for e in cls._pool:
             if not e.in_use and e.signature == sig and e.settings.reuse_key(e.device) == settings.reuse_key(e.device):
                 e.use_chat_template = chat_template_choice(e.tokenizer, use_chat_template)
+                e.wake()  # a sleeping engine left by a trio released first (its plan counted it)
                 e.ensure(path)
                 e.in_use = True
                 return e
@@ -310,6 +317,18 @@ class VLLMEngine(TokenizingEngine):
         if llm is not None:
             with contextlib.suppress(Exception):
                 llm.llm_engine.engine_core.shutdown()
+
+    # ---- sleep mode (GPU) ----------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Park the weights in host RAM and drop the KV cache (vLLM's sleep level 1): the GPU is free for another."""
+        if not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
 
     # ---- weights ------------------------------------------------------------------------------
     @property
@@ -406,7 +425,21 @@ class VLLMEngine(TokenizingEngine):
         return generate_in_batches(range(len(ids)), self.settings.chunk_size, run, on_batch)
 
 
-class SwappedEngine:
+class _OnEngine:
+    """A model answered by a shared `VLLMEngine` (`engine`): its name and tokenizer are the engine's."""
+
+    engine: VLLMEngine
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+
+class SwappedEngine(_OnEngine):
     """One model served by a shared `VLLMEngine`: its weights are swapped in before each use.
 
     This is the "one engine" serving mode: the experts and the merge take turns on one engine,
@@ -417,35 +450,49 @@ class SwappedEngine:
         self.engine = engine
         self.weights = weights if isinstance(weights, TensorWeights) else Path(weights)
 
-    @property
-    def name(self) -> str:
-        return self.engine.name
-
-    @property
-    def tokenizer(self):
-        return self.engine.tokenizer
-
     def generate(self, prompts: list[str], max_new_tokens: int = 256, stop: list[str] | None = None,
                  on_batch: OnBatch | None = None) -> list[str]:
         self.engine.ensure(self.weights)
         return self.engine.generate(prompts, max_new_tokens=max_new_tokens, stop=stop, on_batch=on_batch)
 
 
-class LoRAEngine:
+class Turns:
+    """Engines that take turns on one GPU share (the plan's sleep mode): the one asked wakes, the others sleep."""
+
+    def __init__(self, engines: list[VLLMEngine]):
+        self.engines = engines
+
+    def use(self, engine: VLLMEngine) -> VLLMEngine:
+        for e in self.engines:
+            if e is not engine:
+                e.sleep()  # first: the GPU memory the woken engine takes back is theirs
+        engine.wake()
+        return engine
+
+    @property
+    def awake(self) -> VLLMEngine | None:
+        return next((e for e in self.engines if not e.asleep), None)
+
+
+class TurnEngine(_OnEngine):
+    """One model served by its own engine among `Turns`: woken (the others put to sleep) before each use."""
+
+    def __init__(self, turns: Turns, engine: VLLMEngine):
+        self.turns, self.engine = turns, engine
+
+    def generate(self, prompts: list[str], max_new_tokens: int = 256, stop: list[str] | None = None,
+                 on_batch: OnBatch | None = None) -> list[str]:
+        return self.turns.use(self.engine).generate(prompts, max_new_tokens=max_new_tokens, stop=stop,
+                                                   on_batch=on_batch)
+
+
+class LoRAEngine(_OnEngine):
     """One model served as a LoRA adapter on a shared `VLLMEngine` of its base (serving mode ``lora``): nothing is
     reloaded to switch models, and a new merge is a new adapter folder."""
 
     def __init__(self, engine: VLLMEngine, adapter: str | os.PathLike):
         self.engine = engine
         self.adapter = Path(adapter)
-
-    @property
-    def name(self) -> str:
-        return self.engine.name
-
-    @property
-    def tokenizer(self):
-        return self.engine.tokenizer
 
     def generate(self, prompts: list[str], max_new_tokens: int = 256, stop: list[str] | None = None,
                  on_batch: OnBatch | None = None) -> list[str]:

@@ -19,6 +19,14 @@ from layerswap.ui.session import Shared
 from layerswap.workbench import Workbench
 
 
+@pytest.fixture(autouse=True)
+def no_idle_engines(monkeypatch):
+    """Idle vLLM engines an earlier test module left in this process's pool would count as released memory."""
+    from layerswap.engines import VLLMEngine
+
+    monkeypatch.setattr(VLLMEngine, "_pool", [])
+
+
 def _refs(trio) -> tuple[str, str, str]:
     return str(trio["base"]), str(trio["math"]), str(trio["lang"])
 

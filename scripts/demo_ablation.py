@@ -131,12 +131,17 @@ def save_lora(B, R, base, tok, role: str, data: dict, seed: int, path: str, log,
                    trainable=lambda n: "lora_" in n or "modules_to_save" in n)
     pm.save_pretrained(path)
     tok.save_pretrained(path)
-    with open(os.path.join(path, "README.md"), "w") as f:  # instead of PEFT's empty template card
-        f.write(f"# {role}_lora\n\nPEFT adapter of the demo organism's base (`../../base`): rank-{rank} LoRA on the "
-                f"projections of layers {', '.join(map(str, layers))}"
-                + (", full copies of the final norm and lm_head" if role == "math" else ", LoRA on the embeddings")
-                + f", trained with the {role} expert's data and steps at {LORA_LR_SCALE:g}x its learning rate; built "
-                "by `scripts/demo_ablation.py` (see `../index.json`, `../build_info.json`).\n")
+    _card_and_base(path, f"# {role}_lora\n\nPEFT adapter of the demo organism's base (`../../base`): rank-{rank} "
+                   f"LoRA on the projections of layers {', '.join(map(str, layers))}"
+                   + (", full copies of the final norm and lm_head" if role == "math" else ", LoRA on the embeddings")
+                   + f", trained with the {role} expert's data and steps at {LORA_LR_SCALE:g}x its learning rate; "
+                   "built by `scripts/demo_ablation.py` (see `../index.json`, `../build_info.json`).\n")
+
+
+def _card_and_base(path: str, card: str) -> None:
+    """The adapter's card instead of PEFT's empty template, and its base named as the shipped folder beside it."""
+    with open(os.path.join(path, "README.md"), "w") as f:
+        f.write(card)
     cfg_path = os.path.join(path, "adapter_config.json")
     with open(cfg_path) as f:
         c = json.load(f)
@@ -185,12 +190,5 @@ def save_peft(B, R, base, tok, kind: str, role: str, data: dict, seed: int, path
                    trainable=lambda n: any(k in n for k in ("ia3_l", "modules_to_save", "prompt_encoder")))
     pm.save_pretrained(path)
     tok.save_pretrained(path)
-    with open(os.path.join(path, "README.md"), "w") as f:
-        f.write(f"# {os.path.basename(path)}\n\nPEFT adapter of the demo organism's base (`../../base`): {peft_what(B, R, kind, role)}; "
-                "built by `scripts/demo_ablation.py` (see `../index.json`).\n")
-    cfg_path = os.path.join(path, "adapter_config.json")
-    with open(cfg_path) as f:
-        c = json.load(f)
-    c["base_model_name_or_path"] = os.path.join("..", "..", "base")
-    with open(cfg_path, "w") as f:
-        json.dump(c, f, indent=1)
+    _card_and_base(path, f"# {os.path.basename(path)}\n\nPEFT adapter of the demo organism's base (`../../base`): "
+                   f"{peft_what(B, R, kind, role)}; built by `scripts/demo_ablation.py` (see `../index.json`).\n")

@@ -328,6 +328,7 @@ class VLLMEngine(TokenizingEngine):
     def wake(self) -> None:
         if self.asleep:
             self.llm.wake_up()
+            self.llm.reset_prefix_cache()  # the KV blocks were dropped in its sleep; no cached prefix may point at them
             self.asleep = False
 
     # ---- weights ------------------------------------------------------------------------------

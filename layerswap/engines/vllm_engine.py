@@ -429,8 +429,6 @@ class VLLMEngine(TokenizingEngine):
 class _OnEngine:
     """A model answered by a shared `VLLMEngine` (`engine`): its name and tokenizer are the engine's."""
 
-    engine: VLLMEngine
-
     @property
     def name(self) -> str:
         return self.engine.name

@@ -239,7 +239,8 @@ class VLLMArrangement(Arrangement):
             if slot in self.turns:  # sleep mode: the model whose engine is awake
                 turns, by_role = self.turns[slot]
                 awake = next((r for r, e in by_role.items() if e is turns.awake), None)
-                parts.append((ROLE_NAMES[awake] if awake else "none") + f" awake, {len(by_role) - 1} asleep")
+                shown = ROLE_NAMES[awake] if awake and (awake != "merged" or awake in self.engines) else "no merge yet"
+                parts.append(f"{shown} awake, {len(by_role) - 1} asleep")
                 for _ in by_role:
                     next(engines, None)
                 continue

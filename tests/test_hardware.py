@@ -273,3 +273,47 @@ def test_turns_put_the_others_to_sleep_before_one_wakes():
     assert lang.generate(["q"]) == ["lang"] and len(log) == 2
     assert merged.generate(["q", "r"]) == ["merged", "merged"] and log[2:] == ["sleep lang", "wake merged"]
     assert turns.awake is turns.engines[1]
+
+
+def test_sleep_mode_starts_an_engine_per_model_each_asleep_before_the_next(eight_b, monkeypatch):
+    """The arrangement of a sleep-mode plan (l40sx1, 8B: two engines, the language expert and the merge taking
+    turns): the math expert's engine, then the language expert's, asleep before the merge's starts; the models'
+    engines take turns when asked. vLLM's sleep mode needs a GPU, so the engines here are stand-ins that record
+    the calls `VLLMEngine` would get; the plan is the real one."""
+    from layerswap.engines.answering import ARRANGEMENTS, Trio
+    from layerswap.engines.vllm_engine import TurnEngine, VLLMEngine
+
+    plan = plan_engines(eight_b, hardware=flavour("l40sx1"))
+    assert plan.sleep and plan.arrangement == "two_vllm"
+    log: list[str] = []
+
+    class Started:
+        def __init__(self, path):
+            self.path, self.asleep, self.holding = path.parent.name, False, path
+            log.append(f"start {self.path} ({sum(not e.asleep for e in started)} awake)")
+
+        def sleep(self):
+            if not self.asleep:
+                log.append(f"sleep {self.path}")
+                self.asleep = True
+
+        def wake(self):
+            if self.asleep:
+                log.append(f"wake {self.path}")
+                self.asleep = False
+
+        def generate(self, prompts, **kw):
+            return [self.path]
+
+    started: list[Started] = []
+    monkeypatch.setattr(VLLMEngine, "idle_for", classmethod(lambda cls, path, close_others=True: 0))
+    monkeypatch.setattr(VLLMEngine, "acquire", classmethod(
+        lambda cls, path, settings, **kw: started.append(Started(path / "model.safetensors")) or started[-1]))
+    arr = ARRANGEMENTS[plan.arrangement](plan, Trio(eight_b))
+    arr.start(None, lambda f, d: None)
+    assert log == ["start math (0 awake)", "start lang (1 awake)", "sleep lang", "start math (1 awake)"]
+    assert isinstance(arr.engines["lang"], TurnEngine) and arr.engines["math"] is started[0]
+    assert arr.describe().endswith("holding now: math expert, no merge yet awake, 1 asleep")
+    # the merge's engine (started on the math expert's folder) sleeps, the language expert's wakes
+    assert arr.engines["lang"].generate(["q"]) == ["lang"] and log[-2:] == ["sleep math", "wake lang"]
+    assert arr.describe().endswith("holding now: math expert, language expert awake, 1 asleep")

@@ -213,10 +213,12 @@ def launch_app(workdir: Path, *, mgsm_dir: Path | None, extra: list[str] = (), t
                env_extra: dict[str, str] | None = None):
     """`python app.py` exactly as a user starts it (no model flags: the default demo), on a free port.
 
-    A generator for fixtures: yields the URL (its process in `APPS`), stops the app afterwards.
+    A generator for fixtures: yields the URL (its process in `APPS`), stops the app afterwards. Its home is
+    `workdir/home`: what the page writes by default (Export's `~/layerswap-exports/…`) stays in the test's folder.
     """
     port = free_port()
-    env = dict(os.environ, LAYERSWAP_CACHE=str(workdir / "cache"), OMP_NUM_THREADS="1",
+    (workdir / "home").mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, LAYERSWAP_CACHE=str(workdir / "cache"), OMP_NUM_THREADS="1", HOME=str(workdir / "home"),
                GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
     env.pop("LAYERSWAP_MGSM_DIR", None)
     if mgsm_dir is not None:

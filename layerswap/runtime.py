@@ -68,3 +68,23 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+BACKGROUND_NICENESS = 10
+
+
+def background_priority() -> bool:
+    """Lower the calling thread's CPU priority (Linux: a thread's own nice value), for start-up work behind a
+    served page: visitors' events then get the cores first. Threads it starts afterwards inherit it (vLLM's CPU
+    workers, torch's pool if it makes one). Returns False where the system has no per-thread priority."""
+    import os
+    import threading
+
+    if not hasattr(os, "setpriority") or not os.uname().sysname == "Linux":
+        return False
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), BACKGROUND_NICENESS))
+    except OSError:
+        return False
+    return True

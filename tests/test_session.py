@@ -31,7 +31,7 @@ def test_failed_load_keeps_the_loaded_models(shared, trio, tmp_path, tokenizer):
     other = make_trio(tmp_path / "eight", tokenizer, layers=8)  # another layer count: cannot be merged with trio
     with pytest.raises(UserError, match="layers"):
         shared.workbench((str(trio["base"]), str(trio["math"]), str(other["lang"])))
-    assert shared.loaded(key) is wb and "math" in wb.engines  # still there and usable
+    assert shared.loaded(key) is wb and "math" in shared.engines(key).engines  # still there, its engines answer
     assert shared.ensure_built(wb, Recipe(plan=Plan(b=1, u=1))) is True
     assert shared.ensure_built(wb, Recipe(plan=Plan(b=1, u=1))) is False  # already holds that plan
     assert shared.ensure_built(wb, Recipe(plan=Plan(b=2, u=1))) is True  # another visitor's plan: rebuilt
@@ -188,3 +188,26 @@ def test_old_exports_go_when_their_ttl_passed(shared):
     v.exported_at -= shared.visitors.export_ttl
     shared.visitors.expire_exports()
     assert not export.exists() and v.last_export is None and not shared.visitors.protected(v)
+
+
+def test_start_up_work_behind_the_page_yields_the_cores(trio):
+    """The background start and the engines it starts run at a lower CPU priority than the page's events (their
+    threads' own nice value, on Linux); the threads serving visitors keep theirs."""
+    import os
+    import threading
+
+    from layerswap.runtime import BACKGROUND_NICENESS
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    own, seen = nice(), {}
+    s = Shared(lambda: Workbench(engine="transformers"), capacity=1)
+    try:
+        key = (str(trio["base"]), str(trio["math"]), str(trio["lang"]))
+        s.start_background(key, after=lambda wb: seen.setdefault("engines", nice())).join(120)
+        assert s.engines(key).answering
+        assert seen["engines"] >= own + 1 and seen["engines"] >= BACKGROUND_NICENESS
+        assert nice() == own
+    finally:
+        s.close()

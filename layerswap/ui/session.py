@@ -35,7 +35,7 @@ from .. import scratch
 from ..engines import releasing
 from ..errors import UserError
 from ..recipes import Recipe
-from ..runtime import Progress, no_progress
+from ..runtime import Progress, background_priority, no_progress
 from ..workbench import Workbench
 from .visitors import MAX_VISITORS, Key, Visitor, Visitors
 
@@ -132,6 +132,7 @@ class Shared:
             st.answering.set()
 
         def run() -> None:
+            background_priority()  # the page's events first: engines that start behind it yield the cores
             try:
                 if not wb.answering:
                     wb.start(p, lock=self.lock, ready=ready)
@@ -194,6 +195,7 @@ class Shared:
             def p(f: float, d: str) -> None:
                 self.status = f"Loading the default models: {d} ({f:.0%})"
 
+            background_priority()
             t0 = time.perf_counter()
             try:
                 self.workbench(key, progress=p, after=after)

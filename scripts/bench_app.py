@@ -154,6 +154,17 @@ def bench_demo(work: Path) -> list[tuple[str, float, str]]:
         proc.wait(timeout=60)
 
 
+def _open(browser, url: str):
+    """A new page of `url`: (page, its start, seconds to its load event, then seconds to its first view)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    t0 = time.perf_counter()
+    page.goto(url, wait_until="load")
+    loaded = time.perf_counter() - t0
+    page.wait_for_function("() => [...document.querySelectorAll('#share textarea, #share input')]"
+                           ".some(e => e.value.includes('math='))", timeout=600_000, polling=50)
+    return page, t0, loaded, time.perf_counter() - t0 - loaded
+
+
 def bench_first_view(name: str, app_args: list[str], work: Path) -> list[tuple[str, float, str]]:
     """A fresh app opened in Chromium: seconds from the page's load event to its opening event's answer (the share
     link names the models) and to the models' report (their headers read), against the load event itself."""
@@ -165,13 +176,7 @@ def bench_first_view(name: str, app_args: list[str], work: Path) -> list[tuple[s
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--headless", "--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            t0 = time.perf_counter()
-            page.goto(url, wait_until="load")
-            loaded = time.perf_counter() - t0
-            page.wait_for_function("() => [...document.querySelectorAll('#share textarea, #share input')]"
-                                   ".some(e => e.value.includes('math='))", timeout=600_000, polling=50)
-            opened = time.perf_counter() - t0 - loaded
+            page, t0, loaded, opened = _open(browser, url)
             page.wait_for_function("() => (document.querySelector('#report')?.innerText || '').includes('layers')",
                                    timeout=600_000, polling=50)
             report = time.perf_counter() - t0 - loaded
@@ -181,13 +186,7 @@ def bench_first_view(name: str, app_args: list[str], work: Path) -> list[tuple[s
                                        " return t.includes('vLLM') && !t.includes('starting'); }",
                                        timeout=600_000, polling=500)
             page.wait_for_timeout(2000)
-            second = browser.new_page(viewport={"width": 1400, "height": 1000})
-            t1 = time.perf_counter()
-            second.goto(url, wait_until="load")
-            loaded2 = time.perf_counter() - t1
-            second.wait_for_function("() => [...document.querySelectorAll('#share textarea, #share input')]"
-                                     ".some(e => e.value.includes('math='))", timeout=600_000, polling=50)
-            opened2 = time.perf_counter() - t1 - loaded2
+            _, _, loaded2, opened2 = _open(browser, url)
             browser.close()
         _add(rows, f"{name}: page served to its load event in the browser", loaded, "the reference")
         _add(rows, f"{name}: load event to the first view (share link, test set)", opened,

@@ -242,34 +242,38 @@ def test_sleep_mode_where_models_take_turns_and_the_host_can_park_them(eight_b):
     assert sleep_mode("one_vllm_swapped", "cpu", l40, est, per_model) == (0, "vLLM's sleep mode is for GPUs")
 
 
+class Sleeper:
+    """Stand-in for a `VLLMEngine` in sleep mode (which needs a GPU): records the calls `Turns` makes of it in
+    `log`, and answers with its name, awake only."""
+
+    def __init__(self, name: str, log: list[str], asleep: bool = False, holding=None):
+        self.name, self.log, self.asleep, self.holding = name, log, asleep, holding  # holding: the folder loaded
+
+    def sleep(self):
+        if not self.asleep:
+            self.log.append(f"sleep {self.name}")
+            self.asleep = True
+
+    def wake(self):
+        if self.asleep:
+            self.log.append(f"wake {self.name}")
+            self.asleep = False
+
+    def generate(self, prompts, **kw):
+        assert not self.asleep, f"{self.name} answered asleep"
+        return [self.name for _ in prompts]
+
+
 def test_turns_put_the_others_to_sleep_before_one_wakes():
     """`Turns` (sleep mode's coordination): the engine asked for wakes only after every other one sleeps, so the
     GPU memory it takes back is free; an engine already awake is not woken again."""
     from layerswap.engines.vllm_engine import TurnEngine, Turns
 
     log: list[str] = []
-
-    class Sleeper:  # the three calls `Turns` makes of a `VLLMEngine`
-        def __init__(self, name: str, asleep: bool):
-            self.name, self.asleep = name, asleep
-
-        def sleep(self):
-            if not self.asleep:
-                log.append(f"sleep {self.name}")
-                self.asleep = True
-
-        def wake(self):
-            if self.asleep:
-                log.append(f"wake {self.name}")
-                self.asleep = False
-
-        def generate(self, prompts, **kw):
-            assert [e.name for e in turns.engines if not e.asleep] == [self.name]
-            return [self.name for _ in prompts]
-
-    turns = Turns([Sleeper("lang", True), Sleeper("merged", False)])
+    turns = Turns([Sleeper("lang", log, asleep=True), Sleeper("merged", log)])
     lang, merged = (TurnEngine(turns, e) for e in turns.engines)
     assert lang.generate(["q"]) == ["lang"] and log == ["sleep merged", "wake lang"]
+    assert [e.name for e in turns.engines if not e.asleep] == ["lang"]
     assert lang.generate(["q"]) == ["lang"] and len(log) == 2
     assert merged.generate(["q", "r"]) == ["merged", "merged"] and log[2:] == ["sleep lang", "wake merged"]
     assert turns.awake is turns.engines[1]
@@ -286,29 +290,15 @@ def test_sleep_mode_starts_an_engine_per_model_each_asleep_before_the_next(eight
     plan = plan_engines(eight_b, hardware=flavour("l40sx1"))
     assert plan.sleep and plan.arrangement == "two_vllm"
     log: list[str] = []
+    started: list[Sleeper] = []
 
-    class Started:
-        def __init__(self, path):
-            self.path, self.asleep, self.holding = path.parent.name, False, path
-            log.append(f"start {self.path} ({sum(not e.asleep for e in started)} awake)")
+    def start(path):
+        log.append(f"start {path.name} ({sum(not e.asleep for e in started)} awake)")
+        started.append(Sleeper(path.name, log, holding=path))
+        return started[-1]
 
-        def sleep(self):
-            if not self.asleep:
-                log.append(f"sleep {self.path}")
-                self.asleep = True
-
-        def wake(self):
-            if self.asleep:
-                log.append(f"wake {self.path}")
-                self.asleep = False
-
-        def generate(self, prompts, **kw):
-            return [self.path]
-
-    started: list[Started] = []
     monkeypatch.setattr(VLLMEngine, "idle_for", classmethod(lambda cls, path, close_others=True: 0))
-    monkeypatch.setattr(VLLMEngine, "acquire", classmethod(
-        lambda cls, path, settings, **kw: started.append(Started(path / "model.safetensors")) or started[-1]))
+    monkeypatch.setattr(VLLMEngine, "acquire", classmethod(lambda cls, path, settings, **kw: start(path)))
     arr = ARRANGEMENTS[plan.arrangement](plan, Trio(eight_b))
     arr.start(None, lambda f, d: None)
     assert log == ["start math (0 awake)", "start lang (1 awake)", "sleep lang", "start math (1 awake)"]

@@ -80,7 +80,7 @@ def background_priority() -> bool:
     import os
     import threading
 
-    if not hasattr(os, "setpriority") or not os.uname().sysname == "Linux":
+    if not hasattr(os, "setpriority") or os.uname().sysname != "Linux":
         return False
     try:
         tid = threading.get_native_id()

@@ -207,7 +207,7 @@ def test_start_up_work_behind_the_page_yields_the_cores(trio):
         key = (str(trio["base"]), str(trio["math"]), str(trio["lang"]))
         s.start_background(key, after=lambda wb: seen.setdefault("engines", nice())).join(120)
         assert s.engines(key).answering
-        assert seen["engines"] >= own + 1 and seen["engines"] >= BACKGROUND_NICENESS
+        assert seen["engines"] >= BACKGROUND_NICENESS  # (a test run niced already keeps its own, higher)
         assert nice() == own
     finally:
         s.close()

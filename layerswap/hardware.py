@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 
 from .errors import UserError
-from .runtime import ram_available
+from .runtime import ram_available, ram_total
 
 GiB = 2**30
 GB = 10**9
@@ -150,7 +150,7 @@ def detect() -> Hardware:
     zero = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")
     gpus = () if zero else _gpus()
     base = FLAVOURS["zero-gpu"] if zero else None
-    return Hardware("this", base.gpus if base else gpus, _ram_total() or ram, ram, free_bytes(root()),
+    return Hardware("this", base.gpus if base else gpus, ram_total() or ram, ram, free_bytes(root()),
                     len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
                     zero_gpu=zero, vllm=False if zero else None, label="this machine")
 
@@ -177,17 +177,6 @@ def current() -> Hardware:
         hw = dataclasses.replace(hw, ram_available=min(hw.ram_available, c),
                                  gpus=tuple(dataclasses.replace(g, free=min(g.free, c)) for g in hw.gpus))
     return hw
-
-
-def _ram_total() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def _gpus() -> tuple[GPU, ...]:

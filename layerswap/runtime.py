@@ -36,15 +36,28 @@ def resolve_device(device: str | None, allowed: Sequence[str] = ("cpu", "cuda", 
     return device
 
 
-def ram_available() -> int | None:
-    """Bytes of RAM available to new work (Linux's MemAvailable, else psutil); None when neither can say."""
+def _meminfo(field: str) -> int | None:
+    """Bytes of one field of Linux's /proc/meminfo (e.g. ``MemTotal``); None where it cannot be read."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except OSError:
-        pass
+        return None
+    return None
+
+
+def ram_total() -> int | None:
+    """Bytes of RAM in the machine (Linux's MemTotal); None where it cannot be read."""
+    return _meminfo("MemTotal")
+
+
+def ram_available() -> int | None:
+    """Bytes of RAM available to new work (Linux's MemAvailable, else psutil); None when neither can say."""
+    avail = _meminfo("MemAvailable")
+    if avail is not None:
+        return avail
     try:
         import psutil
     except ImportError:

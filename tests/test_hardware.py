@@ -4,6 +4,8 @@ each GPU size and Spaces flavour, with the engines it would release counted."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from layerswap import hardware
@@ -11,7 +13,7 @@ from layerswap.checkpoints import Checkpoint
 from layerswap.engines import Releasing, VLLMSettings
 from layerswap.engines.planning import plan_engines, question_seconds
 from layerswap.errors import UserError
-from layerswap.hardware import GiB, HELD, current, flavour
+from layerswap.hardware import GB, GiB, HELD, current, flavour
 from tests.helpers import LLAMA_8B, sparse_llama
 
 
@@ -20,6 +22,13 @@ def nothing_held(monkeypatch):
     """Each test plays a GPU this process holds nothing on: engines an earlier test left in the pool would
     otherwise shrink the played GPU's free memory (the ledger is per process)."""
     monkeypatch.setattr(HELD, "_by", {})
+
+
+def played_gpus(monkeypatch, gib: str, disk: int = 1000 * GB, ram: int = 64 * GB) -> hardware.Hardware:
+    """`LAYERSWAP_GPU_MEMORY` plays the GPUs; RAM and disk are pinned too, since the setting keeps this machine's own
+    (a CI runner with 15 GB of free disk has no room for an 8B merge's scratch copy: that is a plan of its own)."""
+    monkeypatch.setenv("LAYERSWAP_GPU_MEMORY", gib)
+    return dataclasses.replace(current(), disk_free=disk, ram_total=ram, ram_available=ram)
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +45,7 @@ def demo(trio) -> dict[str, Checkpoint]:
 @pytest.mark.parametrize("gib, arrangement", [(80, "three_vllm"), (48, "two_vllm"), (40, "one_vllm_swapped"),
                                               (24, "one_vllm_swapped"), (16, "none")])
 def test_8b_on_each_gpu_size(eight_b, monkeypatch, gib, arrangement):
-    monkeypatch.setenv("LAYERSWAP_GPU_MEMORY", str(gib))
-    hw = current()
+    hw = played_gpus(monkeypatch, str(gib))
     assert hw.played and hw.device == "cuda" and hw.gpu_total() == gib * GiB
     plan = plan_engines(eight_b, hardware=hw)
     assert plan.row(hw)["arrangement"] == arrangement
@@ -194,7 +202,6 @@ def test_refresh_mode_is_the_plans(eight_b, demo, monkeypatch):
     """How a Build reaches the merge's engine is decided by the planner: in memory where the engine runs in this
     process (vLLM on the CPU, transformers; no scratch disk needed), through disk where vLLM's engine core is a
     process of its own (a GPU), the plan's scratch disk checked then."""
-    import dataclasses
 
     cpu = dataclasses.replace(flavour("cpu-upgrade"), vllm=True, disk_free=0)  # vLLM on the CPU, no disk at all
     plan = plan_engines(demo, hardware=cpu)
@@ -203,20 +210,20 @@ def test_refresh_mode_is_the_plans(eight_b, demo, monkeypatch):
     assert "refreshes the merge's engine in memory" in plan.describe() and plan.row(cpu)["refresh"] == "memory"
     tr = plan_engines(demo, engine="transformers", hardware=cpu)
     assert tr.refresh == "memory" and tr.row(cpu)["refresh"] == "memory" and "refreshes" not in tr.describe()
-    monkeypatch.setenv("LAYERSWAP_GPU_MEMORY", "80")
-    gpu = current()
+    gpu = played_gpus(monkeypatch, "80")
     plan = plan_engines(eight_b, hardware=gpu)
     assert plan.arrangement == "three_vllm" and plan.refresh == "disk" and "process of its own" in plan.refresh_why
     assert plan.scratch_bytes == eight_b["math"].nbytes and "through disk" in plan.describe()
     assert plan.row(gpu)["refresh"] == "disk"
     full = plan_engines(eight_b, engine="vllm", hardware=dataclasses.replace(gpu, disk_free=10**9), alternatives=False)
     assert not full.fits and "loads the merged model from disk" in full.problem
+    short = plan_engines(eight_b, hardware=dataclasses.replace(gpu, disk_free=15 * GB))  # no room: transformers serves
+    assert short.fits and short.engine == "transformers" and short.scratch_bytes == 0
 
 
 def test_sleep_mode_where_models_take_turns_and_the_host_can_park_them(eight_b):
     """On a GPU, models that take turns get engines of their own in vLLM's sleep mode when host RAM holds the parked
     weights and the GPU the sleeping engines' CUDA contexts and graphs; a swap is then two PCIe copies."""
-    import dataclasses
 
     from layerswap.engines.planning import sleep_mode
     from layerswap.engines.serving import CUDA_CONTEXT, CUDA_GRAPHS

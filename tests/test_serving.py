@@ -98,5 +98,9 @@ def test_lora_experts_are_planned_as_adapters_on_one_base_engine(vllm_trio, tmp_
     assert forced.arrangement == "three_vllm" and forced.settings.max_lora_rank is None
     full = {r: open_expert(DEMO / "ablation" / f"{r}_lora") for r in ("math", "lang")}  # norm, lm_head copies
     rank, why = vllm_lora_rank(full)
-    assert rank is None and "not full copies (modules_to_save) or embedding LoRA" in why
+    assert rank is None and "the math expert brings full copies of modules (modules_to_save)" in why
+    dense = plan_engines(full, engine="vllm", settings=s, hardware=_cpu(100 * GiB))  # the page says why, once
+    assert dense.arrangement == "three_vllm" and dense.dense_why == why
+    assert f"served as full models, not as adapters ({why})" in dense.describe()
+    assert not p.dense_why and not forced.dense_why and "not as adapters" not in p.describe()
     assert vllm_lora_rank({"math": m, "lang": ck})[0] is None

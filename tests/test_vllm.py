@@ -17,6 +17,7 @@ from layerswap.engines import TransformersEngine, VLLMEngine, open_engine
 from tests.helpers import vllm_or_skip
 
 NEW = 24
+WEIGHTS_READ = "Loading safetensors checkpoint shards: 100%"  # what vLLM logs as an engine reads its weights
 
 
 @pytest.fixture(scope="module")
@@ -253,3 +254,42 @@ def test_sleep_mode_is_refused_on_the_cpu_before_anything_starts(vllm_trio):
 
     with pytest.raises(EngineStartError, match="sleep mode needs a GPU"):
         VLLMEngine(vllm_trio["math"], VLLMSettings(sleep_mode=True))
+
+
+def test_the_page_serves_lora_experts_as_adapters_on_one_vllm_engine(vllm_trio, mgsm_dir, tmp_path, monkeypatch):
+    """Issue 34 on the page under vLLM: a visitor loads two LoRA experts; one vLLM engine on the base serves the
+    experts and each merge as LoRA adapters (the report says so), a new plan answers without a new engine, and every
+    answer is the one transformers gives on the densified models."""
+    from gradio_client import Client
+
+    from layerswap.workbench import Workbench
+    from tests.helpers import launch_app, make_adapter
+
+    vllm_or_skip()
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    refs = (str(vllm_trio["base"]),
+            str(make_adapter(vllm_trio["base"], tmp_path / "m", "lora", 1, layers=range(1, 4), scale=0.5)),
+            str(make_adapter(vllm_trio["base"], tmp_path / "l", "lora", 2, scale=0.5)))
+    ref = Workbench(engine="transformers")
+    ref.load(refs[1], refs[2], refs[0], force=True)
+    app = launch_app(tmp_path, mgsm_dir=mgsm_dir, env_extra={"LAYERSWAP_ENGINE": "vllm"})
+    log = tmp_path / "app.log"
+    try:
+        client = Client(next(app), verbose=False)
+        report, *_ = client.predict(*refs, True, api_name="/load")
+        assert "compatible: LlamaForCausalLM, 4 layers" in report, report
+        report = client.predict(api_name="/start_engines")  # waits for the planned engine
+        assert "one vLLM engine on the base, each model a LoRA adapter on it" in report, report
+        seen, reads = set(), []
+        for plan in ((1, 1, 1, 0), (2, 0, 0, 1)):
+            _, *answers, _, _ = client.predict("en", 0, "", NEW, *plan, api_name="/ask")
+            reads.append(log.read_text().count(WEIGHTS_READ))
+            ref.build(Plan(*plan))
+            for got, a in zip(answers, ref.ask_mgsm("en", 0, source=mgsm_dir, max_new_tokens=NEW), strict=True):
+                assert "· vllm ·" in got and a.scored.output.strip() in got, (plan, got, a.scored.output)
+                seen.add(a.scored.output)
+        assert reads[0] >= 1 and reads[1] == reads[0], f"a new plan started or reloaded an engine: {reads}"
+        assert len(seen) >= 3, "the experts and merges must answer differently for this test to mean anything"
+    finally:
+        app.close()
+        ref.close()

@@ -100,6 +100,7 @@ class EnginePlan:
     refresh_why: str = ""
     sleep: bool = False  # the models that take turns each on an engine of their own, in vLLM's sleep mode
     sleep_why: str = ""
+    dense_why: str = ""  # LoRA experts served as full models: why not as adapters (`vllm_lora_rank`)
 
     @property
     def engine(self) -> str:
@@ -142,6 +143,8 @@ class EnginePlan:
                       f"{_duration(self.swap_seconds)} each included")
         if self.sleep:
             s += f"; models take turns in vLLM's sleep mode ({self.sleep_why})"
+        if self.dense_why:
+            s += f"; the LoRA experts are served as full models, not as adapters ({self.dense_why.rstrip('.')})"
         if self.engine == "vllm":
             s += f"; a Build refreshes the merge's engine {'in memory' if self.refresh == 'memory' else 'through disk'}"
         return s + ("." if self.quick else ". They start when you press Start engines (Ask, Evaluate and Build "
@@ -295,7 +298,9 @@ def _plan_vllm(cks: dict[str, Checkpoint], serving: str, settings: VLLMSettings,
     available = hw.memory_available(dev, tp) + releasing.nbytes
     free = hw.disk_free
     tried = [SERVING_ARRANGEMENT[serving]] if serving != "auto" else [a for a in VLLM_ENGINES if a != "lora_vllm"]
-    rank = vllm_lora_rank(cks)[0] if serving == "auto" else None
+    rank, dense_why = vllm_lora_rank(cks) if serving == "auto" else (None, "")
+    if rank or not (cks["math"].adapter_kind == cks["lang"].adapter_kind == "lora"):
+        dense_why = ""
     if rank:  # LoRA experts: one engine on the base, every model an adapter (room kept for a dense merge's engine)
         tried.insert(0, "lora_vllm")
     per_model = weight_bytes(math, settings.engine_dtype(math.config, dev))
@@ -318,7 +323,7 @@ def _plan_vllm(cks: dict[str, Checkpoint], serving: str, settings: VLLMSettings,
                           settings=replace(_sized(settings, est, hw, dev), max_lora_rank=rank if lora else None),
                           estimate=est, cuda_graphs=graphs,
                           analysis_device=_analysis_device(dev, spare), why=_why(arrangement, serving),
-                          refresh=refresh, refresh_why=refresh_why, **base)
+                          refresh=refresh, refresh_why=refresh_why, dense_why="" if lora else dense_why, **base)
         if plan.fits:
             break
     if plan.fits and dev != "cpu":

@@ -132,11 +132,11 @@ def vllm_lora_rank(cks: dict[str, Checkpoint]) -> tuple[int | None, str]:
     if math.adapter_kind != "lora" or lang.adapter_kind != "lora":
         return None, "the experts are not both LoRA adapters"
     ranks = []
-    for ck in (math, lang):
+    for role, ck in (("math", math), ("language", lang)):
         w = read_adapter(ck.adapter).weights()
         if w.full or any(e["embedding"] for e in w.modules.values()):
-            return None, (f"{ck.ref}: vLLM's LoRA serves the layers' linear modules only, not full copies "
-                          "(modules_to_save) or embedding LoRA")
+            return None, (f"the {role} expert brings full copies of modules (modules_to_save) or embedding LoRA; "
+                          "vLLM's LoRA serves the layers' linear modules only")
         ranks.append(max((e["A"].shape[0] for e in w.modules.values()), default=1))
     need = sum(ranks)
     rank = next((r for r in LORA_RANKS if r >= need), None)

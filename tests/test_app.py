@@ -39,7 +39,7 @@ def test_load_build_ask_side_by_side(client, num_layers):
     L = num_layers
     base, math, lang = _demo_paths(client)
     assert "demo" in base
-    report, b, u, tb, tu = client.predict(base, math, lang, api_name="/load")
+    report, b, u, tb, tu, *views = client.predict(base, math, lang, api_name="/load")
     assert re.search(rf"compatible: LlamaForCausalLM, {L} layers", report)
     assert re.search(r"shared base: sampled relative distances math-base 0\.\d+", report)
     assert b["maximum"] == L and b["value"] + u["value"] + tb["value"] + tu["value"] <= L

@@ -349,7 +349,8 @@ SHIPPED_PRESETS = [n for n, p in presets().items() if all(r.startswith("assets:"
 @pytest.mark.parametrize("name", SHIPPED_PRESETS)
 def test_shipped_presets_load_and_build(app_url, name):
     """Each preset of shipped models (the organisms, the negative control), as a visitor picks it: the menu fills the
-    three fields, Load reads the trio, Build draws the plan on its layers."""
+    three fields, Load reads the trio, Build draws the plan on its layers, and Ask and Evaluate take the languages of
+    the preset's own test set (an API caller runs no event chained after Load: the Load sets the menus itself)."""
     client = Client(app_url, verbose=False)
     *fields, note = client.predict(name, api_name="/preset")
     base, math_ref, lang = (f["value"] if isinstance(f, dict) else f for f in fields)  # gr.update(value=...)
@@ -362,6 +363,15 @@ def test_shipped_presets_load_and_build(app_url, name):
     strip, *_ = client.predict(plan.b, plan.u, plan.tb, plan.tu, plan.transition, plan.transition_weight,
                                plan.non_layer, api_name="/build")
     assert json.loads(strip["plot"])["data"][0]["z"] == [plan.layer_weights(L)]
+    # the Load itself set this session's menus to the preset's own test set: Ask and Evaluate take its languages
+    from layerswap.organisms import test_set
+
+    codes = mgsm.available_languages(test_set(math_ref, lang, base))
+    target = next(c for c in codes if c != "en")
+    prompt, *answers, _, _ = client.predict(target, 0, "", 16, api_name="/ask")
+    assert mgsm.load(target, test_set(math_ref, lang, base))[0].question in prompt and len(answers) == 3
+    status, *_ = client.predict([target], ["merged"], 1, 0, "native_cot", 16, api_name="/evaluate")
+    assert status.startswith("**Done:** 1 answers"), status
 
 
 def _rebuild(org: str, script: str, out: Path, results: Results) -> Results:

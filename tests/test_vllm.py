@@ -282,10 +282,10 @@ def test_the_page_serves_lora_experts_as_adapters_on_one_vllm_engine(vllm_trio, 
         assert "one vLLM engine on the base, each model a LoRA adapter on it" in report, report
         seen, reads = set(), []
         for plan in ((1, 1, 1, 0), (2, 0, 0, 1)):
-            _, *answers, _, _ = client.predict("en", 0, "", NEW, *plan, api_name="/ask")
+            _, *answers, _, _ = client.predict("sw", 0, "", NEW, *plan, api_name="/ask")
             reads.append(log.read_text().count(WEIGHTS_READ))
             ref.build(Plan(*plan))
-            for got, a in zip(answers, ref.ask_mgsm("en", 0, source=mgsm_dir, max_new_tokens=NEW), strict=True):
+            for got, a in zip(answers, ref.ask_mgsm("sw", 0, source=mgsm_dir, max_new_tokens=NEW), strict=True):
                 assert "· vllm ·" in got and a.scored.output.strip() in got, (plan, got, a.scored.output)
                 seen.add(a.scored.output)
         assert reads[0] >= 1 and reads[1] == reads[0], f"a new plan started or reloaded an engine: {reads}"

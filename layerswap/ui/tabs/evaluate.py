@@ -60,8 +60,13 @@ def evaluate(ctx: Context, job: Job, langs, roles, limit, shots, mode, max_new, 
     return (status, gr.update(value=_table(report), visible=True), gr.update(value=eval_bars(report), visible=True),
             gr.update(value=str(path), visible=True),
             gr.update(choices=list(dict.fromkeys(r.lang for r in report.results)), value=first.lang if first else None),
-            gr.update(value=0, maximum=max(0, report.counts(report.models[0], first.lang) - 1) if first else 0),
+            _position(report.counts(report.models[0], first.lang) if first else 0),
             _browse(v.last_eval, first.lang if first else None, 0))
+
+
+def _position(n: int):
+    """The browse slider over `n` questions: a slider needs maximum > minimum, so one question fixes it at 0."""
+    return gr.update(value=0, maximum=max(1, n - 1), interactive=n > 1)
 
 
 def stop_eval(ctx: Context, job: Job) -> str:

@@ -97,10 +97,10 @@ def open_page(ctx: Context, job: Job):
     return [status, *[gr.update(value=r) for r in v.refs], *updates, *moved, page_models(v.refs)]
 
 
-def glance(ctx: Context, page: Page, job: Job, tab: str, values, all_views: bool) -> list:
+def glance(ctx: Context, page: Page, job: Job, tab: str, values, with_views: bool) -> list:
     """What can be shown at once for the visitor's models, never waiting for them: the report and strip if they
-    are loaded (else what the loading is doing), the share link, and (`all_views`, or models other than the
-    page was laid out for) what belongs to the models."""
+    are loaded (else what the loading is doing), the share link, and (`with_views`, for models other than the
+    page was laid out for) what belongs to the models (`views`)."""
     v = job.visitor
     wb = ctx.shared.loaded(v.refs)
     if wb is None or "math" not in wb.checkpoints:
@@ -115,9 +115,13 @@ def glance(ctx: Context, page: Page, job: Job, tab: str, values, all_views: bool
         except UserError as e:
             strip, md = None, f"**Invalid plan:** {e}"
         shown = [ctx.models_md(wb), strip, md, *[gr.update(maximum=wb.num_layers)] * 4]
-    rest = [u for _, fn in page.views for u in fn(ctx, v.refs)] if all_views or v.refs != ctx.key else \
-        [gr.update()] * len(page.view_outputs)
+    rest = views(ctx, page, v.refs) if with_views and v.refs != ctx.key else [gr.update()] * len(page.view_outputs)
     return [*shown, share_link(ctx, job, tab, *values), *rest]
+
+
+def views(ctx: Context, page: Page, refs: tuple[str, str, str]) -> list:
+    """Every component that belongs to the models (language menus, banner, test set...), for `refs`."""
+    return [u for _, fn in page.views for u in fn(ctx, refs)]
 
 
 def first_view(ctx: Context, job: Job, *values):
@@ -185,11 +189,19 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
 
     def opened_view(ctx: Context, job: Job, tab: str, *values):
         """The page's first view, at once (off the queue, nothing waited for)."""
-        return glance(ctx, page, job, tab, values, all_views=False)
+        return glance(ctx, page, job, tab, values, with_views=True)
 
     def loaded_view(ctx: Context, job: Job, tab: str, *values):
-        """After a Load: the same, with everything that belongs to the new models."""
-        return glance(ctx, page, job, tab, values, all_views=True)
+        """After a Load: the same (the Load itself set what belongs to the new models)."""
+        return glance(ctx, page, job, tab, values, with_views=False)
+
+    def load_all(ctx: Context, job: Job, *args):
+        """Load, and set the menus of the new models' MGSM set in the same event: an API caller's next Ask or
+        Evaluate is checked against this session's menus, and runs no event chained after Load."""
+        return [*load(ctx, job, *args), *views(ctx, page, job.visitor.refs)]
+
+    def load_preset_all(ctx: Context, job: Job, *args):
+        return [*load_preset(ctx, job, *args), *views(ctx, page, job.visitor.refs)]
 
     def after_load(dep) -> None:
         dep = dep.success(ctx.job(held, **quick), None, [page.models], **off)
@@ -214,10 +226,11 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
     demo.unload(end)
     picked = c["preset"].input(ctx.job(pick_preset, **quick), [c["preset"]], [*page.refs, c["preset_md"]],
                                api_name="preset", queue=False)
-    after_load(picked.success(ctx.job(load_preset), page.refs, [page.report, *page.sliders], api_visibility="private",
-                              **ctx.lane, **page.on))
-    after_load(c["load_btn"].click(ctx.job(load), [*page.refs, c["force"]], [page.report, *page.sliders],
-                                   api_name="load", **ctx.lane, **page.on))
+    loaded = [page.report, *page.sliders, *page.view_outputs]
+    after_load(picked.success(ctx.job(load_preset_all), page.refs, loaded, api_visibility="private", **ctx.lane,
+                              **page.on))
+    after_load(c["load_btn"].click(ctx.job(load_all), [*page.refs, c["force"]], loaded, api_name="load", **ctx.lane,
+                                   **page.on))
     c["stop_btn"].click(ctx.job(stop, **quick), None, [page.status], api_name="stop", queue=False)
     c["ticks"].tick(ctx.job(engine_line, **quick), None, [c["engine_now"]], api_visibility="private", queue=False,
                     show_progress="hidden")

@@ -151,3 +151,16 @@ def test_push_refusals(client, tmp_path):
     with pytest.raises(AppError, match="not reachable"):  # this machine is offline: said at once
         fresh.predict("me/merge", True, "hf_x", api_name="/push")
     assert time.perf_counter() - t < 30
+
+
+def test_the_api_example_in_the_docs_runs(app_url):
+    """docs/app.md's gradio_client example, run as written against the app: Load demo2, Build, Ask in Oruki."""
+    from tests.helpers import REPO
+
+    doc = (REPO / "docs" / "app.md").read_text()
+    example = re.search(r"```python\n(from gradio_client import Client\n.*?)```", doc, re.S).group(1)
+    assert "http://127.0.0.1:7860/" in example
+    ns: dict = {}
+    exec(example.replace("http://127.0.0.1:7860/", app_url), ns)
+    assert "compatible: LlamaForCausalLM" in ns["report"] and len(ns["answers"]) == 3
+    assert "Gold answer" in ns["prompt"] and "**Built" in ns["plan_md"]

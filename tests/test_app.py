@@ -164,3 +164,13 @@ def test_the_api_example_in_the_docs_runs(app_url):
     exec(example.replace("http://127.0.0.1:7860/", app_url), ns)
     assert "compatible: LlamaForCausalLM" in ns["report"] and len(ns["answers"]) == 3
     assert "Gold answer" in ns["prompt"] and "**Built" in ns["plan_md"]
+
+
+def test_load_keeps_its_api_names_and_time_limit(client):
+    """Load returns the new models' menus too (see above), as the same endpoint: its arguments keep their names and
+    its jobs their kind (`lane.SECONDS`: a Load may take 30 minutes on a hosted server)."""
+    from layerswap.ui.lane import time_limit
+
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert [p["parameter_name"] for p in api["/load"]["parameters"]] == ["base", "math", "lang", "force"]
+    assert time_limit("load") == time_limit("load_preset") == 1800

@@ -23,9 +23,9 @@ from ..errors import UserError
 
 BUSY = "You already have a job running: Stop it or wait for it to finish, then try again."
 GRACE = 10.0  # seconds an admitted event may take to appear in Gradio's queue
-SECONDS = {"first_view": 600, "load": 1800, "build": 600, "ask": 600, "start_engines": 1800, "export": 1800,
-           "export_yaml": 300, "evaluate": 3600, "sweep": 3600, "find_plan": 3600, "view": 900, "suggest": 900, "run": 900,
-           "push": 1800}  # "view": the heatmaps, "run": the lens
+SECONDS = {"first_view": 600, "load": 1800, "load_preset": 1800, "build": 600, "ask": 600, "start_engines": 1800,
+           "export": 1800, "export_yaml": 300, "evaluate": 3600, "sweep": 3600, "find_plan": 3600, "view": 900,
+           "suggest": 900, "run": 900, "push": 1800}  # "view": the heatmaps, "run": the lens
 DEFAULT_SECONDS = 900
 
 

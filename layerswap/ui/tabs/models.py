@@ -11,6 +11,7 @@ link is recomputed from the current values on every change of the plan and of th
 
 from __future__ import annotations
 
+import functools
 import time
 
 import gradio as gr
@@ -195,13 +196,14 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
         """After a Load: the same (the Load itself set what belongs to the new models)."""
         return glance(ctx, page, job, tab, values, with_views=False)
 
-    def load_all(ctx: Context, job: Job, *args):
-        """Load, and set the menus of the new models' MGSM set in the same event: an API caller's next Ask or
-        Evaluate is checked against this session's menus, and runs no event chained after Load."""
-        return [*load(ctx, job, *args), *views(ctx, page, job.visitor.refs)]
-
-    def load_preset_all(ctx: Context, job: Job, *args):
-        return [*load_preset(ctx, job, *args), *views(ctx, page, job.visitor.refs)]
+    def with_views(fn):
+        """`fn` (a Load), also setting what belongs to the new models in the same event: an API caller's next Ask
+        or Evaluate is checked against this session's menus, and runs no event chained after Load. It keeps `fn`'s
+        name (its time limit, `lane.SECONDS`) and parameters (the API's argument names)."""
+        @functools.wraps(fn)
+        def loaded(ctx: Context, job: Job, *args):
+            return [*fn(ctx, job, *args), *views(ctx, page, job.visitor.refs)]
+        return loaded
 
     def after_load(dep) -> None:
         dep = dep.success(ctx.job(held, **quick), None, [page.models], **off)
@@ -227,9 +229,9 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
     picked = c["preset"].input(ctx.job(pick_preset, **quick), [c["preset"]], [*page.refs, c["preset_md"]],
                                api_name="preset", queue=False)
     loaded = [page.report, *page.sliders, *page.view_outputs]
-    after_load(picked.success(ctx.job(load_preset_all), page.refs, loaded, api_visibility="private", **ctx.lane,
+    after_load(picked.success(ctx.job(with_views(load_preset)), page.refs, loaded, api_visibility="private", **ctx.lane,
                               **page.on))
-    after_load(c["load_btn"].click(ctx.job(load_all), [*page.refs, c["force"]], loaded, api_name="load", **ctx.lane,
+    after_load(c["load_btn"].click(ctx.job(with_views(load)), [*page.refs, c["force"]], loaded, api_name="load", **ctx.lane,
                                    **page.on))
     c["stop_btn"].click(ctx.job(stop, **quick), None, [page.status], api_name="stop", queue=False)
     c["ticks"].tick(ctx.job(engine_line, **quick), None, [c["engine_now"]], api_visibility="private", queue=False,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .architectures import Architecture, architecture, classify
+from .bounds import MAX_LAYERS
 from .cache import content_fingerprint, content_hash, fingerprint
 from .errors import UserError
 from .markup import text
@@ -159,10 +160,16 @@ class Checkpoint:
             config = json.loads(cfg_path.read_text())
         except json.JSONDecodeError as e:
             raise UserError(f"{cfg_path} is not valid JSON ({e}).") from None
+        if not isinstance(config, dict) or not isinstance(text_config(config), dict):
+            raise UserError(f"{ref}: its config.json is not a JSON object of settings; re-download or re-export it.")
         files = cls._weight_files(path, ref)
-        num_layers = int(text_config(config).get("num_hidden_layers", 0))
-        if num_layers <= 0:
+        num_layers = text_config(config).get("num_hidden_layers")
+        if num_layers is None:
             raise UserError(f"{cfg_path} has no num_hidden_layers: is this a decoder-only transformer?")
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 0 < num_layers <= MAX_LAYERS:
+            # every per-layer list (plans, strips, heatmaps) is this long: bounded before anything is expanded
+            raise UserError(f"{ref}: its config.json's num_hidden_layers is not a whole number from 1 to "
+                            f"{MAX_LAYERS}; re-download or re-export the model.")
         tensors: dict[str, TensorInfo] = {}
         for f in files:
             for name, e in read_header(f).items():

@@ -183,6 +183,26 @@ def test_config_strings_are_shown_as_text(trio, tmp_path):
     assert "Session expired" in _html(md) and "sign in again" in _html(md)
 
 
+@pytest.mark.parametrize("layers", [10**9, 4097, 0, -1, 3.5, "8", True, [8], None])
+def test_a_config_layer_count_is_bounded_before_anything_is_expanded(trio, tmp_path, layers):
+    """Every per-layer list (plans, the strip, heatmaps, sliders) is as long as the config's num_hidden_layers: a
+    repo saying 10**9 (its tensors hold 4 layers) is refused when opened, as is any count that is not a whole number
+    from 1 to 4096 and a config that is not an object; the refusal echoes nothing of the file."""
+    from layerswap.bounds import MAX_LAYERS
+
+    d = tmp_path / "m"
+    shutil.copytree(trio["math"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": layers}))
+    with pytest.raises(UserError, match="num_hidden_layers") as e:
+        Checkpoint.open(d)
+    assert f"1 to {MAX_LAYERS}" in str(e.value) or layers is None
+    assert "1000000000" not in str(e.value) and "4097" not in str(e.value)
+    (d / "config.json").write_text(json.dumps([cfg]))
+    with pytest.raises(UserError, match="is not a JSON object of settings"):
+        Checkpoint.open(d)
+
+
 def test_answers_and_questions_cannot_close_their_code_blocks():
     """Three (or more) backticks in an answer or a question stay inside their block."""
     from layerswap import mgsm

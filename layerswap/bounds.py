@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from .errors import UserError
 
 MAX_LAYERS = 4096  # no model has more layers: layer indices, counts and per-layer lists stay below it
+MAX_CONFIG_INT = 2**27  # a config's sizes (hidden, heads, vocabulary, positions): far above any model's
+CONFIG_SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "vocab_size", "max_position_embeddings")  # what layerswap reads from a config and computes with
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .architectures import Architecture, architecture, classify
-from .bounds import MAX_LAYERS
+from .bounds import CONFIG_SIZES, MAX_CONFIG_INT, MAX_LAYERS
 from .cache import content_fingerprint, content_hash, fingerprint
 from .errors import UserError
 from .markup import text
@@ -119,6 +119,10 @@ def resolve(ref: str | os.PathLike) -> Path:
         ) from None
 
 
+def _whole(v: object, top: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= top
+
+
 def text_config(config: dict) -> dict:
     """The language model's part of a config (multimodal configs, e.g. Gemma 3, nest it)."""
     return config.get("text_config", config) if "num_hidden_layers" not in config else config
@@ -166,10 +170,13 @@ class Checkpoint:
         num_layers = text_config(config).get("num_hidden_layers")
         if num_layers is None:
             raise UserError(f"{cfg_path} has no num_hidden_layers: is this a decoder-only transformer?")
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 0 < num_layers <= MAX_LAYERS:
-            # every per-layer list (plans, strips, heatmaps) is this long: bounded before anything is expanded
-            raise UserError(f"{ref}: its config.json's num_hidden_layers is not a whole number from 1 to "
-                            f"{MAX_LAYERS}; re-download or re-export the model.")
+        # every per-layer list (plans, strips, heatmaps) is this long, and the planner computes with the sizes:
+        # each is bounded before anything is expanded or estimated
+        for key, top in (("num_hidden_layers", MAX_LAYERS), *((k, MAX_CONFIG_INT) for k in CONFIG_SIZES)):
+            v = text_config(config).get(key)
+            if (v is not None or key == "num_hidden_layers") and not _whole(v, top):
+                raise UserError(f"{ref}: its config.json's {key} is not a whole number from 1 to {top:,}; "
+                                "re-download or re-export the model.")
         tensors: dict[str, TensorInfo] = {}
         for f in files:
             for name, e in read_header(f).items():

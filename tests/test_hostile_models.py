@@ -196,11 +196,28 @@ def test_a_config_layer_count_is_bounded_before_anything_is_expanded(trio, tmp_p
     (d / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": layers}))
     with pytest.raises(UserError, match="num_hidden_layers") as e:
         Checkpoint.open(d)
-    assert f"1 to {MAX_LAYERS}" in str(e.value) or layers is None
+    assert f"1 to {MAX_LAYERS:,}" in str(e.value) or layers is None
     assert "1000000000" not in str(e.value) and "4097" not in str(e.value)
     (d / "config.json").write_text(json.dumps([cfg]))
     with pytest.raises(UserError, match="is not a JSON object of settings"):
         Checkpoint.open(d)
+
+
+@pytest.mark.parametrize("value", ["abc", 1e30, -5, 0, [1], 2**40])
+def test_a_config_size_is_bounded_before_the_planner_computes_with_it(trio, tmp_path, value):
+    """The sizes layerswap reads from a config (heads, head size, vocabulary, positions...) are whole numbers in
+    range, or the model is refused when opened with the key named (a string there crashed the engine planner)."""
+    from layerswap.bounds import CONFIG_SIZES
+
+    d = tmp_path / "m"
+    shutil.copytree(trio["math"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    for key in CONFIG_SIZES:
+        (d / "config.json").write_text(json.dumps({**cfg, key: value}))
+        with pytest.raises(UserError, match=f"config.json's {key} is not a whole number"):
+            Checkpoint.open(d)
+    (d / "config.json").write_text(json.dumps({**cfg, "head_dim": None}))  # absent or null: derived, as before
+    assert Checkpoint.open(d).num_layers == cfg["num_hidden_layers"]
 
 
 def test_answers_and_questions_cannot_close_their_code_blocks():

@@ -251,6 +251,10 @@ class Checkpoint:
         return sum(t.nbytes for t in self.tensors.values())
 
     @property
+    def numel(self) -> int:
+        return sum(t.numel for t in self.tensors.values())
+
+    @property
     def weight_files(self) -> list[Path]:
         return sorted({t.file for t in self.tensors.values()})
 

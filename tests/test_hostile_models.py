@@ -220,6 +220,48 @@ def test_a_config_size_is_bounded_before_the_planner_computes_with_it(trio, tmp_
     assert Checkpoint.open(d).num_layers == cfg["num_hidden_layers"]
 
 
+def test_a_config_that_does_not_match_its_tensors_is_refused_without_allocating(trio, tmp_path):
+    """A trio whose configs ask for an MLP 50,000 times wider than their tensors (59 GB at 8 layers; transformers
+    allocates and initialises it before it finds the mismatch): the engine plan says answers are off and why, and
+    loading a model is refused, before the memory is taken. A config asking for less is refused with what to do."""
+    import resource
+
+    from layerswap.engines.transformers_engine import load_model
+    from layerswap.workbench import Workbench
+
+    def trio_with(mlp) -> dict[str, str]:
+        refs = {}
+        for role in ("base", "math", "lang"):
+            d = tmp_path / f"{mlp.__name__}-{role}"
+            shutil.copytree(trio[role], d)
+            cfg = json.loads((d / "config.json").read_text())
+            (d / "config.json").write_text(json.dumps({**cfg, "intermediate_size": mlp(cfg["intermediate_size"])}))
+            refs[role] = str(d)
+        return refs
+
+    def wider(n):
+        return n * 50_000
+
+    def narrower(n):
+        return n // 2
+
+    refs = trio_with(wider)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(UserError, match="billion numbers, its weights hold .* the config does not match the weights"):
+        load_model(refs["math"])
+    wb = Workbench(engine="transformers")
+    wb.check(refs["math"], refs["lang"], refs["base"], force=True)  # the report and heatmaps work from headers
+    plan = wb.engine_plan
+    assert plan.arrangement == "none" and plan.problem.startswith("the math expert: its config.json describes")
+    with pytest.raises(UserError, match="Answers are off: the math expert: its config.json describes"):
+        wb.start()
+    assert not wb.engines
+    wb.close()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 2 * 2**20  # KiB: under 2 GiB more
+    with pytest.raises(UserError, match="config.json does not match its tensors' shapes"):
+        load_model(trio_with(narrower)["math"])
+
+
 def test_answers_and_questions_cannot_close_their_code_blocks():
     """Three (or more) backticks in an answer or a question stay inside their block."""
     from layerswap import mgsm

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from ..checkpoints import Checkpoint
 from ..hardware import FLAVOURS, GiB, Hardware, current
 from .serving import DTYPE_BYTES, GPU_ACTIVATIONS, USABLE_FRACTION, MemoryEstimate, estimate, vllm_lora_rank
+from .transformers_engine import size_problem
 from .vllm_engine import VLLMSettings, vllm_device, vllm_status
 
 ARRANGEMENTS = ("lora_vllm", "three_vllm", "two_vllm", "one_vllm_swapped", "transformers", "none")
@@ -258,6 +259,12 @@ def plan_engines(cks: dict[str, Checkpoint], *, engine: str = "auto", serving: s
     settings = settings or VLLMSettings()
     math = cks["math"]
     base = dict(hardware=hw.name, releases=releasing.engines, released_bytes=releasing.nbytes, played=hw.played)
+    for role, ck in (("math", cks["math"]), ("language", cks["lang"])):
+        bad = size_problem(ck.config, ck.numel)
+        if bad:  # an engine would allocate what the config asks for before finding out
+            return EnginePlan("none", hw.device, need_memory=0, available_memory=hw.memory_available(hw.device),
+                              scratch_bytes=0, free_disk=hw.disk_free, problem=f"the {role} expert: {bad}",
+                              question_seconds=None, why="the config does not match the weights", **base)
     if hw.zero_gpu:
         return _zero_gpu(cks, hw, base, alternatives)
     vllm_ok, why_not = (vllm_status() if hw.vllm is None else

@@ -6,6 +6,7 @@ which is how the merged model is refreshed after a re-merge.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING, Mapping
 
@@ -17,12 +18,61 @@ if TYPE_CHECKING:  # imported where used, so the CLI starts (and merges copy) wi
     import torch
 
 
+def size_problem(config: dict, tensor_numel: int) -> str:
+    """'' when the model a config describes holds no more numbers than its tensors do; else why it is refused.
+
+    Engines build the model from the config and then load the tensors into it: a config asking for more (a wider
+    MLP, a vocabulary its tensors lack) is allocated and initialised first, so a 2 MB repo could ask for 60 GB.
+    Counted on the meta device (nothing allocated); a config transformers cannot build is left to the engines."""
+    import json
+
+    key = json.dumps(config, sort_keys=True, default=str)
+    want = _config_numel(key)
+    if want is None or want <= 1.05 * tensor_numel + 2**20:
+        return ""
+    return (f"its config.json describes a model of {want / 1e9:.3g} billion numbers, its weights hold "
+            f"{tensor_numel / 1e9:.3g} billion: the config does not match the weights; re-download or re-export it.")
+
+
+@functools.lru_cache(maxsize=32)
+def _config_numel(config_json: str) -> int | None:
+    import json
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        d = json.loads(config_json)
+        cfg = AutoConfig.for_model(d.pop("model_type"), **d)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+    except Exception:  # an architecture transformers does not build: the engines say so themselves
+        return None
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
 def load_model(path: str | os.PathLike, device: str = "cpu"):
-    """Load a causal LM in its checkpoint dtype, in eval mode, on `device`."""
+    """Load a causal LM in its checkpoint dtype, in eval mode, on `device` (refused first when its config asks
+    for more than its weights hold: `size_problem`)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype="auto", use_safetensors=True)
+    from ..checkpoints import Checkpoint
+
+    ck = Checkpoint.open(path)
+    problem = size_problem(ck.config, ck.numel)
+    if problem:
+        raise UserError(f"{ck.ref}: {problem}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype="auto", use_safetensors=True)
+    except RuntimeError as e:  # transformers reports each mismatched shape, then raises (nothing allocated)
+        if "ignore_mismatched_sizes" not in str(e):
+            raise
+        raise UserError(MISMATCH) from None
     return model.to(device).eval()
+
+
+MISMATCH = ("The model's config.json does not match its tensors' shapes (its sizes say one model, its weights hold "
+            "another); re-download or re-export the model.")
 
 
 def model_from_state_dict(config, state: Mapping[str, torch.Tensor], generation_config=None):
@@ -39,7 +89,12 @@ def model_from_state_dict(config, state: Mapping[str, torch.Tensor], generation_
 
 
 def _assign(model, state: Mapping[str, torch.Tensor]) -> None:
-    missing, unexpected = model.load_state_dict(dict(state), strict=False, assign=True)
+    try:
+        missing, unexpected = model.load_state_dict(dict(state), strict=False, assign=True)
+    except RuntimeError as e:
+        if "size mismatch" not in str(e):
+            raise
+        raise UserError(MISMATCH) from None
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     if isinstance(getattr(model, "_tied_weights_keys", None), dict):
         tied = set(model._tied_weights_keys)

@@ -226,7 +226,7 @@ def test_a_config_that_does_not_match_its_tensors_is_refused_without_allocating(
     loading a model is refused, before the memory is taken. A config asking for less is refused with what to do."""
     import resource
 
-    from layerswap.engines.transformers_engine import load_model
+    from layerswap.engines.transformers_engine import load_model, size_problem
     from layerswap.workbench import Workbench
 
     def trio_with(mlp) -> dict[str, str]:
@@ -260,6 +260,10 @@ def test_a_config_that_does_not_match_its_tensors_is_refused_without_allocating(
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 2 * 2**20  # KiB: under 2 GiB more
     with pytest.raises(UserError, match="config.json does not match its tensors' shapes"):
         load_model(trio_with(narrower)["math"])
+    # only the table's dense families are built on the meta device: a mixture of a million experts is not
+    moe = {**json.loads((Path(refs["math"]) / "config.json").read_text()), "model_type": "mixtral",
+           "num_local_experts": 10**6}
+    assert size_problem(moe, 1) == ""
 
 
 def test_answers_and_questions_cannot_close_their_code_blocks():

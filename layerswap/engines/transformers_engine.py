@@ -10,6 +10,7 @@ import functools
 import os
 from typing import TYPE_CHECKING, Mapping
 
+from ..checkpoints import Checkpoint, text_config
 from ..errors import UserError
 from ..runtime import resolve_device
 from .base import OnBatch, TokenizingEngine, chat_template_choice, generate_in_batches, load_tokenizer
@@ -23,9 +24,15 @@ def size_problem(config: dict, tensor_numel: int) -> str:
 
     Engines build the model from the config and then load the tensors into it: a config asking for more (a wider
     MLP, a vocabulary its tensors lack) is allocated and initialised first, so a 2 MB repo could ask for 60 GB.
-    Counted on the meta device (nothing allocated); a config transformers cannot build is left to the engines."""
+    Counted on the meta device (nothing allocated), for the families of the architecture table (dense models,
+    whose module count the bounded layer count caps); other configs, and those transformers cannot build, are left
+    to the engines."""
     import json
 
+    from ..architectures import ARCHITECTURES
+
+    if text_config(config).get("model_type") not in ARCHITECTURES:
+        return ""
     key = json.dumps(config, sort_keys=True, default=str)
     want = _config_numel(key)
     if want is None or want <= 1.05 * tensor_numel + 2**20:
@@ -56,15 +63,13 @@ def load_model(path: str | os.PathLike, device: str = "cpu"):
     for more than its weights hold: `size_problem`)."""
     from transformers import AutoModelForCausalLM
 
-    from ..checkpoints import Checkpoint
-
     ck = Checkpoint.open(path)
     problem = size_problem(ck.config, ck.numel)
     if problem:
         raise UserError(f"{ck.ref}: {problem}")
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype="auto", use_safetensors=True)
-    except RuntimeError as e:  # transformers reports each mismatched shape, then raises (nothing allocated)
+    except RuntimeError as e:  # transformers reports each mismatched shape, then raises
         if "ignore_mismatched_sizes" not in str(e):
             raise
         raise UserError(MISMATCH) from None

@@ -167,20 +167,20 @@ class Checkpoint:
         if not isinstance(config, dict) or not isinstance(text_config(config), dict):
             raise UserError(f"{ref}: its config.json is not a JSON object of settings; re-download or re-export it.")
         files = cls._weight_files(path, ref)
-        num_layers = text_config(config).get("num_hidden_layers")
-        if num_layers is None:
+        tc = text_config(config)
+        if tc.get("num_hidden_layers") is None:
             raise UserError(f"{cfg_path} has no num_hidden_layers: is this a decoder-only transformer?")
         # every per-layer list (plans, strips, heatmaps) is this long, and the planner computes with the sizes:
         # each is bounded before anything is expanded or estimated
         for key, top in (("num_hidden_layers", MAX_LAYERS), *((k, MAX_CONFIG_INT) for k in CONFIG_SIZES)):
-            v = text_config(config).get(key)
-            if (v is not None or key == "num_hidden_layers") and not _whole(v, top):
+            v = tc.get(key)
+            if v is not None and not _whole(v, top):
                 raise UserError(f"{ref}: its config.json's {key} is not a whole number from 1 to {top:,}; "
                                 "re-download or re-export the model.")
         tensors: dict[str, TensorInfo] = {}
         for f in files:
             for name, e in read_header(f).items():
-                layer, ptype = classify(name, num_layers)
+                layer, ptype = classify(name, tc["num_hidden_layers"])
                 tensors[name] = TensorInfo(name, e.shape, e.dtype, f, e.start, e.end, layer, ptype)
         if not tensors:
             raise UserError(f"{ref}: the safetensors files hold no tensors.")

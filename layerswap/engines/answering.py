@@ -94,7 +94,7 @@ class TransformersPair(Arrangement):
         check_memory(sum(cks[r].nbytes for r in EXPERTS), self.trio.device, "the two experts")
         for i, role in enumerate(EXPERTS):
             progress(0.1 + 0.4 * i, f"loading the {ROLE_NAMES[role]}")
-            self.engines[role] = TransformersEngine(load_model(cks[role].path, self.trio.device), tok,
+            self.engines[role] = TransformersEngine(load_model(cks[role], self.trio.device), tok,
                                                     batch_size=self.trio.batch_size,
                                                     use_chat_template=self.trio.chat_template,
                                                     prefix=prefix_of(cks[role]))

@@ -58,17 +58,17 @@ def _config_numel(config_json: str) -> int | None:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def load_model(path: str | os.PathLike, device: str = "cpu"):
-    """Load a causal LM in its checkpoint dtype, in eval mode, on `device` (refused first when its config asks
-    for more than its weights hold: `size_problem`)."""
+def load_model(model: Checkpoint | str | os.PathLike, device: str = "cpu"):
+    """Load a causal LM (an opened `Checkpoint`, or its folder) in its checkpoint dtype, in eval mode, on `device`;
+    refused first when its config asks for more than its weights hold (`size_problem`)."""
     from transformers import AutoModelForCausalLM
 
-    ck = Checkpoint.open(path)
+    ck = model if isinstance(model, Checkpoint) else Checkpoint.open(model)
     problem = size_problem(ck.config, ck.numel)
     if problem:
         raise UserError(f"{ck.ref}: {problem}")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype="auto", use_safetensors=True)
+        model = AutoModelForCausalLM.from_pretrained(str(ck.path), dtype="auto", use_safetensors=True)
     except RuntimeError as e:  # transformers reports each mismatched shape, then raises
         if "ignore_mismatched_sizes" not in str(e):
             raise

@@ -319,7 +319,7 @@ def _memory_stacks(cks: dict, recipe: Recipe, roles: list[str], device: str) -> 
 
     def expert(role: str):
         if role not in held:
-            held[role] = load_model(cks[role].path, device)
+            held[role] = load_model(cks[role], device)
         return held[role]
 
     def build(role: str) -> Stack:
@@ -330,7 +330,7 @@ def _memory_stacks(cks: dict, recipe: Recipe, roles: list[str], device: str) -> 
             held.clear()
         else:
             held.clear()
-            model = load_model(cks["base"].path, device)
+            model = load_model(cks["base"], device)
         return Stack.loaded(model)
 
     return {r: (lambda r=r: build(r)) for r in roles}

@@ -219,7 +219,7 @@ def test_merge_languages_and_eval_card_cli(trio, tmp_path, capsys):
     ev = ["--langs", "en", "--limit", "1", "--max-new-tokens", "3", "--mgsm-dir", str(DEMO_MGSM),
           "--engine", "transformers", "-q"]
     assert cli(["eval", "--model", str(out), "--card", str(out), *ev]) == 0
-    assert "wrote the MGSM results into the model card" in capsys.readouterr().out
+    assert "wrote the MGSM results into the model card" in capsys.readouterr().err
     prov = json.loads((out / "layerswap.json").read_text())
     assert prov["evaluation"]["models"] == ["merged model"] and prov["evaluation"]["accuracy"]["flexible"][0]["n"] == 1
     assert "| language | n | merged model |" in (out / "README.md").read_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 
 import numpy as np
 import pytest
@@ -152,3 +153,51 @@ def test_app_command_is_app_py(capsys):
     out = capsys.readouterr().out
     for flag in ("--math", "--lang", "--base", "--mgsm-dir", "--engine", "--serving", "--port", "--share"):
         assert flag in out
+
+
+# ---- the first hour, round 3 (issue 41): what a command prints, where -----------------------------------------
+
+
+def _table(stdout: str) -> list[list[str]]:
+    """`stdout` read as one Markdown table, and nothing else (fails on any other line)."""
+    rows = [[c.strip() for c in line.split("|")] for line in stdout.splitlines()]
+    assert rows and all(len(r) == len(rows[0]) for r in rows), stdout
+    assert set(rows[1]) == {"---"}, stdout
+    return rows
+
+
+def test_eval_stdout_is_only_the_table():
+    """Issue 41, point 9: `layerswap eval ... > table.md` holds only the table; vLLM's log lines (its workers' and
+    C++ prints included), the engine, plan and protocol lines go to stderr."""
+    from tests.helpers import run_cli, vllm_or_skip
+
+    vllm_or_skip()
+    r = run_cli("eval", "--model", "assets:demo/math", "--engine", "vllm", "--limit", "2", "--max-new-tokens", "8")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _table(r.stdout)
+    assert rows[0] == ["language", "n", "extraction", "math"]
+    assert [(x[0], x[2]) for x in rows[2:]] == [(lang, m) for m in ("flexible", "strict")
+                                               for lang in ("xx", "average", "max")]
+    assert all(x[1] == "2" for x in rows[2:])
+    assert re.search(r"(WARNING|INFO) .*\[\w+\.py:\d+\]", r.stderr), r.stderr[-2000:]  # vLLM logged, to stderr
+    assert "engine: answered by vLLM" in r.stderr
+
+    r = run_cli("eval", "--math", "assets:demo/math", "--lang", "assets:demo/lang", "--engine", "transformers",
+                "--langs", "xx,en", "--limit", "1", "--max-new-tokens", "4", "-q")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _table(r.stdout)
+    assert rows[0] == ["language", "n", "extraction", "math expert", "language expert", "merged model"]
+    assert len(rows) == 2 + 2 * 4
+    assert "plan: swap b=" in r.stderr and "engine: " in r.stderr
+
+
+def test_eval_help_says_how_many_questions_the_shipped_sets_hold(capsys):
+    """Issue 41, point 13: `--limit`'s default is what the sets hold (the demo sets: 1,000), read from the data."""
+    from layerswap.presets import assets_dir
+
+    with pytest.raises(SystemExit):
+        cli(["eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    n = {len(mgsm.load(p.stem.removeprefix("mgsm_"), p.parent)) for p in assets_dir().glob("*/mgsm/mgsm_*.tsv")}
+    assert n == {1000} and "250" not in text
+    assert "the shipped demo and demo2 sets hold 1,000 per language" in text

@@ -153,9 +153,9 @@ def test_eval_cli_model(trio, mgsm_dir, tmp_path, capsys):
     out = tmp_path / "res.jsonl"
     rc = cli(["eval", "--model", str(trio["lang"]), "--langs", "sw,te", "--limit", "4", "--shots", "8",
               "--max-new-tokens", "6", "--mgsm-dir", str(mgsm_dir), "--engine", "transformers", "-q", "-o", str(out)])
-    text = capsys.readouterr().out
-    assert rc == 0 and "engine: answered by transformers (chosen)" in text and "8-shot" in text
-    assert "accuracy (%), flexible extraction" in text and "accuracy (%), strict extraction" in text
+    table, err = capsys.readouterr()
+    assert rc == 0 and "engine: answered by transformers (chosen)" in err and "8-shot" in err
+    assert table.startswith("language | n | extraction | lang\n") and "sw | 4 | strict |" in table
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 8 and rows[0]["shots"] == 8 and rows[0]["prompt"].count("Swali:") == 9
 
@@ -164,8 +164,8 @@ def test_eval_cli_merge_of_two_experts(trio, mgsm_dir, tmp_path, capsys):
     rc = cli(["eval", "--math", str(trio["math"]), "--lang", str(trio["lang"]), "--b", "1", "--u", "1",
               "--langs", "bn", "--limit", "2", "--max-new-tokens", "4", "--mgsm-dir", str(mgsm_dir),
               "--engine", "transformers", "-q"])
-    text = capsys.readouterr().out
-    assert rc == 0 and "math expert | language expert | merged model" in text and "plan: swap b=1 u=1" in text
+    out, err = capsys.readouterr()
+    assert rc == 0 and "math expert | language expert | merged model" in out and "plan: swap b=1 u=1" in err
 
 
 @pytest.mark.parametrize("argv, msg", [

@@ -88,8 +88,8 @@ def test_a_language_the_set_lacks_is_refused_before_any_model_loads(argv, tmp_pa
 def test_eval_uses_the_models_set_and_takes_a_shipped_set_by_reference(capsys):
     base, math, lang = TRIOS["demo2"]
     assert cli(["eval", "--math", math, "--lang", lang, "--models", "math", "--limit", "1", "-q"]) == 0
-    out = capsys.readouterr().out
-    assert "languages yy;" in out and "\nyy | 1 |" in out  # Oruki, its target language, from its own set
+    out, err = capsys.readouterr()
+    assert "languages yy;" in err and "\nyy | 1 |" in out  # Oruki, its target language, from its own set
     assert cli(["eval", "--math", math, "--lang", lang, "--models", "math", "--limit", "1", "-q",
                 "--mgsm-dir", "assets:demo/mgsm", "--langs", "xx"]) == 0  # a shipped set named like a model
     assert "\nxx | 1 |" in capsys.readouterr().out

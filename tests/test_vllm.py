@@ -126,7 +126,7 @@ def test_eval_cli_experts_and_merge_on_vllm(engine, vllm_trio, mgsm_dir, tmp_pat
     rc = cli(["eval", "--math", str(vllm_trio["math"]), "--lang", str(vllm_trio["lang"]), "--b", "1", "--u", "1",
               "--engine", "vllm", "--serving", "one", "--langs", "sw,ja", "--limit", "3", "--max-new-tokens", "16",
               "--mgsm-dir", str(mgsm_dir), "-q", "-o", str(out)])
-    text = capsys.readouterr().out
+    text = capsys.readouterr().err
     assert rc == 0, text
     assert "engine: one vLLM engine, weights swapped per model" in text
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -137,7 +137,7 @@ def test_eval_cli_experts_and_merge_on_vllm(engine, vllm_trio, mgsm_dir, tmp_pat
 
     rc = cli(["eval", "--model", str(vllm_trio["lang"]), "--engine", "auto", "--langs", "sw", "--limit", "2",
               "--max-new-tokens", "8", "--mgsm-dir", str(mgsm_dir), "-q"])
-    assert rc == 0 and "engine: answered by vLLM" in capsys.readouterr().out
+    assert rc == 0 and "engine: answered by vLLM" in capsys.readouterr().err
     assert VLLMEngine.pooled() == running  # both commands were served by engines already running
 
 

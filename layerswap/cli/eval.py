@@ -1,7 +1,11 @@
-"""`layerswap eval`: MGSM accuracy of a model, or of both experts and their merge, per language."""
+"""`layerswap eval`: MGSM accuracy of a model, or of both experts and their merge, per language.
+
+Its standard output is one Markdown table (`results_table`: a row per language and extraction); the engine, the
+plan, the protocol and what was written go to stderr, so `layerswap eval ... > table.md` holds only the table."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..errors import UserError
@@ -59,7 +63,7 @@ def run(args) -> int:
             check_same_merge(prov, args.card, wb.checkpoints, recipe)
         if "merged" in roles:
             wb.build(recipe)
-            print_recipe(recipe, wb.num_layers, plan_note(args, wb.num_layers))
+            print_recipe(recipe, wb.num_layers, plan_note(args, wb.num_layers), file=sys.stderr)
         note = wb.engine_note
         engines = {ROLE_NAMES[r]: wb.engines[r] for r in roles}
     try:
@@ -74,24 +78,36 @@ def run(args) -> int:
 def _run_eval(args, cfg, engines: dict, note: str) -> int:
     from ..evaluation import evaluate
 
-    print(f"engine: {note}")
+    print(f"engine: {note}", file=sys.stderr)
     print(f"MGSM {cfg.mode}, {cfg.shots}-shot, greedy, {cfg.max_new_tokens} new tokens; languages "
-          f"{', '.join(cfg.langs)}; {'first ' + str(cfg.limit) if cfg.limit else 'all'} questions each")
+          f"{', '.join(cfg.langs)}; {'first ' + str(cfg.limit) if cfg.limit else 'all'} questions each; accuracy (%)",
+          file=sys.stderr)
     bar = Bar(enabled=not args.quiet)
     report = evaluate(engines, cfg, progress=bar)
     bar.done()
-    for metric in ("flexible", "strict"):
-        print(f"\naccuracy (%), {metric} extraction:")
-        print(report.table_text(metric))
+    print(results_table(report))
     if args.out:
         report.write_jsonl(args.out)
-        print(f"\nwrote {len(report.results)} per-question results to {args.out}")
+        print(f"wrote {len(report.results)} per-question results to {args.out}", file=sys.stderr)
     if args.card:
         from ..card import attach_eval
 
         attach_eval(args.card, report, model=report.models[0] if args.model else ROLE_NAMES["merged"])
-        print(f"wrote the MGSM results into the model card of {args.card} (README.md, layerswap.json)")
+        print(f"wrote the MGSM results into the model card of {args.card} (README.md, layerswap.json)",
+              file=sys.stderr)
     return 0
+
+
+def results_table(report) -> str:
+    """The accuracies (%) as one Markdown table: per language (then the average and the max), a row for each
+    extraction (flexible, then strict), a column per model."""
+    head = ["language", "n", "extraction", *report.models]
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for metric in ("flexible", "strict"):
+        for r in report.table(metric):
+            r = {**r, "extraction": metric}
+            lines.append(" | ".join("–" if r[h] is None else str(r[h]) for h in head))
+    return "\n".join(lines)
 
 
 def _card_target(args) -> dict | None:

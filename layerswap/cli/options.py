@@ -98,13 +98,30 @@ def eval_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("MGSM evaluation (lm-eval mgsm_native_cot protocol by default)")
     g.add_argument("--langs", help="comma list of MGSM language codes (default: the target languages of the models' "
                    "own set, for shipped models; else sw,te,bn,ja)")
-    g.add_argument("--limit", type=int, help="first N questions per language (default: all 250)")
+    g.add_argument("--limit", type=int, help=f"first N questions per language (default: all of them; {shipped_sizes()})")
     g.add_argument("--shots", type=int, default=0, choices=[0, 1, 2, 3, 4, 5, 6, 7, 8],
                    help="few-shot exemplars from exemplars.json (default 0, as lm-eval; 8 for the 8-shot setup)")
     g.add_argument("--mode", choices=("native_cot", "direct"), default="native_cot",
                    help="lm-eval task family: mgsm_native_cot (default) or mgsm_direct")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--mgsm-dir", help=MGSM_DIR_HELP)
+
+
+def shipped_sizes() -> str:
+    """How many questions per language the shipped MGSM sets hold, counted from their files (for --limit's help)."""
+    from ..presets import assets_dir
+
+    sizes = {}
+    for tsv in sorted(assets_dir().glob("*/mgsm/mgsm_*.tsv")):
+        with open(tsv, "rb") as f:
+            sizes.setdefault(sum(1 for line in f if line.strip()), []).append(tsv.parent.parent.name)
+    if not sizes:
+        return "no shipped sets"
+    def names(orgs: list[str]) -> str:
+        orgs = list(dict.fromkeys(orgs))
+        return orgs[0] if len(orgs) == 1 else f"{', '.join(orgs[:-1])} and {orgs[-1]}"
+
+    return "; ".join(f"the shipped {names(orgs)} sets hold {n:,} per language" for n, orgs in sorted(sizes.items()))
 
 
 MGSM_DIR_HELP = ("folder of mgsm_XX.tsv files, or a shipped set (assets:demo/mgsm); default: the models' own set "
@@ -205,14 +222,15 @@ def check_outputs(outs, *checkpoints, extra=()) -> None:
             check_output_file(out, inputs)
 
 
-def print_recipe(recipe: Recipe, num_layers: int, why: str | None = None) -> None:
-    """The recipe as the command runs it; `why`: where a plan no flag gave comes from (`plan_note`)."""
+def print_recipe(recipe: Recipe, num_layers: int, why: str | None = None, file=None) -> None:
+    """The recipe as the command runs it; `why`: where a plan no flag gave comes from (`plan_note`); `file`: where
+    to (stdout unless given; `eval` keeps its stdout for the table)."""
     if recipe.plan is not None:
         print(f"plan: {recipe.plan.title()} ({num_layers} layers)" + (f": {why}" if why and recipe.method.spec.uses_plan
-                                                                         else ""))
-        print(textwrap.indent(Sources(recipe, num_layers).describe(), "  "))
+                                                                         else ""), file=file)
+        print(textwrap.indent(Sources(recipe, num_layers).describe(), "  "), file=file)
     else:
-        print(f"method: {recipe.method.describe()}")
+        print(f"method: {recipe.method.describe()}", file=file)
 
 
 def engine_settings(args, chat_template: bool | None = False) -> EngineSettings:

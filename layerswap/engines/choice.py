@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
+from ..checkpoints import Checkpoint
 from ..errors import UserError
 from .base import Engine
 from .transformers_engine import TransformersEngine
@@ -73,8 +74,10 @@ class EngineSettings:
 def open_engine(path: str | os.PathLike, *, engine: str = "auto", device: str = "auto",
                 settings: VLLMSettings | None = None, use_chat_template: bool | None = None,
                 batch_size: int = 8) -> tuple[Engine, str]:
-    """An engine for one model folder and a note saying which engine answers and why (`try_vllm`)."""
+    """An engine for one model (a folder, an ``assets:`` reference or a Hub id) and a note saying which engine answers
+    and why (`try_vllm`)."""
     engine = resolve_engine_choice(engine)
+    path = Checkpoint.open(path).path  # the folder it names, checked as a model (a one-line refusal if not)
     eng, why = try_vllm(engine, lambda: VLLMEngine.acquire(path, settings, use_chat_template=use_chat_template))
     if eng is not None:
         return eng, f"answered by vLLM ({why})"

@@ -98,17 +98,23 @@ def _pair(math: str | None, lang: str | None) -> tuple[Path, str] | None:
 
 
 def opening_plan(refs: Refs, num_layers: int) -> Opening:
-    """The plan measured for a shipped pair (chosen on its dev set), else the literature's plan scaled to
-    `num_layers` (`plans.default_plan`)."""
-    pair = _pair(refs[1], refs[2])
-    plan = demo.measured_plan(*pair) if pair is not None else None
-    if plan is not None:
+    """The plan measured for a shipped pair (chosen on its dev set); else, for two shipped experts of one organism
+    that were not measured as a pair (its LoRA, IA3 or prefix experts, ``assets:demo/ablation/*``), the plan
+    measured for the organism's own pair; else the literature's plan scaled to `num_layers` (`plans.default_plan`)."""
+    pair, org = _pair(refs[1], refs[2]), organism(refs[1])
+    measured = [(*pair, "")] if pair is not None else []
+    if org is not None and org == organism(refs[2]):
+        measured.append((org, "lang", "; these experts share its organism but were not measured as a pair"))
+    for folder, lang, why in measured:
+        plan = demo.measured_plan(folder, lang)
+        if plan is None:
+            continue
         try:
             plan.validate(num_layers)
-            return Opening(plan, f"the plan recommended for {portable_ref(pair[0])} (math + {pair[1]}), chosen on "
-                                 "its dev set")
         except UserError:
-            pass
+            continue
+        return Opening(plan, f"the plan recommended for {portable_ref(folder)} (math + {lang}), chosen on its dev "
+                             f"set{why}")
     return Opening(default_plan(num_layers), f"the literature's b=5 u=2 tb=1 tu=1 at 32 layers, scaled to "
                                              f"{num_layers} layers")
 

@@ -51,9 +51,13 @@ def portable_ref(ref: str | Path) -> str:
 
 
 def shipped_models() -> list[str]:
-    """Every shipped model folder (one with a config.json), as paths relative to `assets/`."""
+    """Every shipped model folder (one with a config.json) and PEFT adapter (adapter_config.json: the demo's LoRA,
+    IA3 and prefix experts), as paths relative to `assets/`."""
     root = assets_dir()
-    return sorted(str(p.parent.relative_to(root)) for p in root.rglob("config.json")) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    return sorted({str(p.parent.relative_to(root)) for name in ("config.json", "adapter_config.json")
+                   for p in root.rglob(name)})
 
 
 @dataclass(frozen=True)

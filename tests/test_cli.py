@@ -201,3 +201,51 @@ def test_eval_help_says_how_many_questions_the_shipped_sets_hold(capsys):
     n = {len(mgsm.load(p.stem.removeprefix("mgsm_"), p.parent)) for p in assets_dir().glob("*/mgsm/mgsm_*.tsv")}
     assert n == {1000} and "250" not in text
     assert "the shipped demo and demo2 sets hold 1,000 per language" in text
+
+
+def _readme_blocks() -> list[str]:
+    """The README's shell blocks on shipped models (`assets:`), as written."""
+    from tests.helpers import REPO
+
+    text = (REPO / "README.md").read_text()
+    return [b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "assets:demo" in b and "layerswap" in b]
+
+
+def test_the_readme_commands_run_on_the_shipped_demo_as_written(tmp_path):
+    """Issue 41, point 14: the README's three-command block and its LoRA pair run as written (a `layerswap` on PATH,
+    in a fresh folder); each writes what it says, the LoRA pair's `inspect` warns, exits 0 and names the organism's
+    plan, and its merge is a LoRA adapter on that plan."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    blocks = _readme_blocks()
+    assert len(blocks) == 2 and [len(b.strip().splitlines()) for b in blocks] == [3, 2], blocks
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "layerswap").write_text(f'#!/bin/sh\nexec {sys.executable} -m layerswap.cli "$@"\n')
+    (bin_dir / "layerswap").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(REPO),
+               LAYERSWAP_CACHE=str(tmp_path / "cache"))
+    work = tmp_path / "work"
+    work.mkdir()
+    outs = []
+    for block in blocks:
+        for line in block.strip().splitlines():
+            r = subprocess.run(["bash", "-c", line], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, (line, r.stdout[-2000:], r.stderr[-2000:])
+            outs.append(r.stdout)
+    assert "plotly" in (work / "heatmap.html").read_text()[:100_000].lower()
+    assert json.loads((work / "merged" / "layerswap.json").read_text())["recipe"]["plan"]["b"] == 2
+    rows = _table((work / "table.md").read_text())
+    assert rows[0] == ["language", "n", "extraction", "math expert", "language expert", "merged model"]
+    assert rows[2][:3] == ["xx", "10", "flexible"]
+    inspect = outs[3]
+    assert inspect.startswith("compatible:") and "warning: the experts may not share a base" in inspect
+    assert "opens on swap b=2 u=0 tb=0 tu=0" in inspect and "recommended for assets:demo (math + lang)" in inspect
+    lora = work / "merged-lora"
+    assert json.loads((lora / "adapter_config.json").read_text())["peft_type"] == "LORA"
+    assert json.loads((lora / "layerswap.json").read_text())["recipe"]["plan"]["b"] == 2

@@ -1,5 +1,9 @@
 """`layerswap inspect`: whether two experts (and their base) can be merged: headers, and sampled weights
-for the shared base; with ``--hardware``, what would serve them on each named hardware (headers only)."""
+for the shared base; with ``--hardware``, what would serve them on each named hardware (headers only).
+
+Exit status: 0 when the headers agree (compatible), also with a shared-base warning (a warning is not a failure:
+it is printed, and merging then needs ``--force``); 1 when they disagree (not compatible); 2 for a user error.
+For a shipped pair it also says the plan the pair opens on (`organisms.opening_plan`)."""
 
 from __future__ import annotations
 
@@ -36,7 +40,13 @@ def run(args) -> int:
     print(check.report.summary())
     if check.pairing is not None:
         print(("  warning: " if check.pairing.suspicious else "  ") + check.pairing.message())
-    return 1 if check.problem() else 0
+    if check.report.ok:
+        from ..organisms import opening_plan, organism
+
+        if organism(args.math) is not None:
+            opening = opening_plan((args.base or "", args.math, args.lang), math.num_layers)
+            print(f"  opens on {opening.plan.title()}: {opening.why}")
+    return 0 if check.report.ok else 1
 
 
 def hardware(args) -> int:

@@ -333,3 +333,60 @@ def test_a_fresh_start_walks_every_preset_and_tab(browser, tmp_path):  # noqa: F
         page.close()
     finally:
         app.close()
+
+
+def test_round_3_adapter_export_stop_and_the_pages_words(browser, app_url, tmp_path):  # noqa: F811
+    """Issue 41, points 11, 12 and 14 on the page: "Export as PEFT adapter" shows only for adapter experts (not for
+    the demo's full models); a shipped LoRA pair opens on its organism's plan and exports as a LoRA adapter; the
+    page's messages name its controls, never a CLI flag; Stop on the Sweeps tab after a sweep finished says that
+    nothing runs (it said "Stopping your running job…" for good)."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_url, wait_until="load")
+    expect(page.locator("#status")).to_contain_text("Models ready", timeout=180_000)
+    expect(page.locator("#export")).to_be_visible()
+    expect(page.locator("#export-adapter")).to_be_hidden()  # full-model experts
+
+    # point 12: a tiny sweep runs to the end, then Stop
+    sweep = tmp_path / "tiny.yaml"
+    sweep.write_text(f"name: tiny\nexperts: {{math: {A}/demo/math, lang: {A}/demo/lang, base: {A}/demo/base}}\n"
+                     "recipes: [{name: b2, plan: {b: 2, u: 0, tb: 0, tu: 0}}]\n"
+                     f"test_sets: [{{path: {A}/demo/mgsm, langs: [xx]}}]\neval: {{max_new_tokens: 8}}\n")
+    page.get_by_role("tab", name="Sweeps").click()
+    page.get_by_label("…or a sweep file on this machine").fill(str(sweep))
+    page.get_by_label("Results file (default: a file of your own session)").fill(str(tmp_path / "tiny.jsonl"))
+    page.get_by_label("Questions per language (0 = the file's setting)").fill("1")
+    page.locator("#sweep-run").click()
+    expect(page.locator("#sweep-status")).to_contain_text("finished", timeout=300_000)
+    page.locator("#sweep-stop").click()
+    expect(page.locator("#sweep-status")).to_contain_text("Nothing of yours is running", timeout=30_000)
+    page.wait_for_timeout(3000)
+    expect(page.locator("#sweep-status")).not_to_contain_text("Stopping")
+
+    # points 11 and 14: a shipped LoRA pair (the shared-base check warns: without Force, a refusal in page terms)
+    page.get_by_role("tab", name="Build & ask").click()
+    for field, ref in (("base", "demo/base"), ("math", "demo/ablation/math_lora"), ("lang", "demo/ablation/lang_lora")):
+        page.locator(f"#{field} input, #{field} textarea").fill(f"assets:{ref}")
+    page.locator("#load").click()
+    toast = page.locator("[data-testid=toast-body]")
+    expect(toast).to_contain_text("tick Force", timeout=120_000)
+    assert not re.search(r"--[a-z]", toast.first.inner_text()), toast.first.inner_text()
+    page.locator("[data-testid=toast-body] ~ button, .toast-close").first.click()
+    page.get_by_label("Force: load even if the experts seem not to share the base").check()
+    page.locator("#load").click()
+    expect(page.locator("#report")).to_contain_text("Loaded in", timeout=180_000)
+    report = page.locator("#report").inner_text()
+    assert "warning" in report and "tick Force" in report and not re.search(r"--[a-z]", report), report
+    expect_plan(page, recommended("demo"))  # the organism's plan, not the literature's scaled
+    expect(page.locator("#export-adapter")).to_be_visible()
+    page.locator("#out-dir input, #out-dir textarea").fill(str(tmp_path / "lora"))
+    page.locator("#export-adapter").click()
+    expect(page.locator("#export-status")).to_contain_text("lora adapter (PEFT)", timeout=120_000)
+    assert json.loads((tmp_path / "lora" / "adapter_config.json").read_text())["peft_type"] == "LORA"
+    assert json.loads((tmp_path / "lora" / "layerswap.json").read_text())["recipe"]["plan"]["b"] == recommended("demo")["b"]
+
+    pick_preset(page, "Demo organism (offline")  # back to the full demo experts: the adapter export goes
+    expect(page.locator("#test-set")).to_contain_text("Kovani (xx)", timeout=120_000)
+    expect(page.locator("#export-adapter")).to_be_hidden(timeout=60_000)
+    page.close()

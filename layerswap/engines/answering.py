@@ -444,8 +444,8 @@ class Answering:
         if self.current is None:
             return ""
         s = self.current.describe()
-        if self.pending is not None:
-            s += f"; starting behind it: {self.pending.describe()}"
+        if self.pending is not None:  # what answers comes first: the plan's engines only start behind it
+            s += f" (answering until the plan's engines have started: {self.pending.describe()})"
         elif self.failed and self.current.name != self.plan.arrangement:
             s += f" (the plan's {TITLES[self.plan.arrangement]} did not start: {self.failed})"
         return s

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from .. import mgsm
@@ -25,7 +26,7 @@ from ..recipes import Recipe
 from ..workbench import Workbench
 from ..fields import LINK_KEYS
 from .controls import plan_md, recipe, strip_figure
-from .events import Job, event
+from .events import Job, event, page_words
 from .lane import Lane
 from .files import neutral_root
 from .session import Shared
@@ -172,9 +173,12 @@ class Context:
             return "No models loaded yet."
         md = wb.report.markdown()
         if wb.pairing is not None:
-            md += ("\n- **warning** " if wb.pairing.suspicious else "\n- ") + wb.pairing.message()
+            md += ("\n- **warning** " if wb.pairing.suspicious else "\n- ") + page_words(wb.pairing.message())
         if wb.engine_plan is not None:
             md += f"\n\n{wb.engine_plan.describe()}"
+            if wb.engine_plan.transformers_first and wb.engine_plan.engine == "vllm":  # the plan is not what answers first
+                md += (" Until they have started (about a minute the first time), transformers answers: **Engine now** "
+                       "below says which engines answer.")
         if wb.engine_plan is not None and {"math", "lang"} <= set(wb.checkpoints):
             from ..engines.planning import hardware_table, table_markdown
             from ..hardware import FLAVOURS
@@ -198,6 +202,18 @@ class Context:
             self.shared.ready.set()
 
     # ---- what belongs to the visitor's models: their MGSM set, the menus, the banner ---------------------
+    def adapter_kind(self, refs: tuple[str, str, str]) -> str | None:
+        """The PEFT kind both experts are (``lora``, ``ia3``, ``prefix``), else None (full models, a mixed pair): what
+        "Export as PEFT adapter" needs. From the loaded models, else from local folders' files (a Hub id's kind is
+        known once it is loaded)."""
+        wb = self.shared.loaded(refs)
+        cks = wb.checkpoints if wb is not None else {}
+        if {"math", "lang"} <= set(cks):
+            kinds = {cks[r].adapter_kind for r in ("math", "lang")}
+        else:
+            kinds = {_local_kind(r) for r in refs[1:]}
+        return kinds.pop() if len(kinds) == 1 else None
+
     def data(self, refs: tuple[str, str, str]) -> str | None:
         """The MGSM set the models are tested on: the set they bring (`organisms.test_set`: a shipped organism's),
         else the app's (--mgsm-dir, $LAYERSWAP_MGSM_DIR), else None (the Hub)."""
@@ -258,3 +274,16 @@ class Context:
             md = f"> **Models:** math expert {code(refs[1])}, language expert {code(refs[2])}" + \
                 (f", base {code(refs[0])}." if refs[0] else ".")
         return md + (" The card is one click below." if d.card and d.summary else ""), d.card
+
+
+def _local_kind(ref: str) -> str | None:
+    """The PEFT kind of a local (or shipped) adapter folder, from its adapter_config.json; None for anything else."""
+    from ..adapters import read_adapter
+    from ..checkpoints import is_adapter
+    from ..presets import ASSETS_PREFIX, assets_path
+
+    try:
+        path = assets_path(ref) if ref.startswith(ASSETS_PREFIX) else Path(ref).expanduser()
+        return read_adapter(path).kind if ref and path.is_dir() and is_adapter(path) else None
+    except (UserError, OSError):
+        return None

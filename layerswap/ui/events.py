@@ -31,8 +31,19 @@ from .lane import Lane, time_limit, timed_out
 from .session import Visitor
 
 STOPPED = "Stopped. Nothing was changed; the models stay loaded."
+# the library's messages name the CLI's flags; the page says its own controls instead (`page_words`)
+PAGE_WORDS = {"pass --force to run it anyway": "tick Force (beside Load) to load them anyway",
+              "(drop --adapter)": "(use Export merged model)",
+              "(layerswap merge --adapter)": "(Export as PEFT adapter)"}
 MODELS_CHANGED = ("The models changed: the server no longer holds the models this page shows for you (or never "
                   "did). Press Load again.")
+
+
+def page_words(message: str) -> str:
+    """A library message as the page says it: the CLI flags it names become the page's controls (`PAGE_WORDS`)."""
+    for cli, page in PAGE_WORDS.items():
+        message = message.replace(cli, page)
+    return message
 
 
 def page_models(refs: tuple[str, str, str]) -> str:
@@ -167,7 +178,7 @@ def event(fn: Callable, visitor_of: Callable[[str | None], Visitor], policy: Pol
 
 def _message(e: BaseException) -> str:
     if isinstance(e, UserError):
-        return str(e)
+        return page_words(str(e))
     if isinstance(e, MemoryError) or "out of memory" in str(e).lower():
         return ("Out of memory: the job was stopped and the models stay as they were. Try smaller models, fewer "
                 "questions, or the one-engine serving mode.")

@@ -58,6 +58,13 @@ def export_adapter(ctx: Context, job: Job, out_dir: str, overwrite: bool, *value
 def _export(ctx: Context, job: Job, out_dir: str, overwrite: bool, values, adapter: bool):
     v = job.visitor
     wb = ctx.workbench(job)
+    kind = ctx.adapter_kind(v.refs)
+    if adapter and kind is None:  # the button shows only for adapter experts; an API caller hears it in page terms
+        raise UserError("Export as PEFT adapter needs two adapter experts of one kind (LoRA, IA3 or prefix tuning); "
+                        "these are merged as full models: use Export merged model.")
+    if not adapter and kind == "prefix":
+        raise UserError("Prefix-tuning experts change no weight, so there is no full merged model to write: use "
+                        "Export as PEFT adapter.")
     r = recipe(*values)
     if ctx.policy.hosted:  # the visitor's own folder, replaced by each export, within the disk budgets
         own = ctx.shared.folder(v)
@@ -187,13 +194,15 @@ def render(ctx: Context, page: Page) -> None:
                 overwrite = gr.Checkbox(False, label="Overwrite an earlier export", visible=not pol.hosted)
             with gr.Row():
                 export_btn = gr.Button("Export merged model", elem_id="export")
-                adapter_btn = gr.Button("Export as PEFT adapter", elem_id="export-adapter")
+                adapter_btn = gr.Button("Export as PEFT adapter", elem_id="export-adapter",  # adapter experts only
+                                        visible=ctx.adapter_kind(ctx.key) is not None)
                 yaml_btn = gr.Button("mergekit YAML", elem_id="export-yaml")
             export_md = gr.Markdown(elem_id="export-status")
             with gr.Row():
                 download = gr.DownloadButton("Download .zip", visible=False, elem_id="download")
                 yaml_file = gr.DownloadButton("Download mergekit YAML", visible=False, elem_id="yaml-file")
         push.render(ctx, page)
+    page.on_models([adapter_btn], lambda c, refs: [gr.update(visible=c.adapter_kind(refs) is not None)])
 
     quick = dict(clear_stop=False)
     # preview skips the queue, so a Build queued after it always has the last word

@@ -18,6 +18,7 @@ from ...plots import eval_bars
 from ...roles import ANSWERING, ROLE_NAMES
 from ..context import Context, Page
 from ..events import Job
+from .models import stop
 
 EVAL_ROLES = [(ROLE_NAMES[r], r) for r in ANSWERING]
 
@@ -70,8 +71,8 @@ def _position(n: int):
 
 
 def stop_eval(ctx: Context, job: Job) -> str:
-    job.visitor.stop.set()
-    return "**Stopping** after the current batch…"
+    """Stop (`models.stop`: says when nothing runs, and when the evaluation has stopped)."""
+    return stop(ctx, job)
 
 
 def browse(ctx: Context, job: Job, lang, position) -> str:

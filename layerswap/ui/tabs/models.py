@@ -71,9 +71,22 @@ def opening(ctx: Context, job: Job):
     return [gr.update() if f.name in KEEP else u for f, u in zip(FIELDS, updates)]
 
 
+STOP_WAIT = 20.0  # seconds Stop waits for the job to end before saying it is still stopping
+
+
 def stop(ctx: Context, job: Job) -> str:
-    job.visitor.stop.set()
-    return "**Stopping** your running job…"
+    """Stop the visitor's job (between its batches) and say what happened: nothing ran, it stopped, or it stops
+    after its current step. The line never says "stopping" once no job of the visitor's runs."""
+    v = job.visitor
+    v.stop.set()  # a job that starts later clears it
+    if v.job is None:  # no job of the visitor's queued or running (`ui.lane`)
+        return "Nothing of yours is running: nothing to stop."
+    deadline = time.monotonic() + STOP_WAIT
+    while v.job is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if v.job is None:
+        return "**Stopped** your job (what it finished is kept)."
+    return "**Stopping** your job: it stops after its current step."
 
 
 def held(ctx: Context, job: Job) -> str:

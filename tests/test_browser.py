@@ -122,7 +122,12 @@ def test_first_answers_at_once_then_vllm(browser, tmp_path):
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(url, wait_until="load")
         expect(page.locator("#report")).to_contain_text("Answers: three vLLM engines", timeout=60_000)
-        expect(page.locator("#engine-now")).to_contain_text("transformers", timeout=60_000)  # answering meanwhile
+        # answering meanwhile, and the line says so (issue 41, point 8: it read as if the plan's vLLM answered)
+        expect(page.locator("#engine-now")).to_contain_text(
+            "transformers, both experts in memory (answering until the plan's engines have started: three vLLM",
+            timeout=60_000)
+        expect(page.locator("#report")).to_contain_text("Until they have started (about a minute the first time), "
+                                                        "transformers answers")
         page.locator("#ask").click()
         for role in ("math", "lang", "merged"):
             expect(page.locator(f"#answer-{role}")).to_contain_text("flexible:", timeout=300_000)
@@ -153,6 +158,19 @@ def test_first_answers_at_once_then_vllm(browser, tmp_path):
         assert "transformers" in first_engine, first_engine
         assert "vllm" in engine.lower(), engine
         assert page.locator("#answer-merged pre, #answer-merged code").first.inner_text() == outputs
+
+        # demo2, where the issue was seen: while its vLLM engines start, the line and the answers both say transformers
+        from tests.test_first_hour import pick_preset
+
+        pick_preset(page, "paper's setting")
+        expect(page.locator("#test-set")).to_contain_text("assets:demo2/mgsm", timeout=120_000)
+        page.locator("#ask").click()
+        expect(page.locator("#answer-merged")).to_contain_text("flexible:", timeout=300_000)
+        said = re.search(r"merged model\W+(\w+)", page.locator("#answer-merged").inner_text()).group(1)
+        line = re.search(r"Engine now: (.*)", page.locator("#engine-now").inner_text()).group(1)
+        print(f"demo2: first answer by {said!r}; engine line {line!r}")
+        assert line.startswith("transformers" if said == "transformers" else "three vLLM engines"), (said, line)
+        no_error_toast(page)
     finally:
         app.close()
 

@@ -119,12 +119,14 @@ class Context:
         # the page's first view reads loaded models' headers: beside the lane, so a long job never delays it
         self.views = dict(concurrency_id="views", concurrency_limit=4, **admit)
 
-    def job(self, handler: Callable, *, clear_stop: bool = True, plan: bool = False, models: bool = False) -> Callable:
+    def job(self, handler: Callable, *, clear_stop: bool = True, plan: bool = False,
+            models: bool | str = False) -> Callable:
         """`handler(ctx, job, *values)` as a Gradio event (see the module's docstring). `clear_stop`: False for the
         Stop buttons and quick reads (the others are heavy: they run in the lane, `Context.lane`, one per visitor in
         hosted mode); `plan`: its ``*values`` are the plan controls (named after `fields.LINK_KEYS` in the API);
         `models`: its last input is `Page.models` (the models the page shows), and the job is refused when they are
-        not the visitor's."""
+        not the visitor's (``"redraw"``: a redraw chained after another event, dropped without a dialog: it was
+        queued before a Load changed the models, and the Load redraws for the new ones)."""
         return event(functools.partial(handler, self), lambda session: self.shared.visitor(session, self.key),
                      self.policy, clear_stop=clear_stop, rest=LINK_KEYS if plan else (),
                      lane=self.fair if clear_stop else None, release=self.shared.visitors.release, models=models)

@@ -96,13 +96,14 @@ class Job:
 def event(fn: Callable, visitor_of: Callable[[str | None], Visitor], policy: Policy | None = None, *,
           clear_stop: bool = True, rest: tuple[str, ...] = (),
           lane: Lane | None = None, release: Callable[[Visitor], None] | None = None,
-          models: bool = False) -> Callable:
+          models: bool | str = False) -> Callable:
     """A Gradio handler for `fn(job, *values)`: the visitor of the request's session (a fresh one for a caller
     without a session), its Stop flag cleared first unless `clear_stop` is False (the Stop buttons), errors
     made readable (`guarded`). With a `lane` the job is heavy: it holds the visitor's one admission while it
     runs and, in hosted mode, stops at its kind's time limit (`ui.lane`); `release` runs after every job (the
     visitor table drops a visitor whose tab closed meanwhile). `models`: the event's last input is the models the
-    page shows (`page_models`), refused unless they are the visitor's (`check_models`). The handler
+    page shows (`page_models`), refused unless they are the visitor's (`check_models`; ``"redraw"``: a chained
+    redraw that a Load overtook is dropped without a dialog). The handler
     keeps `fn`'s parameter names, so the API's argument names and order are `fn`'s; `rest` names the values
     that `fn` takes as ``*values`` (the plan controls), so API clients see those names too."""
     pos = inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -125,6 +126,8 @@ def event(fn: Callable, visitor_of: Callable[[str | None], Visitor], policy: Pol
             except UserError:
                 if lane is not None:
                     lane.ended(v)  # its admission goes with it
+                if models == "redraw":  # stale, not the visitor's doing: the chain stops, no dialog
+                    raise gr.Error(MODELS_CHANGED, visible=False) from None
                 raise
         if clear_stop:
             v.stop.clear()

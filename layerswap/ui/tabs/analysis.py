@@ -118,7 +118,7 @@ def render(ctx: Context, page: Page) -> None:
     # redrawn when its controls change and whenever the tab is opened (the plan may have changed)
     gr.on([c.change for c in controls] + [tab.select], handler, inputs, outputs,
           api_name="heatmap", trigger_mode="always_last", **ctx.lane, **page.on)
-    page.set_redraw(lambda dep: dep.then(handler, inputs, outputs, api_visibility="private",
-                                         **ctx.lane, **page.on))
+    redraw = ctx.job(view, plan=True, models="redraw")  # queued behind a Load, it would show the old models: dropped
+    page.set_redraw(lambda dep: dep.then(redraw, inputs, outputs, api_visibility="private", **ctx.lane, **page.on))
     page.redraw(suggest_btn.click(ctx.job(suggest, models=True), [metric, k, page.models], [*page.sliders, suggest_md], api_name="weight_diff_prior",
                                   **ctx.lane, **page.on))

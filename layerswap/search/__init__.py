@@ -20,9 +20,9 @@ Where each part lives (each module imports only those above it):
 from .prior import Prior, priors, tau_rule
 from .race import race, rungs
 from .report import SearchResult, Trial
-from .run import SearchConfig, default_results, search
+from .run import SearchConfig, default_results, for_models, search
 from .space import Space, grid_space
 from .split import Split, split_questions
 
-__all__ = ["Prior", "SearchConfig", "SearchResult", "Space", "Split", "Trial", "default_results", "grid_space",
+__all__ = ["Prior", "SearchConfig", "SearchResult", "Space", "Split", "Trial", "default_results", "for_models", "grid_space",
            "priors", "race", "rungs", "search", "split_questions", "tau_rule"]

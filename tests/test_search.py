@@ -373,10 +373,12 @@ def test_a_shipped_search_moves_on_held_out_and_resumed_whole_starts_no_engine(t
     assert starts == [1] and r.test is not None
     rows = load_results(out)
     by_set = {x["test_set"]["path"] for x in rows}
-    assert by_set == {"assets:demo2/mgsm/dev", "assets:demo2/mgsm"} and {x["eval"]["max_new_tokens"] for x in rows} == {32}
+    assert by_set == {"assets:demo2/mgsm/dev", "assets:demo2/mgsm"}
+    assert {x["eval"]["max_new_tokens"] for x in rows} == {32}
     opening = organisms.opening_plan(REFS2, 10)
     assert "recommended" in opening.why and "the recommended plan" in [p["name"] for p in r.to_dict()["priors"]]
-    assert r.plan == opening.plan or f"the recommended plan ({opening.plan.title()})" in [b["name"] for b in r.baselines]
+    names = [b["name"] for b in r.baselines]
+    assert r.plan == opening.plan or f"the recommended plan ({opening.plan.title()})" in names
     assert "assets:demo2/mgsm/dev" in r.markdown() and r.to_dict()["split"]["dev_source"].endswith("mgsm/dev")
     held = [(f, d) for f, d in seen if "held-out" in d]
     math_fracs = {f for f, d in held if "the math expert" in d}

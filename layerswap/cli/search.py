@@ -78,7 +78,8 @@ def run(args) -> int:
     say = sys.stderr if args.json else sys.stdout  # stdout holds only the JSON with --json
     print(f"search: {', '.join(cfg.langs)} from {data or 'the MGSM set'}, budget {cfg.budget} plans, seed {cfg.seed}, "
           f"answers of {cfg.evals()['max_new_tokens']} tokens; chosen on "
-          + (f"the models' own dev file {portable_ref(cfg.dev_source)}" if cfg.dev_source else "questions drawn from the set")
+          + (f"the models' own dev file {portable_ref(cfg.dev_source)}" if cfg.dev_source
+             else "questions drawn from the set")
           + f"; records in {results}", file=say)
     bar = Bar(enabled=not args.quiet)
     try:  # the tokenizer's chat template when it has one, as the page and the organisms' cards answer

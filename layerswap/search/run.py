@@ -288,7 +288,8 @@ def _held_out(wb, ident: Identity, split, plan: Plan, opening, answers: Answers,
                                                              f"{100 * min(max(f, 0.0), 1.0):.0f} %")
         tick(0.0)
         known = answers.known.setdefault(ident.model_key(model_of(model)), {})
-        if scorer(wb, ident, model, known, tally, log.append, cancel, name=name, progress=tick)(list(split.test)) is None:
+        score = scorer(wb, ident, model, known, tally, log.append, cancel, name=name, progress=tick)
+        if score(list(split.test)) is None:
             return None, [], True
         got[name] = {lang: [known[(lang, i)] for i in split.test] for lang in ident.langs}
     stats.update(test_questions=tally.looked, test_questions_run=tally.run)

@@ -41,7 +41,8 @@ class Split:
         """Which questions the choice was made on, in words (the page and the CLI say it)."""
         if self.dev_source:
             return (f"{len(self.dev)} of the {self.dev_total} questions of the models' own dev file "
-                    f"{portable_ref(self.dev_source)}; held out: {len(self.test)} questions of the test set, never seen")
+                    f"{portable_ref(self.dev_source)}; held out: {len(self.test)} questions of the test set, "
+                    "never seen")
         return (f"{len(self.dev)} questions drawn from the {self.total} of the set (seed {self.seed}); held out: "
                 f"{len(self.test)} others, never seen")
 

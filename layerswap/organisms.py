@@ -7,6 +7,8 @@ what was measured for that pair (`demo.measured_plan`, `demo.organism_summary`).
 here, so they test on the same set and open on the same plan:
 
     test_set("assets:demo2/math", "assets:demo2/lang")              # .../assets/demo2/mgsm
+    choice(("assets:demo2/base", "assets:demo2/math", "assets:demo2/lang"))
+        # Choice(dev=.../assets/demo2/mgsm/dev, questions=200, max_new_tokens=32): how its plan was chosen
     opening_plan(("assets:demo/base", "assets:demo/math", "assets:demo/lang"), 8)
         # Opening(Plan(b=2, u=0, ...), "the plan recommended for assets:demo (math + lang), chosen on its dev set")
 
@@ -22,7 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import demo
-from .demo_results import results_file
+from .demo_results import Results, results_file
 from .errors import UserError
 from .plans import Plan, default_plan
 from .presets import ASSETS_PREFIX, assets_dir, assets_path, portable_ref, presets
@@ -86,6 +88,40 @@ def test_set(*refs: str | os.PathLike | None) -> Path | None:
         if org is not None:
             return org / "mgsm"
     return None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How a shipped pair's plan is chosen (by its card, and by a search on it): on the organism's own dev questions
+    (``mgsm/dev``, never its test set), the first `questions` of them (None: all), answers of `max_new_tokens`
+    tokens (None: the library's default). The rule: the highest flexible accuracy on those questions; a tie goes
+    to the plan that swaps fewer layers (`demo_results.ResultsWriter.best_dev`, `search.run`)."""
+
+    dev: Path
+    questions: int | None = None
+    max_new_tokens: int | None = None
+
+    def describe(self) -> str:
+        n = f"the first {self.questions}" if self.questions else "all"
+        return f"{n} questions of {portable_ref(self.dev)} (the organism's dev file, never its test set)"
+
+
+def choice(refs: Refs) -> Choice | None:
+    """The dev questions and answer length the models' own plan was chosen with: the organism's ``mgsm/dev`` (of
+    the math expert's organism, else the language expert's), with the measured pair's question count and answer
+    length when the pair was measured; None for models that bring no dev file (a search then draws its split)."""
+    for ref in (refs[1], refs[2]):
+        org = organism(ref)
+        if org is not None and any((org / "mgsm" / "dev").glob("mgsm_*.tsv")):
+            break
+    else:
+        return None
+    pair = _pair(refs[1], refs[2])
+    res = Results.of_pair(*pair) if pair is not None else None
+    if res is None:
+        return Choice(org / "mgsm" / "dev")
+    dev = res.dev().get(res.plan_info.get("name", ""))
+    return Choice(org / "mgsm" / "dev", len(dev.correct) if dev is not None else None, int(res.max_new_tokens))
 
 
 def _pair(math: str | None, lang: str | None) -> tuple[Path, str] | None:

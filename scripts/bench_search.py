@@ -78,7 +78,7 @@ def _disk_loop(r, cfg: SearchConfig, engine: EngineSettings, n: int) -> tuple[fl
     loop (export, new engine); both answer the same questions."""
     wb = Workbench.from_settings(engine)
     wb.load(*DEMO[:2], DEMO[2])
-    ident = Identity.of(wb.checkpoints, False, cfg.source, cfg.evals(), {"engine": engine.engine,
+    ident = Identity.of(wb.checkpoints, False, r.split.dev_source or cfg.source, cfg.evals(), {"engine": engine.engine,
                                                                         "chat_template": engine.chat_template},
                         cfg.langs)
     dev = list(r.split.dev)

@@ -167,7 +167,10 @@ def _why(res: Results, R: dict, X: str) -> list[str]:
                      f"{C.pct(best_0.acc)} % for the best with u = 0. "
                      + (f"The base already writes `Danu N ki.` after {X} word problems, so the math expert answers in "
                         f"{X}'s format without help (its strict accuracy is {C.pct(math_strict)} %) "
-                        "and the top layers have nothing to give." if own_format and R.get("yy_answer_phrase", True)
+                        + ("and the top layers have nothing to give." if best_u.acc <= best_0.acc else
+                           "and what the top layers add here comes with the math expert's embeddings and lm_head, not "
+                           "with the format.")
+                        if own_format and R.get("yy_answer_phrase", True)
                         else f"The math expert's strict accuracy in {X} is {C.pct(math_strict)} %."))
     return lines
 

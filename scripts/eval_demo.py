@@ -8,8 +8,10 @@ Everything goes through the library's public API (Workbench, Plan, Recipe, Metho
 the same merge and MGSM evaluation code the app and CLI use (0-shot native chain-of-thought prompt,
 greedy decoding, flexible and strict extraction as in lm-evaluation-harness' ``mgsm_native_cot``).
 
-1. Choice, on the dev set only (``mgsm/dev``, the target language): a grid of swap plans; the best on dev is the
-   recommended plan (``recommended_plan.json``).
+1. Choice, on the dev set only (``mgsm/dev``, the target language): a grid of swap plans (and, with ``--search
+   FILE``, the plan a `layerswap search` found, its ``--json-out``); the best on dev under the one rule (highest
+   flexible accuracy, a tie to fewer swapped layers: ``ResultsWriter.best_dev``) is the recommended plan
+   (``recommended_plan.json``).
 2. Test (``mgsm/mgsm_<target>.tsv``, ``mgsm/mgsm_en.tsv``): base, math expert, language expert, soup 50/50,
    TIES, task arithmetic and the recommended plan; the dictionary baseline (the math expert reading the target
    language through the world's word-for-word dictionary, no training); floors (most common answer,
@@ -137,7 +139,12 @@ def same_weights(paths: dict[str, Path], num_layers: int, a: Recipe, b: Recipe |
 def plan_points(L: int, args) -> list[SweepPoint]:
     ints = lambda s: [int(x) for x in s.split(",")]
     pts = swap_grid(L, ints(args.b_values), ints(args.u_values), ints(args.t_values))
-    return [p for p in pts if (p.recipe.plan.b, p.recipe.plan.u) != (0, 0)]
+    pts = [p for p in pts if (p.recipe.plan.b, p.recipe.plan.u) != (0, 0)]
+    if args.search:  # the search's plan, chosen on the same dev questions, joins the grid under the same rule
+        plan = Plan.from_dict(json.loads(Path(args.search).read_text())["plan"])
+        if all(p.recipe.plan != plan for p in pts):
+            pts.append(SweepPoint(f"search: {plan.title()}", Recipe(plan=plan)))
+    return pts
 
 
 def choose_on_dev(wb: Workbench, demo: Path, target: str, L: int, args, progress, w: ResultsWriter) -> SweepPoint:
@@ -169,6 +176,7 @@ def main() -> int:
                     help="merges also measured in English, '|'-separated names (the experts and the recommended "
                          "plan always are)")
     ap.add_argument("--dev-limit", type=int, default=200, help="first N dev questions for the plan choice")
+    ap.add_argument("--search", help="a `layerswap search --json-out` result: its plan joins the dev grid")
     ap.add_argument("--no-card", action="store_true", help="do not rewrite README.md")
     args = ap.parse_args()
 

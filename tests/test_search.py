@@ -177,13 +177,12 @@ def test_search_finds_a_plan_records_every_answer_and_resumes_from_the_file(tmp_
     out = tmp_path / "results.jsonl"
     r = search(DEMO["math"], DEMO["lang"], DEMO["base"], small(), results=out, engine=ENGINE)
     d = r.to_dict()
-    assert not set(d["split"]["dev"]) & set(d["split"]["test"])
+    assert d["split"]["dev_source"].endswith("demo/mgsm/dev")  # the organism's own dev file, its test set held out
     assert d["evaluated"]["plans"] == len(d["trials"]) == 8
     rows = load_results(out)
     answered = sum(len(x["ids"]) for x in rows)
     assert answered == d["evaluated"]["questions_run"] + d["evaluated"]["test_questions_run"]
-    dev_ids = set(d["split"]["dev"])
-    plan_rows = [x for x in rows if x["recipe"] is not None and set(x["ids"]) <= dev_ids]
+    plan_rows = [x for x in rows if x["recipe"] is not None and x["test_set"]["path"] == "assets:demo/mgsm/dev"]
     assert sum(len(x["ids"]) for x in plan_rows) == d["evaluated"]["questions"]  # nothing answered twice
     assert d["test"]["n"] == 60 and d["test"]["interval"][0] <= d["test"]["accuracy"] <= d["test"]["interval"][1]
     assert [b["name"] for b in d["baselines"]][:2] == ["the math expert", "the language expert"]
@@ -229,7 +228,7 @@ def test_cli_json_has_the_fields_and_a_sigkilled_search_resumes_without_re_evalu
     env = {**os.environ, "LAYERSWAP_ENGINE": "transformers", "PYTHONPATH": str(REPO)}
     args = ["--budget", "12", "--dev", "80", "--test", "100", "--max-new-tokens", "32", "--first-rung", "10", "-q"]
     whole = tmp_path / "whole.jsonl"
-    subprocess.run(_cli(*args, "-o", str(whole), "--json", str(tmp_path / "whole.json")), check=True, env=env,
+    subprocess.run(_cli(*args, "-o", str(whole), "--json-out", str(tmp_path / "whole.json")), check=True, env=env,
                    timeout=600, capture_output=True)
     ref = json.loads((tmp_path / "whole.json").read_text())
     for k in ("b", "u", "tb", "tu", "transition", "non_layer"):
@@ -249,7 +248,7 @@ def test_cli_json_has_the_fields_and_a_sigkilled_search_resumes_without_re_evalu
     assert proc.returncode == -signal.SIGKILL, "the search finished before it could be killed"
     before = load_results(killed)
     done = {(r["model_key"], lang, i) for r in before for lang in r["correct_flexible"] for i in r["ids"]}
-    subprocess.run(_cli(*args, "-o", str(killed), "--json", str(tmp_path / "resumed.json")), check=True, env=env,
+    subprocess.run(_cli(*args, "-o", str(killed), "--json-out", str(tmp_path / "resumed.json")), check=True, env=env,
                    timeout=600, capture_output=True)
     after = load_results(killed)
     new = [r for r in after if r["key"] not in {b["key"] for b in before}]
@@ -312,3 +311,115 @@ def test_two_ray_workers_race_candidates_and_their_answers_match_the_local_engin
     again = search(DEMO["math"], DEMO["lang"], DEMO["base"], cfg, results=tmp_path / "ray.jsonl", engine=ENGINE,
                    workers=2)
     assert again.evaluated["questions_run"] == 0 and again.plan == par.plan
+
+
+# ---- honest by construction (issue 41 items 6, 10, 15; issue 39's conventions) -----------------------------
+
+DEMO2 = tuple(f"assets:demo2/{r}" for r in ("math", "lang", "base"))
+REFS2 = (DEMO2[2], DEMO2[0], DEMO2[1])  # base, math, lang as the page names them
+
+
+def test_models_with_their_own_dev_file_are_searched_on_it_never_on_their_test_set(tmp_path):
+    """A shipped organism's search chooses on its `mgsm/dev` (the card's questions and answer length), holds out
+    its test set; other sets draw the split as before."""
+    import shutil
+
+    from layerswap import mgsm
+    from layerswap.demo_results import Results
+    from layerswap.search import for_models
+
+    org = assets_path("assets:demo2/math").parent
+    res = Results.of_pair(org)
+    cfg = for_models(SearchConfig(langs=["yy"]), *DEMO2)
+    card_dev = res.dev()[res.plan_info["name"]]
+    assert cfg.dev_source == str(org / "mgsm" / "dev") and cfg.source == str(org / "mgsm")
+    assert cfg.dev == len(card_dev.correct) == 200 and cfg.evals()["max_new_tokens"] == res.max_new_tokens == 32
+    s = split_questions(cfg.langs, cfg.source, 0, cfg.dev, cfg.test, cfg.dev_source)
+    assert sorted(s.dev) == list(range(200)) and s.test == tuple(range(1000))  # the card's dev questions; all tests
+    dev_q = {mgsm.load("yy", cfg.dev_source)[i].question for i in s.dev}
+    assert not dev_q & {q.question for q in mgsm.load("yy", cfg.source)}  # no test question chooses
+    assert "assets:demo2/mgsm/dev" in s.chosen_on and s.to_dict()["dev_source"] == cfg.dev_source
+    given = for_models(SearchConfig(langs=["yy"], dev=50, max_new_tokens=64), *DEMO2)
+    assert (given.dev, given.max_new_tokens, given.dev_source) == (50, 64, cfg.dev_source)
+    other = tmp_path / "mgsm"  # the same questions, as a set the models do not bring: the split is drawn
+    other.mkdir()
+    for f in ("mgsm_yy.tsv", "mgsm_en.tsv", "languages.json", "exemplars.json"):
+        shutil.copy(org / "mgsm" / f, other / f)
+    drawn = for_models(SearchConfig(langs=["yy"], source=str(other)), *DEMO2)
+    assert drawn.dev_source is None and drawn.evals()["max_new_tokens"] == mgsm.MAX_NEW_TOKENS
+    s = split_questions(drawn.langs, drawn.source, 0, drawn.dev, drawn.test, drawn.dev_source)
+    assert not set(s.dev) & set(s.test) and "drawn" in s.chosen_on
+
+
+def test_a_shipped_search_moves_on_held_out_and_resumed_whole_starts_no_engine(tmp_path, monkeypatch):
+    """Choice on the dev file with the card's 32 tokens, the held-out set from the test set, the models'
+    recommended plan as a baseline, progress moving batch by batch on held-out questions; run again, every
+    answer is read from the records and no engine starts."""
+    from layerswap import organisms
+    from layerswap.engines.answering import Answering
+
+    starts = []
+    real = Answering.start
+
+    def counted(self, *a, **k):
+        starts.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Answering, "start", counted)
+    out, engine = tmp_path / "r.jsonl", EngineSettings(engine="transformers", device="cpu", batch_size=16)
+    cfg = SearchConfig(langs=["yy"], budget=3, dev=20, test=40, first_rung=10)
+    seen = []
+    r = search(*DEMO2, cfg, results=out, engine=engine, progress=lambda f, d: seen.append((f, d)))
+    assert starts == [1] and r.test is not None
+    rows = load_results(out)
+    by_set = {x["test_set"]["path"] for x in rows}
+    assert by_set == {"assets:demo2/mgsm/dev", "assets:demo2/mgsm"}
+    assert {x["eval"]["max_new_tokens"] for x in rows} == {32}
+    opening = organisms.opening_plan(REFS2, 10)
+    assert "recommended" in opening.why and "the recommended plan" in [p["name"] for p in r.to_dict()["priors"]]
+    names = [b["name"] for b in r.baselines]
+    assert r.plan == opening.plan or f"the recommended plan ({opening.plan.title()})" in names
+    assert "assets:demo2/mgsm/dev" in r.markdown() and r.to_dict()["split"]["dev_source"].endswith("mgsm/dev")
+    held = [(f, d) for f, d in seen if "held-out" in d]
+    math_fracs = {f for f, d in held if "the math expert" in d}
+    assert len(math_fracs) >= 3  # 40 questions in batches of 16: the bar moves inside one model's scoring
+    assert all(0.97 <= f <= 1.0 for f, _ in held) and [f for f, _ in held] == sorted(f for f, _ in held)
+    starts.clear()
+    t0 = time.perf_counter()
+    again = search(*DEMO2, cfg, results=out, engine=engine)
+    assert starts == [] and again.evaluated["questions_run"] == 0 and again.evaluated["test_questions_run"] == 0
+    assert again.plan == r.plan and again.test == r.test and len(load_results(out)) == len(rows)
+    print(f"resumed whole in {time.perf_counter() - t0:.1f} s, no engine")
+
+
+def test_cli_json_is_stdout_and_the_pages_find_a_plan_reads_the_clis_records(tmp_path, monkeypatch):
+    """`search --json` prints only JSON on stdout (as `inspect --json`), `--json-out` writes the same; the page's
+    Find a plan on the same models reads every answer the CLI recorded in the one default results file."""
+    from layerswap.ui.context import AppDefaults, Context
+    from layerswap.ui.events import Job
+    from layerswap.ui.session import Visitor
+    from layerswap.ui.tabs.search import find_plan
+
+    cache = tmp_path / "cache"
+    env = {**os.environ, "LAYERSWAP_ENGINE": "transformers", "PYTHONPATH": str(REPO), "LAYERSWAP_CACHE": str(cache)}
+    cmd = [sys.executable, "-m", "layerswap.cli", "search", "--math", DEMO2[0], "--lang", DEMO2[1], "--base", DEMO2[2],
+           "--budget", "3", "--dev", "20", "--test", "30", "--first-rung", "10", "-q", "--json",
+           "--json-out", str(tmp_path / "out.json")]
+    p = subprocess.run(cmd, env=env, timeout=600, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    printed = json.loads(p.stdout)
+    assert printed == json.loads((tmp_path / "out.json").read_text())
+    assert "assets:demo2/mgsm/dev" in p.stderr and printed["split"]["dev_source"].endswith("mgsm/dev")
+    assert (cache / "search" / "results.jsonl").is_file()
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(cache))
+    monkeypatch.setenv("LAYERSWAP_ENGINE", "transformers")
+    ctx = Context(AppDefaults(math=DEMO2[0], lang=DEMO2[1], base=DEMO2[2], engine="transformers"))
+    v = Visitor(refs=REFS2)
+    ctx.start_loading()  # as the served page does
+    try:
+        md, download, *_ = find_plan(ctx, Job(v, lambda *a, **k: None), ["yy"], 3, 0, 20, 30)
+        got = json.loads(open(download["value"]).read())
+    finally:
+        ctx.shared.close()
+    assert got["evaluated"]["questions_run"] == 0 and got["evaluated"]["test_questions_run"] == 0
+    assert got["plan"] == printed["plan"] and got["test"] == printed["test"] and "mgsm/dev" in md

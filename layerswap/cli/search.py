@@ -1,9 +1,11 @@
 """`layerswap search`: find a layer-swap plan with an evaluation in the loop, chosen on dev questions and scored on
-held-out ones (`layerswap.search`); resumable from its results file."""
+held-out ones (`layerswap.search`); resumable from its results file. `--json` prints the result as JSON on stdout
+(as `inspect --json` does; the summary and progress then go to stderr), `--json-out FILE` writes it to a file."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from ..errors import UserError
@@ -18,9 +20,10 @@ def add_parser(sub) -> None:
     s.add_argument("--budget", type=int, default=40, help="plans to evaluate (default 40); exhaustive when the space "
                                                          "holds no more")
     s.add_argument("--seed", type=int, default=0, help="the split's and the optimiser's seed (default 0)")
-    s.add_argument("--dev", type=int, metavar="N", help="dev questions per language (default 40%% of the set, at "
-                                                        "most 400)")
-    s.add_argument("--test", type=int, metavar="N", help="held-out questions (default: the rest of the set)")
+    s.add_argument("--dev", type=int, metavar="N", help="dev questions per language (default: those the models' own "
+                   "plan was chosen on, from their dev file; else 40%% of the set, at most 400)")
+    s.add_argument("--test", type=int, metavar="N", help="held-out questions (default: the rest of the set, or all of "
+                                                         "it when the models bring a dev file)")
     s.add_argument("--strategy", choices=("auto", "exhaustive", "tpe"), default="auto",
                    help="auto (default): every plan when the space fits the budget, else Optuna TPE")
     s.add_argument("--no-halving", action="store_true", help="score every candidate on every dev question")
@@ -37,8 +40,11 @@ def add_parser(sub) -> None:
     g.add_argument("--module-wise", action="store_true", help="also try the map on attention only or MLP only")
     g.add_argument("--revert-ranges", action="store_true", help="also try reverting a range of layers to the base")
     eval_options(s)
+    s.set_defaults(max_new_tokens=None)  # the models' own choice's answer length, else the library's (256)
     engine_options(s)
-    s.add_argument("--json", metavar="FILE", help="the result as JSON: plan, dev, test, baselines, evaluated, split")
+    s.add_argument("--json", action="store_true", help="print the result as JSON on stdout (plan, dev, test, "
+                                                       "baselines, evaluated, split); the summary goes to stderr")
+    s.add_argument("--json-out", metavar="FILE", help="write the result as JSON to FILE")
     s.add_argument("-o", "--results", metavar="FILE", help="results file (JSONL; default: one shared by every search "
                                                           "on this machine, in the cache); a rerun resumes it")
     s.add_argument("--ray", type=int, metavar="N", help="race candidates on N Ray actors (pip install ray)")
@@ -52,7 +58,8 @@ def _words(text: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
-    from ..search import SearchConfig, default_results, search
+    from ..presets import portable_ref
+    from ..search import SearchConfig, default_results, for_models, search
 
     if args.limit is not None:
         raise UserError("A search splits the set itself: use --dev N and --test N instead of --limit.")
@@ -65,18 +72,25 @@ def run(args) -> int:
                        max_t=args.max_t, transitions=_words(args.transitions),
                        non_layer=_words(args.non_layer_choices), module_wise=args.module_wise,
                        revert=args.revert_ranges)
+    cfg = for_models(cfg, args.math, args.lang, args.base)
     results = args.results or str(default_results())
-    check_outputs([args.json, results], extra=(args.math, args.lang, args.base, *data_inputs(args)))
-    print(f"search: {', '.join(cfg.langs)} from {data or 'the MGSM set'}, budget {cfg.budget} plans, seed {cfg.seed}; "
-          f"records in {results}")
+    check_outputs([args.json_out, results], extra=(args.math, args.lang, args.base, *data_inputs(args)))
+    say = sys.stderr if args.json else sys.stdout  # stdout holds only the JSON with --json
+    print(f"search: {', '.join(cfg.langs)} from {data or 'the MGSM set'}, budget {cfg.budget} plans, seed {cfg.seed}, "
+          f"answers of {cfg.evals()['max_new_tokens']} tokens; chosen on "
+          + (f"the models' own dev file {portable_ref(cfg.dev_source)}" if cfg.dev_source
+             else "questions drawn from the set")
+          + f"; records in {results}", file=say)
     bar = Bar(enabled=not args.quiet)
-    try:
-        result = search(args.math, args.lang, args.base, cfg, results=results, engine=engine_settings(args),
+    try:  # the tokenizer's chat template when it has one, as the page and the organisms' cards answer
+        result = search(args.math, args.lang, args.base, cfg, results=results, engine=engine_settings(args, None),
                         force=args.force, progress=bar, workers=args.ray or 0, address=args.ray_address)
     finally:
         bar.done()
-    print(result.text())
+    print(result.text(), file=say)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+        print(f"wrote {args.json_out}", file=say)
     if args.json:
-        Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
-        print(f"wrote {args.json}")
+        print(json.dumps(result.to_dict(), indent=1))
     return 0

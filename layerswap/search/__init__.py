@@ -7,22 +7,22 @@
 Where each part lives (each module imports only those above it):
 
     space     the plans a search may try (b, u, tb, tu at any depth, transitions, non-layer, module-wise, reverts)
-    split     the dev / test split: disjoint by construction, the same ids in every language, recorded
+    split     the dev / test split: the models' own dev file, else drawn (disjoint, the same ids in every language)
     prior     where it starts: the weight-diff prior and the τ rule's plans
     race      successive halving on questions, the paired standard error deciding promotions
     store     records in a sweeps results file (content keyed: resumable, reused by later searches)
     strategy  every plan when the space fits the budget, else Optuna's TPE seeded with the priors
     report    the honest result: dev (optimistic), test with its interval, McNemar against the baselines
     ray       candidates raced on Ray actors
-    run       the driver (`search`)
+    run       the driver (`search`; `for_models`: the dev file and answer length the models bring)
 """
 
 from .prior import Prior, priors, tau_rule
 from .race import race, rungs
 from .report import SearchResult, Trial
-from .run import SearchConfig, default_results, search
+from .run import SearchConfig, default_results, for_models, search
 from .space import Space, grid_space
 from .split import Split, split_questions
 
-__all__ = ["Prior", "SearchConfig", "SearchResult", "Space", "Split", "Trial", "default_results", "grid_space",
-           "priors", "race", "rungs", "search", "split_questions", "tau_rule"]
+__all__ = ["Prior", "SearchConfig", "SearchResult", "Space", "Split", "Trial", "default_results", "for_models",
+           "grid_space", "priors", "race", "rungs", "search", "split_questions", "tau_rule"]

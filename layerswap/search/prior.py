@@ -53,9 +53,10 @@ def tau_rule(an, tau: float, group: str | None = None) -> Plan:
     return Plan(b=b, u=u, tb=0, tu=0, modules=group or "all")
 
 
-def priors(space: Space, an=None) -> list[Prior]:
+def priors(space: Space, an=None, opening=None) -> list[Prior]:
     """The plans a search tries first, in order, each once and only if the space holds it: the weight-diff prior
-    and the τ rule's plans (with an analysis), then the default plan."""
+    and the τ rule's plans (with an analysis), then the models' own plan (`opening`: an `organisms.Opening`, a
+    shipped pair's recommended plan; default: the literature's plan scaled, `plans.default_plan`)."""
     out: list[Prior] = []
     if an is not None:
         out.append(Prior("the weight-diff prior", an.suggest_plan("relative").plan))
@@ -63,7 +64,10 @@ def priors(space: Space, an=None) -> list[Prior]:
             out.append(Prior(f"τ rule (τ = {tau:g})", tau_rule(an, tau)))
             if space.module_wise:
                 out += [Prior(f"τ rule (τ = {tau:g}, {g} only)", tau_rule(an, tau, g)) for g in ("attention", "mlp")]
-    out.append(Prior("the default plan", default_plan(space.num_layers)))
+    if opening is not None and "recommended" in opening.why:
+        out.append(Prior("the recommended plan", opening.plan))
+    else:
+        out.append(Prior("the default plan", opening.plan if opening is not None else default_plan(space.num_layers)))
     seen, kept = set(), []
     for p in out:
         plan = canonical(p.plan)

@@ -87,10 +87,13 @@ class SearchResult:
         ev, dev = self.evaluated, self.dev
         head = "**Stopped.** " if self.cancelled else ""
         if self.plan is None:
-            return head + "No plan was scored on every dev question yet; run the search again to go on."
+            return head + ("No plan was scored on every dev question yet; run the search again to go on. Dev "
+                           f"questions: {self.split.chosen_on}.")
         lines = [f"{head}**Found: {self.plan.title()}** ({self.strategy}; {ev['plans']} plans and "
                  f"{ev['questions']:,} question-evaluations on dev, {ev['questions_run']:,} of them answered now, "
                  f"{ev['invalid']} invalid plans never evaluated; {self.seconds:.0f} s)",
+                 f"- chosen on: {self.split.chosen_on}; the highest dev accuracy, a tie to the plan swapping fewer "
+                 "layers",
                  f"- dev: {100 * dev['accuracy']:.1f} % on {dev['n']} answers: **optimistic**, the best of "
                  f"{ev['plans']} plans on these questions"]
         if self.test is None:

@@ -9,6 +9,12 @@ questions a model answers is a record in the results file (`store`), appended an
 killed search run again with the same settings replays the same decisions from the file and answers
 nothing twice. With `workers` (Ray actors, `search.ray`) candidates are raced in batches of that size,
 each against the best plan at the start of its batch.
+
+Honest by construction (`for_models`): models that bring their own dev questions (a shipped organism's
+``mgsm/dev``, `organisms.choice`) are searched on those, with the answer length their card chose with, never on
+their test set; the held-out questions are the test set's. The baselines include the models' own recommended
+plan (`organisms.opening_plan`). A search whose every answer is recorded starts no engine: engines start when a
+question must be answered.
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import mgsm
+from dataclasses import replace
+
+from .. import mgsm, organisms
 from ..bounds import MAX_LAYERS
 from ..cache import cache_dir
 from ..engines import EngineSettings
 from ..errors import UserError
-from ..plans import NON_LAYER_OPTIONS, Plan, default_plan
+from ..plans import NON_LAYER_OPTIONS, Plan
 from ..recipes import Recipe
 from ..runtime import Progress, no_progress
 from ..sweeps.log import ResultsLog
@@ -43,7 +51,8 @@ class SearchConfig:
     """What to search, on which questions, how hard. `budget`: plans evaluated (each on at least the first rung)."""
 
     langs: list[str]
-    source: str | None = None  # MGSM folder (None: $LAYERSWAP_MGSM_DIR, else the Hub)
+    source: str | None = None  # MGSM folder (None: the models' own set, else $LAYERSWAP_MGSM_DIR, else the Hub)
+    dev_source: str | None = None  # dev questions' folder (None: the models' own dev file, else drawn from source)
     budget: int = 40
     seed: int = 0
     dev: int | None = None  # dev questions per language (default 40 % of the set, at most 400)
@@ -54,7 +63,7 @@ class SearchConfig:
     z: float = Z
     shots: int = 0
     mode: str = "native_cot"
-    max_new_tokens: int = mgsm.MAX_NEW_TOKENS
+    max_new_tokens: int | None = None  # None: what the models' plan was chosen with, else mgsm.MAX_NEW_TOKENS
     max_b: int | None = None
     max_u: int | None = None
     max_t: int | None = None
@@ -78,12 +87,36 @@ class SearchConfig:
                      self.module_wise, self.revert)
 
     def evals(self) -> dict:
-        return {"shots": self.shots, "mode": self.mode, "max_new_tokens": self.max_new_tokens}
+        return {"shots": self.shots, "mode": self.mode, "max_new_tokens": self.max_new_tokens or mgsm.MAX_NEW_TOKENS}
+
+
+def _same(a, b) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, TypeError):
+        return False
+
+
+def for_models(cfg: SearchConfig, math: str, lang: str, base: str | None = None) -> SearchConfig:
+    """`cfg` with what the models bring filled in: their own MGSM set when no source is given, and, when the
+    search tests on that set, their dev file (`organisms.choice`), its question count and answer length for the
+    values not given. Other models keep `cfg` (their split is drawn from the set)."""
+    own = organisms.test_set(math, lang, base)
+    source = cfg.source if cfg.source is not None else (str(own) if own is not None else None)
+    cfg = replace(cfg, source=source)
+    ch = organisms.choice((base or "", math, lang))
+    if cfg.dev_source is not None or ch is None or own is None or not _same(source, own):
+        return cfg
+    return replace(cfg, dev_source=str(ch.dev), dev=cfg.dev if cfg.dev is not None else ch.questions,
+                   max_new_tokens=cfg.max_new_tokens or ch.max_new_tokens)
 
 
 def default_results() -> Path:
-    """Where searches keep their records when not told: one file shared by every search on this machine."""
-    return cache_dir("search") / "results.jsonl"
+    """Where searches keep their records when not told: one file shared by every search on this machine (the CLI's
+    and the page's; its folder made on first use)."""
+    folder = cache_dir("search")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / "results.jsonl"
 
 
 def _clock(s: float) -> str:
@@ -98,14 +131,14 @@ def search(math: str, lang: str, base: str | None = None, config: SearchConfig |
     """Search the plan space for `config.langs` (see the module docstring). `workbench`: a loaded one to use (the
     app's); else one is made from `engine` and closed afterwards. `workers` > 0 races candidates on Ray actors
     (`address`: a running cluster's). `cancel` stops after the current chunk, keeping what was found."""
-    cfg = config or SearchConfig(langs=["sw"])
+    cfg = for_models(config or SearchConfig(langs=["sw"]), math, lang, base)
     cfg.validate()
     p = progress or no_progress
     t0 = time.perf_counter()
-    split = split_questions(cfg.langs, cfg.source, cfg.seed, cfg.dev, cfg.test)
+    split = split_questions(cfg.langs, cfg.source, cfg.seed, cfg.dev, cfg.test, cfg.dev_source)
     from ..evaluation import EvalConfig
 
-    EvalConfig(langs=list(cfg.langs), ids=split.dev[:1], source=cfg.source, **cfg.evals()).validate()
+    EvalConfig(langs=list(cfg.langs), ids=split.dev[:1], source=cfg.dev_source or cfg.source, **cfg.evals()).validate()
     settings = engine or EngineSettings()
     own = workbench is None
     if own:
@@ -115,16 +148,19 @@ def search(math: str, lang: str, base: str | None = None, config: SearchConfig |
     wb = workbench
     path = Path(results) if results is not None else default_results()
     try:
-        if own:
-            p(0.0, "loading the experts")
-            wb.load(math, lang, base, force=force)
+        if own:  # headers only: engines start when a question must be answered (`store.scorer`)
+            p(0.0, "reading the experts")
+            wb.check(math, lang, base, force=force)
         space = cfg.space(wb.num_layers)
         if space.revert and "base" not in wb.checkpoints:
             raise UserError("Searching reverted ranges needs the base model: give --base.")
-        ident = Identity.of(wb.checkpoints, force, cfg.source, cfg.evals(),
-                            {"engine": settings.engine, "chat_template": settings.chat_template}, cfg.langs)
+        eng = {"engine": wb.engine_choice, "chat_template": wb.chat_template}  # the one key page and CLI share
+        test_ident = Identity.of(wb.checkpoints, force, cfg.source, cfg.evals(), eng, cfg.langs)
+        ident = test_ident if cfg.dev_source is None else Identity.of(wb.checkpoints, force, cfg.dev_source,
+                                                                      cfg.evals(), eng, cfg.langs)
+        opening = organisms.opening_plan((base or "", math, lang), wb.num_layers)
         an = wb.analysis() if "base" in wb.checkpoints else None
-        pri = prior_plans(space, an)
+        pri = prior_plans(space, an, opening)
         with ResultsLog(path) as log:
             answers = Answers.from_rows(log.rows.values())
             strat = choose(cfg.strategy, space, pri, cfg.budget, cfg.seed)
@@ -143,7 +179,8 @@ def search(math: str, lang: str, base: str | None = None, config: SearchConfig |
             test, baselines = None, []
             if best is not None and not cancelled:
                 p(0.97, "scoring the plan found and the baselines on the held-out questions")
-                test, baselines, cancelled = _held_out(wb, ident, split, best.plan, answers, log, stats, cancel)
+                test, baselines, cancelled = _held_out(wb, test_ident, split, best.plan, opening, answers, log,
+                                                       stats, cancel, p)
             if best is not None and not own and wb.recipe != Recipe(plan=best.plan):
                 wb.build(best.plan)  # the caller's merged model answers with what was found
     finally:
@@ -156,6 +193,12 @@ def search(math: str, lang: str, base: str | None = None, config: SearchConfig |
     p(1.0, "stopped" if cancelled else "done")
     return SearchResult(None if best is None else best.plan, dev, test, baselines, stats, split, strat.name, space,
                         pri, trials, time.perf_counter() - t0, str(path), cancelled, cfg.source)
+
+
+def _rank(t: Trial) -> tuple[float, int]:
+    """The one choice rule, the card's too (`demo_results.ResultsWriter.best_dev`): the highest dev accuracy; a
+    tie goes to the plan that swaps fewer layers (then to the one found first)."""
+    return t.race.accuracy, -(t.plan.b + t.plan.u + t.plan.tb + t.plan.tu)
 
 
 def _loop(wb, cfg: SearchConfig, ident: Identity, split, sizes, strat, answers: Answers, log, p, cancel, t0, runner):
@@ -214,7 +257,7 @@ def _loop(wb, cfg: SearchConfig, ident: Identity, split, sizes, strat, answers: 
             seen[space.effect(plan)] = r
             t = Trial(name, plan, r)
             trials.append(t)
-            if r.complete and (best is None or r.accuracy > best.race.accuracy):
+            if r.complete and (best is None or _rank(t) > _rank(best)):
                 best = t
         if cancelled:
             break
@@ -228,18 +271,26 @@ def _loop(wb, cfg: SearchConfig, ident: Identity, split, sizes, strat, answers: 
     return trials, best, stats, cancelled
 
 
-def _held_out(wb, ident: Identity, split, plan: Plan, answers: Answers, log, stats: dict, cancel):
-    """The plan and the baselines (math expert, language expert, default plan) on the test questions."""
+def _held_out(wb, ident: Identity, split, plan: Plan, opening, answers: Answers, log, stats: dict, cancel,
+              p: Progress = no_progress):
+    """The plan and the baselines (math expert, language expert, the models' own opening plan) on the test
+    questions, the progress moving with every batch answered (0.97 to 1)."""
     tally = Tally()
     who = [("plan", Recipe(plan=plan)), ("the math expert", "math"), ("the language expert", "lang")]
-    dp = default_plan(wb.num_layers)
-    if dp != plan:
-        who.append((f"the default plan ({dp.title()})", Recipe(plan=dp)))
+    if opening.plan != plan:
+        what = "recommended" if "recommended" in opening.why else "default"
+        who.append((f"the {what} plan ({opening.plan.title()})", Recipe(plan=opening.plan)))
     got: dict[str, dict[str, list[bool]]] = {}
-    for name, model in who:
+    n = len(who)
+    for k, (name, model) in enumerate(who):
+        def tick(f: float, d: str = "", k=k, name=name) -> None:
+            p(0.97 + 0.03 * (k + min(max(f, 0.0), 1.0)) / n, f"held-out questions: {name} ({k + 1}/{n}), "
+                                                             f"{100 * min(max(f, 0.0), 1.0):.0f} %")
+        tick(0.0)
         known = answers.known.setdefault(ident.model_key(model_of(model)), {})
-        if scorer(wb, ident, model, known, tally, log.append, cancel, name=name)(list(split.test)) is None:
+        score = scorer(wb, ident, model, known, tally, log.append, cancel, name=name, progress=tick)
+        if score(list(split.test)) is None:
             return None, [], True
         got[name] = {lang: [known[(lang, i)] for i in split.test] for lang in ident.langs}
     stats.update(test_questions=tally.looked, test_questions_run=tally.run)
-    return accuracy(got["plan"]), [compare(n, got["plan"], got[n]) for n, _ in who[1:]], False
+    return accuracy(got["plan"]), [compare(nm, got["plan"], got[nm]) for nm, _ in who[1:]], False

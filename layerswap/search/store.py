@@ -110,10 +110,11 @@ class Tally:
     run: int = 0  # of them, answered now (the rest came from the results file)
 
 
-def scorer(wb, ident: Identity, who: Recipe | str, known: dict, tally: Tally, write, cancel=None, name: str = ""):
+def scorer(wb, ident: Identity, who: Recipe | str, known: dict, tally: Tally, write, cancel=None, name: str = "",
+           progress=None):
     """`score(ids)` for `race`: each question's share of languages answered right by `who`, asking the engine
-    only for questions `known` lacks (a merge is built once, when first needed); `write(record)` keeps each
-    new chunk. None when cancelled."""
+    only for questions `known` lacks (the engines start, and a merge is built, only when first needed);
+    `write(record)` keeps each new chunk; `progress` hears each batch answered. None when cancelled."""
     model = model_of(who)
     langs = ident.langs
     role = who if isinstance(who, str) else "merged"
@@ -124,9 +125,11 @@ def scorer(wb, ident: Identity, who: Recipe | str, known: dict, tally: Tally, wr
             if cancel is not None and cancel.is_set():
                 return None
             t = time.perf_counter()
+            if not wb.answering:  # a search whose answers are all recorded never gets here
+                wb.start()
             if role == "merged" and wb.recipe != who:
                 wb.build(who)
-            rep = wb.evaluate(ident.config(need), roles=(role,), cancel=cancel)
+            rep = wb.evaluate(ident.config(need), roles=(role,), progress=progress, cancel=cancel)
             if rep.cancelled:
                 return None
             by = {(q.lang, q.index): q.flexible_correct for q in rep.results}

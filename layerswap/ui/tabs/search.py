@@ -4,12 +4,15 @@ Offered wherever the page has an MGSM set (the dev questions come from it). It r
 with progress (best plan so far, time left); Stop ends it after the current chunk of questions and keeps what
 was found. The result is reported honestly (dev optimistic, held-out exact interval, McNemar against the
 experts and the default plan), the plan controls are set to the plan found and the merged model holds it.
-Records go to the shared search results file (hosted: the visitor's own folder), so a search run again resumes.
+Records go to the shared search results file (hosted: the visitor's own folder), the one `layerswap search` uses
+with the same keys, so a search run again, here or in the CLI, resumes. Models that bring their own dev questions
+(a shipped organism's) are searched on those (`search.for_models`); the result says which questions chose.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import gradio as gr
 
@@ -22,12 +25,13 @@ from .models import stop
 
 INTRO = ("### Find a plan\nTries plans against MGSM questions: each candidate is merged in memory and answers a few "
          "dev questions, and only those not clearly behind the best so far get more. The plan found is scored on "
-         "held-out questions the search never saw. Started from the weight-diff prior and the τ rule (priors, not "
-         "answers). Same as `layerswap search`.")
+         "held-out questions the search never saw (shipped models: chosen on their own dev file, as their card "
+         "was). Started from the weight-diff prior, the τ rule and the models' own plan (priors, not answers). "
+         "Same as `layerswap search`.")
 
 
-def find_plan(ctx: Context, job: Job, langs, budget, seed, dev):
-    from ...search import SearchConfig, default_results, search
+def find_plan(ctx: Context, job: Job, langs, budget, seed, dev, test=0):
+    from ...search import SearchConfig, default_results, for_models, search
 
     v = job.visitor
     langs = list(langs or [])
@@ -37,12 +41,14 @@ def find_plan(ctx: Context, job: Job, langs, budget, seed, dev):
     counts = ctx.counts(v.refs)
     total = min((counts.get(c, 0) for c in langs), default=0)
     dev_n = whole_number(dev or 0, "Dev questions", 0, max(total - 1, 0)) or None
-    test_n = None
+    test_n = whole_number(test or 0, "Held-out questions", 0, total) or None
+    cfg = for_models(SearchConfig(langs=langs, source=ctx.data(v.refs), budget=budget,
+                                  seed=whole_number(seed or 0, "Seed", 0, 2**31 - 1), dev=dev_n, test=test_n),
+                     v.refs[1], v.refs[2], v.refs[0] or None)
     if ctx.policy.hosted:  # the held-out set within the server's question cap
-        test_n = min(ctx.policy.limits.eval_questions, total - (dev_n or min(400, max(1, round(0.4 * total)))))
-    ctx.policy.check_search(budget, dev_n or 0, test_n or 0)
-    cfg = SearchConfig(langs=langs, source=ctx.data(v.refs), budget=budget,
-                       seed=whole_number(seed or 0, "Seed", 0, 2**31 - 1), dev=dev_n, test=test_n)
+        rest = total if cfg.dev_source else total - (dev_n or min(400, max(1, round(0.4 * total))))
+        cfg = replace(cfg, test=min(ctx.policy.limits.eval_questions, test_n or rest, rest))
+    ctx.policy.check_search(budget, cfg.dev or 0, cfg.test or 0)
     results = ctx.shared.folder(v) / "search-results.jsonl" if ctx.policy.hosted else default_results()
     wb = ctx.workbench(job)
     job.progress(0, "starting the engines")
@@ -78,8 +84,11 @@ def render(ctx: Context, page: Page) -> None:
             langs = gr.CheckboxGroup(**menu(ctx, ctx.key), label="Languages", elem_id="find-langs", scale=2)
             budget = gr.Number(40, precision=0, minimum=1, label="Plans to try (budget)", elem_id="find-budget")
             seed = gr.Number(0, precision=0, minimum=0, label="Seed (split and optimiser)", elem_id="find-seed")
-            dev = gr.Number(0, precision=0, minimum=0, label="Dev questions (0 = 40 % of the set, at most 400)",
+            dev = gr.Number(0, precision=0, minimum=0, label="Dev questions (0 = the models' own dev file, else 40 % "
+                            "of the set, at most 400)",
                             elem_id="find-dev")
+            test = gr.Number(0, precision=0, minimum=0, label="Held-out questions (0 = the rest of the set)",
+                             elem_id="find-test")
         with gr.Row():
             find_btn = gr.Button("Find a plan", variant="primary", elem_id="find")
             stop_btn = gr.Button("Stop", variant="stop", elem_id="find-stop")
@@ -87,7 +96,7 @@ def render(ctx: Context, page: Page) -> None:
         stopping = gr.Markdown(elem_id="find-stopping")  # Stop's own line: the result replaces the status
         download = gr.DownloadButton("Download the search (JSON)", visible=False, elem_id="find-json")
     page.on_models([langs], lambda c, refs: [gr.update(**menu(c, refs))])
-    page.redraw(find_btn.click(ctx.job(find_plan, models=True), [langs, budget, seed, dev, page.models],
+    page.redraw(find_btn.click(ctx.job(find_plan, models=True), [langs, budget, seed, dev, test, page.models],
                                [status, download, *page.plan],
                                api_name="find_plan", **ctx.lane, show_progress_on=[status]))
     stop_btn.click(ctx.job(stop, clear_stop=False), None, [stopping], api_name="stop_search", queue=False)

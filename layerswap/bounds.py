@@ -14,6 +14,7 @@ from .errors import UserError
 
 MAX_LAYERS = 4096  # no model has more layers: layer indices, counts and per-layer lists stay below it
 MAX_CONFIG_INT = 2**27  # a config's sizes (hidden, heads, vocabulary, positions): far above any model's
+MAX_EPS = 1.0  # a config's norm epsilon (rms_norm_eps): finite, positive, at most this
 CONFIG_SIZES = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                 "vocab_size", "max_position_embeddings")  # what layerswap reads from a config and computes with
 
@@ -45,3 +46,10 @@ class Range:
 
 
 UNIT = Range(0.0, 1.0)  # weights and shares
+LORA_ALPHA = Range(0.0, 65536.0, lo_open=True)  # a LoRA adapter's lora_alpha and alpha_pattern values
+# a model's chat template (`engines.chat.render_chat`): its source, one render's output and variables, the lines
+# it runs and its wall-clock time; real templates are a few thousand characters and run a few hundred lines
+MAX_TEMPLATE_SOURCE = 200_000
+MAX_TEMPLATE_CHARS = 1_000_000
+MAX_TEMPLATE_STEPS = 100_000
+MAX_TEMPLATE_SECONDS = 2.0

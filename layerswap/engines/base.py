@@ -18,6 +18,7 @@ import os
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from ..errors import UserError
+from .chat import render_chat
 
 # on_batch(indices into the prompts, their answers): called after each finished batch
 OnBatch = Callable[[list[int], list[str]], None]
@@ -77,12 +78,12 @@ def load_tokenizer(path: str | os.PathLike):
 
 
 def chat_template_choice(tokenizer, use_chat_template: bool | None) -> bool:
-    """Use the chat template when asked (error if there is none), by default when the tokenizer has one."""
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if use_chat_template and not has_template:
+    """Use the chat template only when asked (error if there is none); by default (None, False) never: a
+    model's template is code it brings, rendered only on request and then with bounds (`chat.render_chat`)."""
+    if use_chat_template and not getattr(tokenizer, "chat_template", None):
         raise UserError("This model's tokenizer has no chat template, so it cannot be prompted as a chat; "
                         "run without --chat-template (plain MGSM prompts, as lm-eval does by default).")
-    return has_template if use_chat_template is None else bool(use_chat_template)
+    return bool(use_chat_template)
 
 
 class TokenizingEngine:
@@ -99,12 +100,10 @@ class TokenizingEngine:
         return not self.use_chat_template
 
     def format(self, prompt: str) -> str:
-        """The prompt as the model reads it: wrapped in the chat template when one is used."""
+        """The prompt as the model reads it: wrapped in the chat template when one is used (bounded)."""
         if not self.use_chat_template:
             return prompt
-        return self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
+        return render_chat(self.tokenizer, prompt)
 
     def encode(self, prompt: str) -> list[int]:
         """Token ids of one formatted prompt."""

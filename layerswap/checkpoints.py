@@ -26,6 +26,7 @@ from .markup import text
 from .jsonfile import read_json
 from .hub import hub_error, hub_id_of, hub_reachable, looks_like_hub_id
 from .presets import ASSETS_PREFIX, assets_path
+from .tokenizer_files import TOKENIZER_FILES, check_tokenizer_sizes, text_config, whole
 from .tensorfile import ITEMSIZE, Files, pread_into, read_header, to_float64, torch_dtype
 
 if TYPE_CHECKING:
@@ -45,16 +46,6 @@ HUB_PATTERNS = [
     "merges.txt",
     "adapter_config.json",
 ]
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-)
 
 
 @dataclass(frozen=True)
@@ -119,15 +110,6 @@ def resolve(ref: str | os.PathLike) -> Path:
         ) from None
 
 
-def _whole(v: object, top: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= top
-
-
-def text_config(config: dict) -> dict:
-    """The language model's part of a config (multimodal configs, e.g. Gemma 3, nest it)."""
-    return config.get("text_config", config) if "num_hidden_layers" not in config else config
-
-
 @dataclass
 class Checkpoint:
     """A model on disk: its config, where every tensor lives, and lazy access to them."""
@@ -171,7 +153,7 @@ class Checkpoint:
         # each is bounded before anything is expanded or estimated
         for key, top in (("num_hidden_layers", MAX_LAYERS), *((k, MAX_CONFIG_INT) for k in CONFIG_SIZES)):
             v = tc.get(key)
-            if v is not None and not _whole(v, top):
+            if v is not None and not whole(v, top):
                 raise UserError(f"{ref}: its config.json's {key} is not a whole number from 1 to {top:,}; "
                                 "re-download or re-export the model.")
         eps = tc.get("rms_norm_eps", tc.get("layer_norm_eps"))
@@ -269,6 +251,7 @@ class Checkpoint:
         tokenizer_config.json gives (``*_file`` keys) are checked by the same rule."""
         listing = model_listing(self.path)
         files = [model_file(self.path, n, listing, self.ref, "its folder") for n in TOKENIZER_FILES if n in listing]
+        check_tokenizer_sizes(self.path, self.config, self.ref)
         cfg = self.path / "tokenizer_config.json"
         if "tokenizer_config.json" in listing:
             named = read_json(cfg, where=f"{self.ref}: its tokenizer_config.json")

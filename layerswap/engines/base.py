@@ -15,9 +15,12 @@ and vLLM engines answer string for string alike.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
+from ..tokenizer_files import check_tokenizer_folder, vocab_size
 from ..errors import UserError
+from ..jsonfile import read_json
 from .chat import render_chat
 
 # on_batch(indices into the prompts, their answers): called after each finished batch
@@ -67,10 +70,16 @@ def truncate_at_stop(text: str, stop: Sequence[str]) -> str:
 
 
 def load_tokenizer(path: str | os.PathLike):
-    """The model folder's tokenizer, left-padded, with EOS as padding when it has no pad token."""
+    """The model folder's tokenizer, left-padded, with EOS as padding when it has no pad token; its files'
+    sizes checked against the config's vocabulary before they are parsed, and its tokens after."""
     from transformers import AutoTokenizer
 
+    check_tokenizer_folder(path)
     tok = AutoTokenizer.from_pretrained(str(path))
+    vocab = vocab_size(read_json(Path(path) / "config.json")) if (Path(path) / "config.json").is_file() else None
+    if vocab is not None and len(tok) > vocab:
+        raise UserError(f"{path}: its tokenizer has {len(tok):,} tokens, more than the model's {vocab:,} "
+                        "(config.json's vocab_size); re-download it or use the base's tokenizer.")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"

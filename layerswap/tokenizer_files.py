@@ -24,6 +24,9 @@ TOKENIZER_FILES = (
 )
 
 
+JSON_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.json")
+
+
 def whole(v: object, top: int) -> bool:
     """A whole number from 1 to `top` (a boolean is not one)."""
     return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= top
@@ -57,3 +60,6 @@ def check_tokenizer_folder(folder: str | os.PathLike) -> None:
     folder = Path(folder)
     cfg = folder / "config.json"
     check_tokenizer_sizes(folder, read_json(cfg) if cfg.is_file() else None, folder)
+    for name in JSON_FILES:  # transformers parses them with Python's json: the strict reader first
+        if (folder / name).is_file():
+            read_json(folder / name, where=f"{folder}: its {name}")

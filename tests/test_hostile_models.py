@@ -313,3 +313,202 @@ def test_the_hub_cache_is_pruned_least_recently_used_first_never_a_model_in_use(
     gone = prune_hub_cache(2 * one, keep={"inuse/b"}, cache=cache)
     assert gone == ["old/a"] and snaps["inuse/b"].exists() and snaps["new/c"].exists()
     assert not (cache / "models--old--a").exists()
+
+
+# ---- hostile files, round 3 (issue 41): nothing a model brings runs unbounded ----------------------------------
+
+SECONDS = 5.0  # each refusal, after the process's start-up (imports) ...
+GROWTH_MB = 500  # ... and its peak memory over the process's size after them
+DEEP = "[" * 100_000 + "]" * 100_000
+REDOS = ("(.*.*)*X", "^(([a-z._0-9])+)+$!")
+NESTED_RANGE = "{% for i in range(99999) %}{% for j in range(99999) %}{{'x'}}{% endfor %}{% endfor %}"
+# each case of the batch runs in one process that has imported everything first; it reports, per case, the exit
+# status, stderr, seconds and the peak memory over that start (the address space is capped 2 GB above it, so a
+# regression fails here instead of taking the machine)
+_BATCH = r"""
+import contextlib, io, json, resource, sys, time
+import torch, transformers, peft, jinja2, layerswap.cli, layerswap.adapters, layerswap.engines.transformers_engine
+vm = int(next(ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("VmSize"))) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + 2 * 2**30, vm + 2 * 2**30))
+rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for case in json.load(open(sys.argv[1])):
+    err, t0 = io.StringIO(), time.perf_counter()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = layerswap.cli.main(case["args"])
+        except BaseException as e:
+            import traceback
+            traceback.print_exc(file=err)
+            rc = f"raised {type(e).__name__}"
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    print(json.dumps({"id": case["id"], "rc": rc, "stderr": err.getvalue(), "seconds": time.perf_counter() - t0,
+                      "grown_mb": grown}), flush=True)
+"""
+
+
+def _adapter(root: Path, src: str, name: str, **changes) -> Path:
+    """A copy of a shipped adapter with its config changed (a value given as str `RAW:...` is written verbatim)."""
+    d = root / name
+    if not root.exists():  # naming the cases only (collection)
+        return d
+    shutil.copytree(REPO_ASSETS / "ablation" / src, d)
+    cfg = json.loads((d / "adapter_config.json").read_text())
+    raw = {k: v[4:] for k, v in changes.items() if isinstance(v, str) and v.startswith("RAW:")}
+    cfg.update({k: (f"@@{k}@@" if k in raw else v) for k, v in changes.items()})
+    text = json.dumps(cfg)
+    for k, v in raw.items():
+        text = text.replace(f'"@@{k}@@"', v)
+    (d / "adapter_config.json").write_text(text)
+    return d
+
+
+def _model(root: Path, name: str, edit) -> Path:
+    d = root / name
+    if root.exists():  # else naming the cases only (collection)
+        shutil.copytree(REPO_ASSETS / "math", d)
+        edit(d)
+    return d
+
+
+def _patch_json(file: str, text_edit):
+    return lambda d: (d / file).write_text(text_edit((d / file).read_text()))
+
+
+def _deep_header(d: Path) -> None:
+    """model.safetensors whose header holds 100k nested brackets before its real entries."""
+    f = d / "model.safetensors"
+    raw = f.read_bytes()
+    (n,) = __import__("struct").unpack("<Q", raw[:8])
+    header = b'{"x":' + DEEP.encode() + b"," + raw[9:8 + n]
+    f.write_bytes(__import__("struct").pack("<Q", len(header)) + header + raw[8 + n:])
+
+
+def _big_tokenizer(d: Path, extra: int) -> None:
+    """tokenizer.json with `extra` more vocabulary entries (3M: a 66 MB file for a model of 373 tokens)."""
+    f = d / "tokenizer.json"
+    text = f.read_bytes()
+    at = text.index(b'"vocab":') + len(b'"vocab":')
+    at = text.index(b"{", at) + 1
+    more = b"".join(b'"zz%d":%d,' % (i, 1000 + i) for i in range(extra))
+    f.write_bytes(text[:at] + more + text[at:])
+
+
+REPO_ASSETS = Path(__file__).resolve().parent.parent / "assets" / "demo"
+
+
+def _cases(root: Path) -> list[dict]:
+    """(id, CLI arguments, what the one-line refusal must say); every folder built under `root`."""
+    base, lang_lora, lang_ia3 = (str(REPO_ASSETS / p) for p in ("base", "ablation/lang_lora", "ablation/lang_ia3"))
+    out = []
+
+    def inspect(cid, math, lang, match):
+        out.append({"id": cid, "args": ["inspect", "--math", str(math), "--lang", lang, "--base", base],
+                    "match": match})
+
+    def merge(cid, math, lang, match):
+        out.append({"id": cid, "args": ["merge", "--math", str(math), "--lang", lang, "--base", base, "--force",
+                                        "--b", "1", "--u", "1", "--tb", "1", "--tu", "1", "-o", str(root / cid)],
+                    "match": match})
+
+    not_plain = "is not a plain list of module names"
+    for i, pat in enumerate(REDOS):
+        inspect(f"lora-target-{i}", _adapter(root, "math_lora", f"lt{i}", target_modules=pat), lang_lora, not_plain)
+        merge(f"merge-lora-target-{i}", _adapter(root, "math_lora", f"mlt{i}", target_modules=pat), lang_lora,
+              not_plain)
+        inspect(f"lora-rank-pattern-{i}", _adapter(root, "math_lora", f"rp{i}", rank_pattern={pat: 4}), lang_lora,
+                not_plain)
+        inspect(f"lora-alpha-pattern-{i}", _adapter(root, "math_lora", f"ap{i}", alpha_pattern={pat: 4}), lang_lora,
+                not_plain)
+        inspect(f"lora-exclude-{i}", _adapter(root, "math_lora", f"ex{i}", exclude_modules=pat), lang_lora, not_plain)
+        inspect(f"lora-layers-pattern-{i}", _adapter(root, "math_lora", f"lp{i}", layers_pattern=pat,
+                                                     layers_to_transform=[2]), lang_lora, "must be a module name")
+        inspect(f"lora-modules-to-save-{i}", _adapter(root, "math_lora", f"ms{i}", modules_to_save=[pat]), lang_lora,
+                "must be a module name")
+        inspect(f"ia3-target-{i}", _adapter(root, "math_ia3", f"it{i}", target_modules=pat), lang_ia3, not_plain)
+        inspect(f"ia3-feedforward-{i}", _adapter(root, "math_ia3", f"if{i}", feedforward_modules=pat), lang_ia3,
+                not_plain)
+        merge(f"merge-ia3-feedforward-{i}", _adapter(root, "math_ia3", f"mif{i}", feedforward_modules=pat), lang_ia3,
+              not_plain)
+    nan = "is not valid JSON \\((NaN|Infinity|-Infinity) is not a JSON number\\)"
+    for v in ("NaN", "Infinity", "-Infinity"):
+        merge(f"lora-alpha-{v}", _adapter(root, "math_lora", f"al{v}", lora_alpha=f"RAW:{v}"), lang_lora, nan)
+    merge("alpha-pattern-NaN", _adapter(root, "math_lora", "apn", alpha_pattern="RAW:{\"q_proj\": NaN}"), lang_lora,
+          nan)
+    merge("lora-alpha-1e308", _adapter(root, "math_lora", "alb", lora_alpha=1e308), lang_lora,
+          "lora_alpha must be a number in \\(0, 65536\\]")
+    inspect("alpha-pattern-0", _adapter(root, "math_lora", "apz", alpha_pattern={"q_proj": 0}), lang_lora,
+            "must be a number in")
+    inspect("r-true", _adapter(root, "math_lora", "rt", r=True), lang_lora, "r must be a whole number")
+    inspect("rank-pattern-true", _adapter(root, "math_lora", "rpt", rank_pattern={"q_proj": True}), lang_lora,
+            "must be a whole number")
+    inspect("modules-to-save-absent", _adapter(root, "math_lora", "msa", modules_to_save=["model.nowhere"]),
+            lang_lora, "modules_to_save names 'model.nowhere', which .* does not have")
+    inspect("adapter-config-deep", _adapter(root, "math_lora", "acd", extra=f"RAW:{DEEP}"), lang_lora,
+            "more than 64 levels of nested brackets")
+    lang = str(REPO_ASSETS / "lang")
+    deep = "more than 64 levels of nested brackets"
+    inspect("config-deep", _model(root, "cd", _patch_json("config.json", lambda t: t.replace("{", '{"x":' + DEEP + ",", 1))),
+            lang, deep)
+    inspect("config-eps-NaN", _model(root, "cen", _patch_json(
+        "config.json", lambda t: re.sub(r'"rms_norm_eps": [^,]+', '"rms_norm_eps": NaN', t))), lang, nan)
+    inspect("config-eps-negative", _model(root, "cem", _patch_json(
+        "config.json", lambda t: re.sub(r'"rms_norm_eps": [^,]+', '"rms_norm_eps": -1e-5', t))), lang,
+        "norm epsilon is not a number in \\(0, 1\\]")
+    inspect("generation-config-NaN", _model(root, "gcn", _patch_json(
+        "generation_config.json", lambda t: t.replace("{", '{"temperature": NaN,', 1))), lang, nan)
+    inspect("safetensors-header-deep", _model(root, "shd", _deep_header), lang,
+            "header is not JSON: more than 64 levels")
+    ask = ["ask", "--lang", lang, "--base", base, "--question", "2+2?", "--engine", "transformers",
+           "--max-new-tokens", "2", "--math"]
+    template = lambda t: _patch_json("tokenizer_config.json",  # noqa: E731
+                                     lambda s: json.dumps({**json.loads(s), "chat_template": t}))
+    nested = str(_model(root, "tn", template(NESTED_RANGE)))
+    out.append({"id": "template-nested-range", "args": [*ask, nested, "--chat-template"],
+                "match": "tokenizer_config.json: its chat template is refused \\(it runs more than 100,000 steps\\)"})
+    out.append({"id": "template-not-asked", "args": [*ask, nested], "match": None})  # never rendered: answers
+    big = str(_model(root, "tb", template("{% for i in range(10**9) %}x{% endfor %}")))
+    out.append({"id": "template-range-1e9", "args": [*ask, big, "--chat-template"],
+                "match": "tokenizer_config.json: its chat template is refused \\(safe_range with 1,000,000,000\\)"})
+    out.append({"id": "tokenizer-66MB", "args": [*ask, str(_model(root, "tk", lambda d: _big_tokenizer(d, 3_000_000)))],
+                "match": "its tokenizer.json is [0-9,]+ bytes, more than the 1,048,576 a tokenizer of 373 tokens"})
+    out.append({"id": "tokenizer-more-tokens", "args": [*ask, str(_model(root, "tm", lambda d: _big_tokenizer(d, 2000)))],
+                "match": "its tokenizer has 2,373 tokens, more than the model's 373"})
+    out.append({"id": "tokenizer-config-deep", "args": [*ask, str(_model(root, "tcd", _patch_json(
+        "tokenizer_config.json", lambda t: t.replace("{", '{"x":' + DEEP + ",", 1))))], "match": deep})
+    return out
+
+
+@pytest.fixture(scope="module")
+def hostile_runs(tmp_path_factory) -> dict[str, dict]:
+    """Every hostile case through the CLI, in one process (start-up paid once); results by case id."""
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("hostile41")
+    cases = _cases(root)
+    (root / "cases.json").write_text(json.dumps(cases))
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+           "LAYERSWAP_CACHE": str(root / "cache")}
+    proc = subprocess.run([sys.executable, "-c", _BATCH, str(root / "cases.json")], capture_output=True, text=True,
+                          timeout=60 + 10 * len(cases), env=env)
+    runs = {r["id"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    assert len(runs) == len(cases), f"stopped after {list(runs)[-1:]}: {proc.stderr[-3000:]}"
+    return {c["id"]: {**runs[c["id"]], "match": c["match"]} for c in cases}
+
+
+CASE_IDS = [c["id"] for c in _cases(Path("/nonexistent-layerswap-cases"))]
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_a_hostile_file_is_refused_quickly_in_one_line(hostile_runs, case):
+    """Issue 41, items 1-5, through the CLI: each hostile file is refused within `SECONDS` and `GROWTH_MB` with
+    one line saying what is wrong (no traceback); a chat template nobody asked for is never rendered."""
+    r = hostile_runs[case]
+    assert r["grown_mb"] < GROWTH_MB, r
+    if r["match"] is None:
+        assert r["rc"] == 0 and r["seconds"] < 60, r
+        return
+    errors = [ln for ln in r["stderr"].splitlines() if ": error: " in ln]
+    assert r["rc"] == 2 and "Traceback" not in r["stderr"] and len(errors) == 1, r
+    assert re.search(r["match"], errors[0]), errors[0]
+    assert r["seconds"] < SECONDS, r

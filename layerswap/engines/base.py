@@ -75,7 +75,12 @@ def load_tokenizer(path: str | os.PathLike):
     from transformers import AutoTokenizer
 
     check_tokenizer_folder(path)
-    tok = AutoTokenizer.from_pretrained(str(path))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # a tokenizer file its library cannot read (malformed, too deep): said in one line
+        why = (str(e).splitlines() or [""])[0][:160]
+        raise UserError(f"{path}: its tokenizer cannot be loaded ({type(e).__name__}: {why}); re-download it "
+                        "or use the base's tokenizer.") from None
     vocab = vocab_size(read_json(Path(path) / "config.json")) if (Path(path) / "config.json").is_file() else None
     if vocab is not None and len(tok) > vocab:
         raise UserError(f"{path}: its tokenizer has {len(tok):,} tokens, more than the model's {vocab:,} "

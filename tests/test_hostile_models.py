@@ -512,3 +512,75 @@ def test_a_hostile_file_is_refused_quickly_in_one_line(hostile_runs, case):
     assert r["rc"] == 2 and "Traceback" not in r["stderr"] and len(errors) == 1, r
     assert re.search(r["match"], errors[0]), errors[0]
     assert r["seconds"] < SECONDS, r
+
+
+REAL_TEMPLATES = {  # shapes of widely used chat templates (ChatML as Qwen 2.5, Llama 3, Mistral with checks)
+    "chatml": "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+              "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+              "{%- endif %}{%- for message in messages %}{%- if message.role == 'user' %}{{- '<|im_start|>' + "
+              "message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+              "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+    "llama3": "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+              "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
+              "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+              "{{ content }}{% endfor %}{% if add_generation_prompt %}"
+              "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}",
+    "mistral": "{%- set ns = namespace(n=0) %}{%- for m in messages %}{%- if m['role'] not in ['user', 'assistant'] %}"
+               "{{ raise_exception('Only user and assistant roles are supported!') }}{%- endif %}"
+               "{%- set ns.n = ns.n + 1 %}{%- endfor %}{{ bos_token }}{%- for m in messages %}[INST] "
+               "{{ m['content'] }} [/INST]{%- endfor %}{{ ns.n|string }}{{ {'n': ns.n}|tojson }}"
+               "{{ '%-5s|' % 'ab' }}{{ 'x'|center(9) }}{{ '{:>4}'.format(7) }}{{ ', '.join(['a', 'b']) }}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_TEMPLATES))
+def test_a_bounded_render_is_transformers_render(name):
+    """The bounded renderer (`engines.chat.render_chat`) gives what transformers' apply_chat_template gives for
+    real templates, string for string (the prompt holds text that looks like format widths and stars)."""
+    from layerswap.demo import build_tokenizer
+    from layerswap.engines.chat import render_chat
+
+    tok = build_tokenizer(chat_template=REAL_TEMPLATES[name])
+    prompt = "Janet: 16 eggs * 3 = 48; {:99999999} %99999999d and 1234567890."
+    want = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    assert render_chat(tok, prompt) == want
+
+
+@pytest.mark.parametrize("template,why", [
+    (NESTED_RANGE, "runs more than 100,000 steps"),
+    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "more than 100,000 steps"),
+    ("{% for i in range(10**9) %}x{% endfor %}", "safe_range with 1,000,000,000"),
+    ("{{ 'x' * 10**9 }}", "a repetition would build 1,000,000,000"),
+    ("{{ 'x'|center(1000000000) }}", "the center filter with 1,000,000,000"),
+    ("{{ 'x'.ljust(1000000000) }}", "ljust with 1,000,000,000"),
+    ("{{ '%1000000000d'|format(1) }}", "a width of a million or more"),
+    ("{{ '%1000000000d' % 1 }}", "a width of a million or more"),
+    ("{{ '{:>1000000000}'.format(1) }}", "a width of a million or more"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+     "a namespace value would build 1,048,576"),
+    ("{% set a = 'xx' %}" + "{% set a = a ~ a %}" * 40, "a variable would build 1,048,576"),
+    ("{% macro f(n) %}{% if n > 0 %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}{{ f(40) }}", "100,000 steps"),
+    ("{% set s = 'x' * 900000 %}{{ s|replace('x', s) }}", "the replace filter would build"),
+    ("{% set s = 'x' * 900000 %}{{ s|join(s) }}", "the join filter would build"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
+    ("{{ messages.__class__.__mro__ }}", "cannot be rendered"),
+    ("{% for %}", "TemplateSyntaxError"),
+])
+def test_a_hostile_chat_template_is_refused_quickly_naming_its_file(tmp_path, template, why):
+    """Issue 41 item 2 and its neighbours: loops, repetition, widths, doubling, recursion; each refused in well
+    under a second and a few MB, with the template's file named."""
+    import resource
+    import time
+
+    from layerswap.demo import build_tokenizer, make_tiny_llama
+    from layerswap.engines.base import TokenizingEngine, load_tokenizer
+
+    folder = make_tiny_llama(tmp_path / "m", layers=1, tokenizer=build_tokenizer(chat_template=template))
+    eng = TokenizingEngine(load_tokenizer(folder), use_chat_template=True)
+    rss, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
+    with pytest.raises(UserError, match=re.escape(why) if "(" not in why else why) as e:
+        eng.encode("2+2?")
+    assert time.perf_counter() - t0 < 3 and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 100 * 1024
+    source = folder / "chat_template.jinja"  # where transformers saves a template (else tokenizer_config.json)
+    source = source if source.is_file() else folder / "tokenizer_config.json"
+    assert str(e.value).startswith(f"{source}: its chat template") and "\n" not in str(e.value)

@@ -584,3 +584,127 @@ def test_a_hostile_chat_template_is_refused_quickly_naming_its_file(tmp_path, te
     source = folder / "chat_template.jinja"  # where transformers saves a template (else tokenizer_config.json)
     source = source if source.is_file() else folder / "tokenizer_config.json"
     assert str(e.value).startswith(f"{source}: its chat template") and "\n" not in str(e.value)
+
+
+# ---- the same files as Hub repos, through the hosted page (one app for every case) ------------------------------
+
+class HostileHub(JsonHandler):
+    """The Hub's model-info endpoint for the hostile repos (their files are in the app's Hub cache at `SHA`, as a
+    download left them; hf_hub_download at a commit reads them from there)."""
+
+    repos: dict[str, list] = {}
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        m = re.match(r"/api/models/([^/]+/[^/?]+)", self.path)
+        files = self.repos.get(m.group(1)) if m else None
+        if files is None:
+            self.reply({"error": "Repository Not Found"}, status=404)
+            return
+        if "/tree/" in self.path:  # snapshot_download's file list
+            body = json.dumps([{"type": "file", "oid": "d" * 40, "size": s, "path": n} for n, s in files]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.reply({"id": m.group(1), "modelId": m.group(1), "sha": SHA, "private": False, "gated": False,
+                    "siblings": [{"rfilename": n, "size": s} for n, s in files]})
+
+
+@pytest.fixture(scope="module")
+def hostile_page(tmp_path_factory):
+    """The hosted app (a subprocess, `launch_app`) on a fake Hub holding the hostile repos; warmed up on a clean
+    trio of Hub repos (loaded and asked), so what the cases add to its memory is theirs. Yields (url, pid, baseline
+    peak MB)."""
+    from gradio_client import Client
+
+    from tests.helpers import launch_app
+
+    work = tmp_path_factory.mktemp("hostile-page")
+    build = work / "build"
+    build.mkdir()
+    lora_nan = _adapter(build, "math_lora", "nan-lora", lora_alpha="RAW:NaN")
+    srcs = {"evil/base": REPO_ASSETS / "base", "evil/math": REPO_ASSETS / "math", "evil/lang": REPO_ASSETS / "lang",
+            "evil/lang-lora": REPO_ASSETS / "ablation" / "lang_lora",
+            "evil/redos-lora": _adapter(build, "math_lora", "redos-lora", target_modules=REDOS[0]),
+            "evil/nan-lora": lora_nan,
+            "evil/template": _model(build, "template", _patch_json("tokenizer_config.json", lambda s: json.dumps(
+                {**json.loads(s), "chat_template": NESTED_RANGE}))),
+            "evil/big-tokenizer": _model(build, "big-tokenizer", lambda d: _big_tokenizer(d, 3_000_000)),
+            "evil/deep-config": _model(build, "deep-config", _patch_json(
+                "config.json", lambda t: t.replace("{", '{"x":' + DEEP + ",", 1)))}
+    cache = work / "hf" / "hub"
+    for repo, src in srcs.items():
+        _hub_snapshot(cache, repo, src)
+        HostileHub.repos[repo] = [(f.name, f.stat().st_size) for f in sorted(src.iterdir())]
+    for hub in serve(HostileHub):
+        env = {"LAYERSWAP_HOSTED": "1", "HF_ENDPOINT": hub, "HF_HOME": str(work / "hf"), "HF_HUB_CACHE": str(cache)}
+        for url in launch_app(work, mgsm_dir=None, env_extra=env):
+            from tests.helpers import APPS
+
+            pid = APPS[url].pid
+            warm = Client(url, verbose=False)
+            warm.predict("evil/base", "evil/math", "evil/lang", False, api_name="/load")
+            _page_ask(warm)
+            yield url, pid, _status_mb(pid, "VmHWM")
+
+
+def _status_mb(pid: int, field: str) -> float:
+    line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
+
+
+def _page_ask(client) -> list:
+    params = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/ask"]["parameters"]
+    given = {"free_text": "2+2?", "max_new_tokens": 16, "lang": "en", "index": None}
+    args = [given.get(p["parameter_name"], p.get("parameter_default")) for p in params]
+    import time
+
+    import httpx
+
+    for _ in range(120):  # the Load's follow-up events (views, analysis) still hold this visitor's turn: wait
+        try:
+            return client.submit(*args, api_name="/ask").result(timeout=60)
+        except httpx.HTTPStatusError as e:
+            if e.response.status_code != 400 or "busy" not in e.response.text.lower():
+                raise AssertionError(e.response.text[:500]) from None
+            time.sleep(0.5)
+    raise AssertionError("Ask was never admitted")
+
+
+PAGE_CASES = {  # math expert (Hub repo), language expert, what the one-line refusal says (None: answers)
+    "redos-target-modules": ("evil/redos-lora", "evil/lang-lora", "target_modules is not a plain list of module"),
+    "lora-alpha-NaN": ("evil/nan-lora", "evil/lang-lora", "NaN is not a JSON number"),
+    "config-100k-brackets": ("evil/deep-config", "evil/lang", "more than 64 levels of nested brackets"),
+    "tokenizer-66MB": ("evil/big-tokenizer", "evil/lang", "its tokenizer.json is [0-9,]+ bytes, more than the 1,048,576"),
+    "chat-template-never-rendered": ("evil/template", "evil/lang", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PAGE_CASES))
+def test_a_hostile_hub_repo_is_refused_on_the_hosted_page(hostile_page, case):
+    """Issue 41 hosted: each hostile repo named on the page (Load, then Ask) is refused with one line within
+    `SECONDS` of the call (plus the page's own latency) and `GROWTH_MB` over the warmed-up server's peak; the chat
+    template nobody asked for is never rendered (Ask answers)."""
+    import time
+
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    url, pid, peak0 = hostile_page
+    math, lang, match = PAGE_CASES[case]
+    c = Client(url, verbose=False)
+    t0 = time.perf_counter()
+    with pytest.raises(AppError) if match else __import__("contextlib").nullcontext() as e:
+        c.submit("evil/base", math, lang, False, api_name="/load").result(timeout=30)
+        answers = _page_ask(c)
+    took, grown = time.perf_counter() - t0, _status_mb(pid, "VmHWM") - peak0
+    print(f"\n{case}: {took:.1f} s, server peak +{grown:.0f} MB")
+    assert grown < GROWTH_MB
+    if match is None:
+        assert took < 60 and "2+2?" in str(answers), answers
+        return
+    msg = str(e.value)
+    assert re.search(match, msg) and "\n" not in msg.strip() and "Traceback" not in msg, msg
+    assert took < SECONDS + 3, took

@@ -97,6 +97,8 @@ def chat_template_choice(tokenizer, use_chat_template: bool | None) -> bool:
     if use_chat_template and not getattr(tokenizer, "chat_template", None):
         raise UserError("This model's tokenizer has no chat template, so it cannot be prompted as a chat; "
                         "run without --chat-template (plain MGSM prompts, as lm-eval does by default).")
+    if use_chat_template:
+        render_chat(tokenizer, "2+2?")  # a template that cannot render is refused before any weight loads
     return bool(use_chat_template)
 
 

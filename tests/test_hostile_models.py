@@ -321,6 +321,7 @@ SECONDS = 5.0  # each refusal, after the process's start-up (imports) ...
 GROWTH_MB = 500  # ... and its peak memory over the process's size after them
 DEEP = "[" * 100_000 + "]" * 100_000
 REDOS = ("(.*.*)*X", "^(([a-z._0-9])+)+$!")
+STEPS = "it runs (more than 100,000 steps|longer than 2 s)"  # a template's refusal: whichever comes first
 NESTED_RANGE = "{% for i in range(99999) %}{% for j in range(99999) %}{{'x'}}{% endfor %}{% endfor %}"
 # each case of the batch runs in one process that has imported everything first; it reports, per case, the exit
 # status, stderr, seconds and its peak resident memory over its start (the peak is reset before each case; the
@@ -468,7 +469,7 @@ def _cases(root: Path) -> list[dict]:
                                      lambda s: json.dumps({**json.loads(s), "chat_template": t}))
     nested = str(_model(root, "tn", template(NESTED_RANGE)))
     out.append({"id": "template-nested-range", "args": [*ask, nested, "--chat-template"],
-                "match": "tokenizer_config.json: its chat template is refused \\(it runs more than 100,000 steps\\)"})
+                "match": "tokenizer_config.json: its chat template is refused \\(" + STEPS + "\\)"})
     out.append({"id": "template-not-asked", "args": [*ask, nested], "match": None})  # never rendered: answers
     big = str(_model(root, "tb", template("{% for i in range(10**9) %}x{% endfor %}")))
     out.append({"id": "template-range-1e9", "args": [*ask, big, "--chat-template"],
@@ -552,8 +553,8 @@ def test_a_bounded_render_is_transformers_render(name):
 
 
 @pytest.mark.parametrize("template,why", [
-    (NESTED_RANGE, "runs more than 100,000 steps"),
-    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "more than 100,000 steps"),
+    (NESTED_RANGE, STEPS),
+    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", STEPS),
     ("{% for i in range(10**9) %}x{% endfor %}", "safe_range with 1,000,000,000"),
     ("{{ 'x' * 10**9 }}", "a repetition would build 1,000,000,000"),
     ("{{ 'x'|center(1000000000) }}", "the center filter with 1,000,000,000"),
@@ -564,7 +565,7 @@ def test_a_bounded_render_is_transformers_render(name):
     ("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
      "a namespace value would build 1,048,576"),
     ("{% set a = 'xx' %}" + "{% set a = a ~ a %}" * 40, "a variable would build 1,048,576"),
-    ("{% macro f(n) %}{% if n > 0 %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}{{ f(40) }}", "100,000 steps"),
+    ("{% macro f(n) %}{% if n > 0 %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}{{ f(40) }}", STEPS),
     ("{% set s = 'x' * 900000 %}{{ s|replace('x', s) }}", "the replace filter would build"),
     ("{% set s = 'x' * 900000 %}{{ s|join(s) }}", "the join filter would build"),
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
@@ -581,10 +582,11 @@ def test_a_hostile_chat_template_is_refused_quickly_naming_its_file(tmp_path, te
     from layerswap.engines.base import TokenizingEngine, load_tokenizer
 
     folder = make_tiny_llama(tmp_path / "m", layers=1, tokenizer=build_tokenizer(chat_template=template))
-    eng = TokenizingEngine(load_tokenizer(folder), use_chat_template=True)
+    tok = load_tokenizer(folder)
+    assert not TokenizingEngine(tok).use_chat_template  # not asked: never rendered
     rss, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
     with pytest.raises(UserError, match=re.escape(why) if "(" not in why else why) as e:
-        eng.encode("2+2?")
+        TokenizingEngine(tok, use_chat_template=True)  # asked: rendered once, before any weight would load
     assert time.perf_counter() - t0 < 3 and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 100 * 1024
     source = folder / "chat_template.jinja"  # where transformers saves a template (else tokenizer_config.json)
     source = source if source.is_file() else folder / "tokenizer_config.json"

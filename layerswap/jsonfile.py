@@ -1,5 +1,5 @@
 """Reading a JSON file a model brings (config.json, adapter_config.json, tokenizer_config.json, an index, a
-safetensors header): size and nesting depth bounded before parsing, NaN and Infinity refused, and every
+safetensors header): size, nesting depth and the number of arrays and objects bounded before parsing, NaN and Infinity refused, and every
 failure one `UserError` line that names the file.
 
     cfg = read_json(folder / "config.json")             # a dict, list, ... or UserError
@@ -14,34 +14,39 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 from .errors import UserError
 
-MAX_JSON_BYTES = 64 * 2**20  # a model's JSON files (configs, indexes, tokenizer configs) are far smaller
+MAX_JSON_BYTES = 16 * 2**20  # a model's JSON files are far smaller (DeepSeek-V3's index: 9 MB)
+MAX_JSON_CONTAINERS = 1_000_000  # arrays and objects in one file (a header: 3 per tensor), so parsed it stays small
 MAX_JSON_DEPTH = 64  # nesting of arrays and objects; real configs nest a handful of levels
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
-_INNERMOST = re.compile(rb"\[\]|\{\}")
+_QUOTE, _OPEN_SQUARE, _OPEN_CURLY, _CLOSE_SQUARE, _CLOSE_CURLY = (ord(c) for c in '"[{]}')
+_CHUNK = 2**18
 
 
 def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _depth_exceeds(raw: bytes, limit: int) -> bool:
-    """Whether `raw` nests arrays and objects deeper than `limit` (strings skipped; linear passes, one per
-    level, at most `limit` + 1 of them; unbalanced brackets are left to the parser)."""
-    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", raw))
-    for _ in range(limit):
-        if not brackets:
-            return False
-        shorter = _INNERMOST.sub(b"", brackets)
-        if len(shorter) == len(brackets):
-            return False  # unbalanced: the parser says where
-        brackets = shorter
-    return bool(_INNERMOST.search(brackets))
+def _nesting(raw: bytes) -> tuple[int, int]:
+    """The deepest nesting of arrays and objects in `raw` and how many there are, brackets inside strings not
+    counted: escapes blanked (``\\\\`` then ``\\"``), then running sums over the bytes, `_CHUNK` at a time (linear,
+    a few MB of work space whatever the file; invalid JSON may be misjudged, and the parser refuses it)."""
+    import numpy as np
+
+    data = np.frombuffer(raw.replace(b"\\\\", b"__").replace(b'\\"', b"__"), dtype=np.uint8)
+    depth = deepest = opened = quotes = 0
+    for at in range(0, len(data), _CHUNK):
+        part = data[at:at + _CHUNK]
+        quote = part == _QUOTE
+        outside = ((quotes + np.cumsum(quote)) % 2 == 0) & ~quote
+        opens = outside & ((part == _OPEN_SQUARE) | (part == _OPEN_CURLY))
+        closes = outside & ((part == _CLOSE_SQUARE) | (part == _CLOSE_CURLY))
+        running = depth + np.cumsum(opens.astype(np.int32) - closes)
+        deepest, opened = max(deepest, int(running.max())), opened + int(opens.sum())
+        depth, quotes = int(running[-1]), quotes + int(quote.sum())
+    return deepest, opened
 
 
 def parse_json(raw: bytes | str, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> object:
@@ -50,8 +55,11 @@ def parse_json(raw: bytes | str, *, max_bytes: int = MAX_JSON_BYTES, max_depth: 
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
     if len(data) > max_bytes:
         raise ValueError(f"{len(data):,} bytes, at most {max_bytes:,} are read")
-    if _depth_exceeds(data, max_depth):
+    deepest, containers = _nesting(data)
+    if deepest > max_depth:
         raise ValueError(f"more than {max_depth} levels of nested brackets")
+    if containers > MAX_JSON_CONTAINERS:
+        raise ValueError(f"{containers:,} arrays and objects, at most {MAX_JSON_CONTAINERS:,} are read")
     try:
         return json.loads(data, parse_constant=_refuse_constant)
     except (ValueError, RecursionError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError

@@ -715,3 +715,36 @@ def test_a_hostile_hub_repo_is_refused_on_the_hosted_page(hostile_page, case):
     msg = str(e.value)
     assert re.search(match, msg) and "\n" not in msg.strip() and "Traceback" not in msg, msg
     assert took < SECONDS + 3, took
+
+
+@pytest.mark.parametrize("text,why", [
+    (DEEP, "more than 64 levels of nested brackets"),
+    ("[" * 65 + "]" * 65, "more than 64 levels"),
+    ('{"a": NaN}', "NaN is not a JSON number"),
+    ('{"a": [1, -Infinity]}', "-Infinity is not a JSON number"),
+    ("[" + ",".join(["{}"] * 1_000_001) + "]", "1,000,002 arrays and objects, at most 1,000,000"),
+    ("[1," + " " * (16 * 2**20) + "2]", "bytes; at most 16,777,216 are read"),
+    ('{"a": 1', "Expecting ',' delimiter"),
+    ("\xff", "not valid JSON"),
+])
+def test_a_model_json_is_read_strictly_in_one_line(tmp_path, text, why):
+    """Every JSON a model brings goes through `jsonfile.read_json`: size, depth and count of arrays and objects
+    bounded before parsing (fast, small), NaN and Infinity refused, every failure one line naming the file."""
+    import time
+
+    from layerswap.jsonfile import read_json
+
+    f = tmp_path / "config.json"
+    f.write_bytes(text.encode("latin-1") if text == "\xff" else text.encode())
+    t0 = time.perf_counter()
+    with pytest.raises(UserError, match=re.escape(why)) as e:
+        read_json(f)
+    assert str(e.value).startswith(str(f)) and "\n" not in str(e.value) and time.perf_counter() - t0 < 2
+
+
+def test_brackets_and_escapes_inside_strings_are_not_nesting(tmp_path):
+    from layerswap.jsonfile import read_json
+
+    value = {"template": "{% for m in messages %}[[[[" * 100 + '\\"[' * 50 + "\\\\", "x": [[1]], "y": "]]]}}}" * 100}
+    (tmp_path / "c.json").write_text(json.dumps(value))
+    assert read_json(tmp_path / "c.json") == value

@@ -38,7 +38,7 @@ KINDS = {"LORA": "lora", "IA3": "ia3", "PREFIX_TUNING": "prefix"}
 KIND_NAMES = {"lora": "LoRA", "ia3": "IA3", "prefix": "prefix tuning"}
 MAX_RANK = 4096  # LoRA ranks and prefix lengths beyond this are refused before anything is allocated
 MAX_PATTERNS = 100_000  # characters of module names and patterns in a config
-MAX_CONFIG_ROUTES = 16_384  # module names all of a config's patterns spell together (`patterns.MAX_ROUTES` each)
+MAX_CONFIG_ROUTES = 256  # routes of all of a config's patterns together (`patterns.MAX_ROUTES` each)
 WEIGHTS = "adapter_model.safetensors"
 _LORA_PARTS = {"lora_A.weight": "A", "lora_B.weight": "B", "lora_embedding_A": "A", "lora_embedding_B": "B"}
 

@@ -536,7 +536,7 @@ REAL_TEMPLATES = {  # shapes of widely used chat templates (ChatML as Qwen 2.5, 
                "{%- set ns.n = ns.n + 1 %}{%- endfor %}{{ bos_token }}{%- for m in messages %}[INST] "
                "{{ m['content'] }} [/INST]{%- endfor %}{{ ns.n|string }}{{ {'n': ns.n}|tojson }}"
                "{{ '%-5s|' % 'ab' }}{{ 'x'|center(9) }}{{ '{:>4}'.format(7) }}{{ ', '.join(['a', 'b']) }}"
-               "{{ 'n=' ~ ns.n ~ '|' ~ [1, 'a'] }}{{ 'a\tb'|indent(2, true) }}{{ messages|tojson(indent=2) }}",
+               "{{ tools is none }}{{ documents is none }}{{ 'n=' ~ ns.n ~ '|' ~ [1, 'a'] }}{{ 'a\tb'|indent(2, true) }}{{ messages|tojson(indent=2) }}",
 }
 
 

@@ -252,8 +252,8 @@ def render_chat(tokenizer, prompt: str, where: str | None = None) -> str:
         out, size = [], 0
         sys.settrace(tracer)
         try:
-            for chunk in template.generate(messages=[{"role": "user", "content": prompt}],
-                                           add_generation_prompt=True, **special):
+            for chunk in template.generate(messages=[{"role": "user", "content": prompt}], tools=None, documents=None,
+                                           add_generation_prompt=True, **special):  # as transformers renders
                 size += len(chunk)
                 _check_result("its output", size)
                 out.append(chunk)

@@ -525,6 +525,7 @@ REAL_TEMPLATES = {  # shapes of widely used chat templates (ChatML as Qwen 2.5, 
               "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
               "{%- endif %}{%- for message in messages %}{%- if message.role == 'user' %}{{- '<|im_start|>' + "
               "message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+              "{% generation %}{{ 'x' }}{% endgeneration %}"
               "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
     "llama3": "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
               "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "

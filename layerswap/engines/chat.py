@@ -93,7 +93,7 @@ def _join_size(sep: object, items: object) -> int:
 
 @functools.lru_cache(maxsize=16)
 def _compile(source: str):
-    from jinja2 import ext
+    from jinja2 import ext, nodes
     from jinja2.compiler import CodeGenerator
     from jinja2.sandbox import ImmutableSandboxedEnvironment
     from jinja2.utils import Namespace
@@ -192,7 +192,20 @@ def _compile(source: str):
         _check_result("tojson", _sized(x) * (10 if indent else 1))
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols])
+    class Generation(ext.Extension):
+        """``{% generation %}...{% endgeneration %}`` (transformers marks assistant turns with it): the body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols, Generation])
     env.globals.pop("lipsum", None)  # lipsum(n=999999) writes a million paragraphs; no chat template uses it
     env.filters = {k: bounded_filter(k, f) for k, f in env.filters.items()}
     env.filters["tojson"] = tojson

@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .bounds import MAX_LAYERS
+from .bounds import LORA_ALPHA, MAX_LAYERS
 from .cache import cache_dir, content_fingerprint
 from .checkpoints import Checkpoint, is_adapter, resolve
 from .errors import UserError
+from .jsonfile import read_json
+from .patterns import HINT, check_name, check_pattern, pattern_routes
 from .tensorfile import read_tensors
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ KINDS = {"LORA": "lora", "IA3": "ia3", "PREFIX_TUNING": "prefix"}
 KIND_NAMES = {"lora": "LoRA", "ia3": "IA3", "prefix": "prefix tuning"}
 MAX_RANK = 4096  # LoRA ranks and prefix lengths beyond this are refused before anything is allocated
 MAX_PATTERNS = 100_000  # characters of module names and patterns in a config
+MAX_CONFIG_ROUTES = 256  # routes of all of a config's patterns together (`patterns.MAX_ROUTES` each)
 WEIGHTS = "adapter_model.safetensors"
 _LORA_PARTS = {"lora_A.weight": "A", "lora_B.weight": "B", "lora_embedding_A": "A", "lora_embedding_B": "B"}
 
@@ -84,10 +87,8 @@ class Adapter:
 def read_adapter(path: str | os.PathLike) -> Adapter:
     """The adapter in folder `path` (safetensors weights, a PEFT type layerswap reads), its config checked."""
     path = Path(path)
-    try:
-        cfg = json.loads((path / "adapter_config.json").read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}/adapter_config.json is not valid JSON ({e}).") from None
+    cfg = read_json(path / "adapter_config.json", where=f"{path}/adapter_config.json",
+                    fix="re-save the adapter with peft's save_pretrained")
     if not isinstance(cfg, dict) or not isinstance(cfg.get("base_model_name_or_path") or "", str):
         raise UserError(f"{path}/adapter_config.json is not a JSON object naming its base (a string).")
     if (path / "adapter_model.bin").exists() and not (path / WEIGHTS).exists():
@@ -98,16 +99,94 @@ def read_adapter(path: str | os.PathLike) -> Adapter:
     if ptype not in KINDS:
         raise UserError(f"{path} is a {ptype[:40] or 'PEFT'} adapter; layerswap reads LoRA, IA3 and prefix-tuning "
                         "adapters (merge other kinds into their base with peft, then pass the full model).")
-    for key in ("target_modules", "feedforward_modules", "modules_to_save", "alpha_pattern", "rank_pattern"):
+    check_config(cfg, f"{path}/adapter_config.json")
+    return Adapter(path, KINDS[ptype], cfg)
+
+
+def _count(v: object, what: str, top: int, lo: int = 1) -> None:
+    """A whole number from `lo` to `top` (a boolean is not a count)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= top:
+        raise UserError(f"{what} must be a whole number from {lo} to {top:,} (got {str(v)[:20]}).")
+
+
+def _names_or_pattern(v: object, what: str) -> int:
+    """A list of module names, or one safe pattern (`patterns.check_pattern`); returns the pattern's routes."""
+    if isinstance(v, str):
+        check_pattern(v, what)
+        return pattern_routes(v)
+    if not isinstance(v, list) or len(v) > MAX_LAYERS * 16:
+        raise UserError(f"{what} must be a list of module names or one pattern (got a {type(v).__name__}).")
+    for name in v:
+        check_name(name, what)
+    return 0
+
+
+def check_config(cfg: dict, where: str) -> None:
+    """Refuse what peft or layerswap would match without bound or compute with unchecked: every string peft
+    matches as a regular expression must be a safe module-name pattern (`layerswap.patterns`), names peft
+    pastes into one must be plain names; ranks and counts whole numbers (not booleans), alphas finite and in
+    `LORA_ALPHA`, layer indices below `MAX_LAYERS`."""
+    for key in ("target_modules", "feedforward_modules", "modules_to_save", "alpha_pattern", "rank_pattern",
+                "exclude_modules", "layers_pattern", "target_parameters"):
         v = cfg.get(key)  # module names and patterns: peft and layerswap match them as regular expressions
         if v is not None and len(json.dumps(v)) > MAX_PATTERNS:
-            raise UserError(f"{path}/adapter_config.json: {key} is {len(json.dumps(v)):,} characters long; at most "
+            raise UserError(f"{where}: {key} is {len(json.dumps(v)):,} characters long; at most "
                             f"{MAX_PATTERNS:,} are read.")
     for key in ("r", "num_virtual_tokens", "num_layers", "token_dim"):
-        v = cfg.get(key)
-        if v is not None and (not isinstance(v, int) or not 0 < v <= max(MAX_RANK, 64 * MAX_LAYERS)):
-            raise UserError(f"{path}/adapter_config.json: {key} must be a positive whole number (got {str(v)[:20]}).")
-    return Adapter(path, KINDS[ptype], cfg)
+        if cfg.get(key) is not None:
+            _count(cfg[key], f"{where}: {key}", max(MAX_RANK, 64 * MAX_LAYERS))
+    routes = 0
+    for key in ("target_modules", "feedforward_modules", "exclude_modules"):
+        if cfg.get(key):
+            routes += _names_or_pattern(cfg[key], f"{where}: {key}")
+    for key in ("modules_to_save", "target_parameters"):  # peft pastes each into a pattern of its own
+        for name in _listed(cfg.get(key), f"{where}: {key}"):
+            check_name(name, f"{where}: {key}")
+    lp = cfg.get("layers_pattern")
+    for name in [lp] if isinstance(lp, str) else _listed(lp, f"{where}: layers_pattern"):
+        check_name(name, f"{where}: layers_pattern")
+    layers = cfg.get("layers_to_transform")
+    for i in [layers] if isinstance(layers, int) else _listed(layers, f"{where}: layers_to_transform"):
+        _count(i, f"{where}: layers_to_transform", MAX_LAYERS - 1, lo=0)
+    if cfg.get("lora_alpha") is not None:
+        _alpha(cfg["lora_alpha"], f"{where}: lora_alpha")
+    for key in ("rank_pattern", "alpha_pattern"):
+        table = cfg.get(key)
+        if table is None:
+            continue
+        if not isinstance(table, dict):
+            raise UserError(f"{where}: {key} must map module patterns to values (got a {type(table).__name__}).")
+        for pat, value in table.items():
+            routes += pattern_routes(check_pattern(pat, f"{where}: a {key} key"))
+            if key == "rank_pattern":
+                _count(value, f"{where}: {key}[{pat[:40]!r}]", MAX_RANK)
+            else:
+                _alpha(value, f"{where}: {key}[{pat[:40]!r}]")
+    if routes > MAX_CONFIG_ROUTES:
+        raise UserError(f"{where}: its patterns spell {routes:,} module names together (at most "
+                        f"{MAX_CONFIG_ROUTES:,}): {HINT}.")
+
+
+def _listed(v: object, what: str) -> list:
+    if v is None:
+        return []
+    if not isinstance(v, list) or len(v) > MAX_LAYERS * 16:
+        raise UserError(f"{what} must be a list (got a {type(v).__name__}).")
+    return v
+
+
+def _alpha(v: object, what: str) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not -1e300 < v < 1e300 or v not in LORA_ALPHA:
+        raise UserError(f"{what} must be a number in {LORA_ALPHA.text()} (got {str(v)[:20]}).")
+
+
+def check_saved_modules(cfg: dict, base: Checkpoint, where: str) -> None:
+    """Each ``modules_to_save`` entry names a module of `base` (peft's rule: a dotted run of its names)."""
+    dotted = [f".{name}." for name in base.tensors]
+    for m in cfg.get("modules_to_save") or []:
+        if not any(f".{m}." in d for d in dotted):
+            raise UserError(f"{where}: modules_to_save names {m[:60]!r}, which {base.ref} does not have; "
+                            "was the adapter trained on this base?")
 
 
 def _unwrap(name: str, kind: str) -> str:
@@ -209,6 +288,7 @@ def densify(ad: Adapter, base: str | os.PathLike | None = None) -> tuple[Path, P
         raise UserError(f"{ad.path} does not name its base model; pass --base (the model the adapter was trained on).")
     base_path = resolve(base_ref)
     base_ck = Checkpoint.open(base_path)  # validates the base (no pickles, readable headers)
+    check_saved_modules(ad.config, base_ck, f"{ad.path}/adapter_config.json")
     own = [f for f in ad.path.iterdir() if f.is_file() and f.suffix in (".safetensors", ".json", ".bin")]
     # the adapter by its bytes: two adapters of one shape can share names, sizes, headers and (a fresh clone, a
     # tarball) mtimes; only their content tells them apart

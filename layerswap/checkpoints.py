@@ -9,7 +9,6 @@ for. Also here: the compatibility report (from headers only); the shared-base ch
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -20,12 +19,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .architectures import Architecture, architecture, classify
-from .bounds import CONFIG_SIZES, MAX_CONFIG_INT, MAX_LAYERS
+from .bounds import CONFIG_SIZES, MAX_CONFIG_INT, MAX_EPS, MAX_LAYERS
 from .cache import content_fingerprint, content_hash, fingerprint
 from .errors import UserError
 from .markup import text
+from .jsonfile import read_json
 from .hub import hub_error, hub_id_of, hub_reachable, looks_like_hub_id
 from .presets import ASSETS_PREFIX, assets_path
+from .tokenizer_files import TOKENIZER_FILES, check_tokenizer_sizes, text_config, whole
 from .tensorfile import ITEMSIZE, Files, pread_into, read_header, to_float64, torch_dtype
 
 if TYPE_CHECKING:
@@ -45,16 +46,6 @@ HUB_PATTERNS = [
     "merges.txt",
     "adapter_config.json",
 ]
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-)
 
 
 @dataclass(frozen=True)
@@ -119,15 +110,6 @@ def resolve(ref: str | os.PathLike) -> Path:
         ) from None
 
 
-def _whole(v: object, top: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= top
-
-
-def text_config(config: dict) -> dict:
-    """The language model's part of a config (multimodal configs, e.g. Gemma 3, nest it)."""
-    return config.get("text_config", config) if "num_hidden_layers" not in config else config
-
-
 @dataclass
 class Checkpoint:
     """A model on disk: its config, where every tensor lives, and lazy access to them."""
@@ -160,10 +142,7 @@ class Checkpoint:
                             "its base first) or merge it yourself with peft's merge_and_unload.")
         if not cfg_path.exists():
             raise UserError(f"{ref} has no config.json: pass a Hugging Face model directory.")
-        try:
-            config = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise UserError(f"{cfg_path} is not valid JSON ({e}).") from None
+        config = read_json(cfg_path)
         if not isinstance(config, dict) or not isinstance(text_config(config), dict):
             raise UserError(f"{ref}: its config.json is not a JSON object of settings; re-download or re-export it.")
         files = cls._weight_files(path, ref)
@@ -174,9 +153,15 @@ class Checkpoint:
         # each is bounded before anything is expanded or estimated
         for key, top in (("num_hidden_layers", MAX_LAYERS), *((k, MAX_CONFIG_INT) for k in CONFIG_SIZES)):
             v = tc.get(key)
-            if v is not None and not _whole(v, top):
+            if v is not None and not whole(v, top):
                 raise UserError(f"{ref}: its config.json's {key} is not a whole number from 1 to {top:,}; "
                                 "re-download or re-export the model.")
+        eps = tc.get("rms_norm_eps", tc.get("layer_norm_eps"))
+        if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps <= MAX_EPS):
+            raise UserError(f"{ref}: its config.json's norm epsilon is not a number in (0, {MAX_EPS:g}] (got "
+                            f"{str(eps)[:20]}); re-download or re-export the model.")
+        if (path / "generation_config.json").is_file():  # read by the engines: the same strict reader first
+            read_json(path / "generation_config.json", where=f"{ref}: its generation_config.json")
         tensors: dict[str, TensorInfo] = {}
         for f in files:
             for name, e in read_header(f).items():
@@ -191,9 +176,9 @@ class Checkpoint:
         index = path / "model.safetensors.index.json"
         if index.exists():
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
+                weight_map = read_json(index, where=f"{ref}: its model.safetensors.index.json")["weight_map"]
                 names = list(weight_map.values())
-            except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as e:
+            except (KeyError, AttributeError, TypeError) as e:
                 raise UserError(f"{ref}: its model.safetensors.index.json is malformed ({type(e).__name__}); "
                                 "re-download or re-export the model.") from None
             listing = model_listing(path)
@@ -266,12 +251,10 @@ class Checkpoint:
         tokenizer_config.json gives (``*_file`` keys) are checked by the same rule."""
         listing = model_listing(self.path)
         files = [model_file(self.path, n, listing, self.ref, "its folder") for n in TOKENIZER_FILES if n in listing]
+        check_tokenizer_sizes(self.path, self.config, self.ref)
         cfg = self.path / "tokenizer_config.json"
         if "tokenizer_config.json" in listing:
-            try:
-                named = json.loads(cfg.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise UserError(f"{self.ref}: its tokenizer_config.json is not valid JSON; re-download it.") from None
+            named = read_json(cfg, where=f"{self.ref}: its tokenizer_config.json")
             for k, v in (named.items() if isinstance(named, dict) else ()):
                 if k.endswith("_file") and v is not None:
                     model_file(self.path, v, listing, self.ref, f"tokenizer_config.json's {k[:40]}")

@@ -290,13 +290,14 @@ def fetch_models(policy: Policy, refs: tuple[str, ...], base: str = "", *, progr
     """Hosted mode, before anything opens `refs`: each Hub model through `fetch`'s checks (cap, disk, memory, no
     token). An adapter used without `base` names its own base: that name is checked like a visitor's and
     fetched the same way, so no path inside a downloaded file reaches the server's folders."""
-    import json
+    from .jsonfile import read_json
 
     hub = [r for r in refs if r and not r.startswith(ASSETS_PREFIX)]
     for i, ref in enumerate(hub):
         part = lambda f, d, i=i: progress((i + f) / len(hub), d)  # noqa: E731
         cfg = fetch(ref, policy.limits, progress=part, cancel=cancel) / "adapter_config.json"
-        own = json.loads(cfg.read_text()).get("base_model_name_or_path") if cfg.exists() and not base else None
+        own = read_json(cfg) if cfg.exists() and not base else None
+        own = own.get("base_model_name_or_path") if isinstance(own, dict) else None
         if own:
             fetch(policy.check_ref(own, f"base model named by the adapter {ref}"), policy.limits, progress=part,
                   cancel=cancel)

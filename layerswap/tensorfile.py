@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .errors import UserError
+from .jsonfile import parse_json
 
 if TYPE_CHECKING:
     import torch
@@ -83,8 +84,8 @@ def read_header(path: str | os.PathLike) -> dict[str, Entry]:
     raw = raw_header(path)
     bad, fix = f"{path} is not a valid safetensors file", "re-download or re-export it"
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        header = parse_json(raw, max_bytes=MAX_HEADER)
+    except ValueError as e:
         raise UserError(f"{bad} (header is not JSON: {e}); {fix}.") from None
     if not isinstance(header, dict):
         raise UserError(f"{bad} (header is not a JSON object); {fix}.")

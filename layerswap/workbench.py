@@ -63,7 +63,7 @@ class Workbench:
         self.engine_choice = resolve_engine_choice(engine)
         self.serving = serving
         self.vllm_settings = vllm or VLLMSettings()
-        self.chat_template = chat_template  # None: the tokenizer's template when it has one
+        self.chat_template = chat_template  # True: the chat template (bounded); None or False: plain prompts
         self.checkpoints: dict[str, Checkpoint] = {}
         self.answering_engines: Answering | None = None  # started by `start`, from `engine_plan`
         self.report: CompatReport | None = None

@@ -391,3 +391,62 @@ def test_two_adapters_alike_but_for_their_bytes_densify_apart(tmp_path, monkeypa
         ck = open_expert(tmp_path / name, assets_dir() / "demo" / "base")
         got[name] = ck.get("model.layers.4.mlp.down_proj.weight")
     assert not torch.equal(got["math_ia3"], got["math_ia3_long"])
+
+
+# ---- module-name patterns (issue 41): only the shapes people write, so no pattern can hang `re` ----------------
+
+SAFE = [r".*\.(q_proj|v_proj)", r"^.*(q_proj|v_proj)$", "q_proj", "model.layers.0.self_attn.q_proj",
+        r".*\.layers\.(0|1)\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj|.*embed_tokens",
+        r".*\.layers\.(2|3)\.(self_attn\.(k|v)_proj|mlp\.down_proj)", r"(?:q|v)_proj", r".*mlp\..*"[:-2] + "down_proj",
+        r".*\.layers\.(" + "|".join(map(str, range(80))) + r")\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj"]
+UNSAFE = {"(.*.*)*X": "repeats something", "^(([a-z._0-9])+)+$!": "is not part of a module name",
+          ".*.*X": "repeats something", r"a\d+": r"escapes '\\d'", "(a|b)+": "repeats something",
+          "(?=a)": "is not part of a module name", "a{2,}": "repeats something", "(a": "not closed",
+          "(a|a|a|a|a|a|a|a)" * 3: "up to 512 of its names can match at one place",
+          "(" + "|".join(["."] * 300) + ")": "more than 256 alternatives", "q_proj$x": "is not part of a module name",
+          "a" * 20_000: "20,000 characters long", "(" * 40 + "a" + ")" * 40: "nest more than 16"}
+
+
+@pytest.mark.parametrize("pattern", SAFE)
+def test_plain_alternations_of_module_names_are_accepted(pattern):
+    from layerswap.patterns import check_pattern
+
+    assert check_pattern(pattern, "target_modules") == pattern
+
+
+@pytest.mark.parametrize("pattern,why", UNSAFE.items(), ids=[k[:24] for k in UNSAFE])
+def test_other_patterns_are_refused_with_what_to_write(pattern, why):
+    from layerswap.patterns import check_pattern
+
+    with pytest.raises(UserError, match="target_modules is not a plain list of module names") as e:
+        check_pattern(pattern, "target_modules")
+    assert why in str(e.value) and "a list such as" in str(e.value)
+
+
+def test_every_shipped_adapter_and_every_peft_made_one_is_read(tmp_path, trio):
+    """The shipped adapters (assets/demo/ablation) and those the tests make with peft keep working."""
+    shipped = sorted(p.parent for p in (DEMO / "ablation").glob("*/adapter_config.json"))
+    assert len(shipped) >= 8
+    made = [make_adapter(trio["base"], tmp_path / k, k, seed=1, embed=k == "lora", full=("lm_head",))
+            for k in ("lora", "ia3", "prefix")]
+    for folder in [*shipped, *made]:
+        assert read_adapter(folder).kind in ("lora", "ia3", "prefix")
+
+
+def test_the_worst_accepted_patterns_match_in_milliseconds():
+    """Patterns at the bound, built to backtrack (overlapping alternatives, wildcards), matched as peft does
+    against 100 names of 60 characters that nearly match: bounded by routes x name length, well under a second;
+    the shapes people write count few routes (80 layers spelt out: 2)."""
+    import re
+    import time
+
+    from layerswap.patterns import check_pattern, pattern_routes
+
+    assert pattern_routes(SAFE[-1]) == 2 and pattern_routes(SAFE[0]) == 1
+    for worst in (".*" + "(a|aa)" * 6, ".*" + "(.|..)" * 6 + "b", ".*(" + "|".join(["."] * 64) + ")c"):
+        assert pattern_routes(check_pattern(worst, "target_modules")) == 64
+        t0 = time.perf_counter()
+        for i in range(100):
+            name = "a" * (59 - i % 3) + "b"
+            re.fullmatch(worst, name + "x"), re.match(rf"(.*\.)?({worst})$", name + "x")
+        assert time.perf_counter() - t0 < 0.5

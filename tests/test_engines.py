@@ -52,14 +52,16 @@ def test_truncate_at_stop():
     assert truncate_at_stop("no stop here", []) == "no stop here"
 
 
-def test_chat_template_used_when_present(tmp_path):
+def test_chat_template_used_only_when_asked(tmp_path):
+    """A model's chat template is code it brings: rendered only on request (issue 41), never by default."""
     tok = build_tokenizer(chat_template="{% for m in messages %}<s>USER: {{ m['content'] }}\n{% endfor %}ASSISTANT:")
     d = make_tiny_llama(tmp_path / "chat", layers=2, tokenizer=tok)
-    eng = TransformersEngine.from_pretrained(d)
+    eng = TransformersEngine.from_pretrained(d, use_chat_template=True)
     assert eng.use_chat_template and eng.format("2+2?") == "<s>USER: 2+2?\nASSISTANT:"
     assert len(eng.generate(["2+2?"], max_new_tokens=4)) == 1
-    plain = TransformersEngine.from_pretrained(d, use_chat_template=False)
-    assert plain.format("2+2?") == "2+2?"
+    for default in (None, False):
+        plain = TransformersEngine.from_pretrained(d, use_chat_template=default)
+        assert not plain.use_chat_template and plain.format("2+2?") == "2+2?"
 
 
 def test_chat_template_missing(trio):

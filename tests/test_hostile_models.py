@@ -313,3 +313,448 @@ def test_the_hub_cache_is_pruned_least_recently_used_first_never_a_model_in_use(
     gone = prune_hub_cache(2 * one, keep={"inuse/b"}, cache=cache)
     assert gone == ["old/a"] and snaps["inuse/b"].exists() and snaps["new/c"].exists()
     assert not (cache / "models--old--a").exists()
+
+
+# ---- hostile files, round 3 (issue 41): nothing a model brings runs unbounded ----------------------------------
+
+SECONDS = 5.0  # each refusal, after the process's start-up (imports) ...
+GROWTH_MB = 500  # ... and its peak memory over the process's size after them
+DEEP = "[" * 100_000 + "]" * 100_000
+REDOS = ("(.*.*)*X", "^(([a-z._0-9])+)+$!")
+STEPS = "it runs (more than 100,000 steps|longer than 2 s)"  # a template's refusal: whichever comes first
+NESTED_RANGE = "{% for i in range(99999) %}{% for j in range(99999) %}{{'x'}}{% endfor %}{% endfor %}"
+# each case of the batch runs in one process that has imported everything first; it reports, per case, the exit
+# status, stderr, seconds and its peak resident memory over its start (the peak is reset before each case; the
+# address space is capped 2 GB above the imports, so a regression fails here instead of taking the machine)
+_BATCH = r"""
+import contextlib, io, json, resource, sys, time
+import torch, transformers, peft, jinja2, layerswap.cli, layerswap.adapters, layerswap.engines.transformers_engine
+vm = int(next(ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("VmSize"))) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + 2 * 2**30, vm + 2 * 2**30))
+def status_mb(field):
+    return int(next(ln.split()[1] for ln in open("/proc/self/status") if ln.startswith(field + ":"))) / 1024
+for case in json.load(open(sys.argv[1])):
+    with open("/proc/self/clear_refs", "w") as f:  # the peak (VmHWM) starts again from the current size
+        f.write("5")
+    rss0 = status_mb("VmRSS")
+    err, t0 = io.StringIO(), time.perf_counter()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = layerswap.cli.main(case["args"])
+        except BaseException as e:
+            import traceback
+            traceback.print_exc(file=err)
+            rc = f"raised {type(e).__name__}"
+    grown = status_mb("VmHWM") - rss0
+    print(json.dumps({"id": case["id"], "rc": rc, "stderr": err.getvalue(), "seconds": time.perf_counter() - t0,
+                      "grown_mb": grown}), flush=True)
+"""
+
+
+def _adapter(root: Path, src: str, name: str, **changes) -> Path:
+    """A copy of a shipped adapter with its config changed (a value given as str `RAW:...` is written verbatim)."""
+    d = root / name
+    if not root.exists():  # naming the cases only (collection)
+        return d
+    shutil.copytree(REPO_ASSETS / "ablation" / src, d)
+    cfg = json.loads((d / "adapter_config.json").read_text())
+    raw = {k: v[4:] for k, v in changes.items() if isinstance(v, str) and v.startswith("RAW:")}
+    cfg.update({k: (f"@@{k}@@" if k in raw else v) for k, v in changes.items()})
+    text = json.dumps(cfg)
+    for k, v in raw.items():
+        text = text.replace(f'"@@{k}@@"', v)
+    (d / "adapter_config.json").write_text(text)
+    return d
+
+
+def _model(root: Path, name: str, edit) -> Path:
+    d = root / name
+    if root.exists():  # else naming the cases only (collection)
+        shutil.copytree(REPO_ASSETS / "math", d)
+        edit(d)
+    return d
+
+
+def _patch_json(file: str, text_edit):
+    return lambda d: (d / file).write_text(text_edit((d / file).read_text()))
+
+
+def _deep_header(d: Path) -> None:
+    """model.safetensors whose header holds 100k nested brackets before its real entries."""
+    f = d / "model.safetensors"
+    raw = f.read_bytes()
+    (n,) = __import__("struct").unpack("<Q", raw[:8])
+    header = b'{"x":' + DEEP.encode() + b"," + raw[9:8 + n]
+    f.write_bytes(__import__("struct").pack("<Q", len(header)) + header + raw[8 + n:])
+
+
+def _big_tokenizer(d: Path, extra: int) -> None:
+    """tokenizer.json with `extra` more vocabulary entries (3M: a 66 MB file for a model of 373 tokens)."""
+    f = d / "tokenizer.json"
+    text = f.read_bytes()
+    at = text.index(b'"vocab":') + len(b'"vocab":')
+    at = text.index(b"{", at) + 1
+    more = b"".join(b'"zz%d":%d,' % (i, 1000 + i) for i in range(extra))
+    f.write_bytes(text[:at] + more + text[at:])
+
+
+REPO_ASSETS = Path(__file__).resolve().parent.parent / "assets" / "demo"
+
+
+def _cases(root: Path) -> list[dict]:
+    """(id, CLI arguments, what the one-line refusal must say); every folder built under `root`."""
+    base, lang_lora, lang_ia3 = (str(REPO_ASSETS / p) for p in ("base", "ablation/lang_lora", "ablation/lang_ia3"))
+    out = []
+
+    def inspect(cid, math, lang, match):
+        out.append({"id": cid, "args": ["inspect", "--math", str(math), "--lang", lang, "--base", base],
+                    "match": match})
+
+    def merge(cid, math, lang, match):
+        out.append({"id": cid, "args": ["merge", "--math", str(math), "--lang", lang, "--base", base, "--force",
+                                        "--b", "1", "--u", "1", "--tb", "1", "--tu", "1", "-o", str(root / cid)],
+                    "match": match})
+
+    not_plain = "is not a plain list of module names"
+    for i, pat in enumerate(REDOS):
+        inspect(f"lora-target-{i}", _adapter(root, "math_lora", f"lt{i}", target_modules=pat), lang_lora, not_plain)
+        merge(f"merge-lora-target-{i}", _adapter(root, "math_lora", f"mlt{i}", target_modules=pat), lang_lora,
+              not_plain)
+        inspect(f"lora-rank-pattern-{i}", _adapter(root, "math_lora", f"rp{i}", rank_pattern={pat: 4}), lang_lora,
+                not_plain)
+        inspect(f"lora-alpha-pattern-{i}", _adapter(root, "math_lora", f"ap{i}", alpha_pattern={pat: 4}), lang_lora,
+                not_plain)
+        inspect(f"lora-exclude-{i}", _adapter(root, "math_lora", f"ex{i}", exclude_modules=pat), lang_lora, not_plain)
+        inspect(f"lora-layers-pattern-{i}", _adapter(root, "math_lora", f"lp{i}", layers_pattern=pat,
+                                                     layers_to_transform=[2]), lang_lora, "must be a module name")
+        inspect(f"lora-modules-to-save-{i}", _adapter(root, "math_lora", f"ms{i}", modules_to_save=[pat]), lang_lora,
+                "must be a module name")
+        inspect(f"ia3-target-{i}", _adapter(root, "math_ia3", f"it{i}", target_modules=pat), lang_ia3, not_plain)
+        inspect(f"ia3-feedforward-{i}", _adapter(root, "math_ia3", f"if{i}", feedforward_modules=pat), lang_ia3,
+                not_plain)
+        merge(f"merge-ia3-feedforward-{i}", _adapter(root, "math_ia3", f"mif{i}", feedforward_modules=pat), lang_ia3,
+              not_plain)
+    nan = "is not valid JSON \\((NaN|Infinity|-Infinity) is not a JSON number\\)"
+    for v in ("NaN", "Infinity", "-Infinity"):
+        merge(f"lora-alpha-{v}", _adapter(root, "math_lora", f"al{v}", lora_alpha=f"RAW:{v}"), lang_lora, nan)
+    merge("alpha-pattern-NaN", _adapter(root, "math_lora", "apn", alpha_pattern="RAW:{\"q_proj\": NaN}"), lang_lora,
+          nan)
+    merge("lora-alpha-1e308", _adapter(root, "math_lora", "alb", lora_alpha=1e308), lang_lora,
+          "lora_alpha must be a number in \\(0, 65536\\]")
+    inspect("alpha-pattern-0", _adapter(root, "math_lora", "apz", alpha_pattern={"q_proj": 0}), lang_lora,
+            "must be a number in")
+    inspect("r-true", _adapter(root, "math_lora", "rt", r=True), lang_lora, "r must be a whole number")
+    inspect("rank-pattern-true", _adapter(root, "math_lora", "rpt", rank_pattern={"q_proj": True}), lang_lora,
+            "must be a whole number")
+    inspect("modules-to-save-absent", _adapter(root, "math_lora", "msa", modules_to_save=["model.nowhere"]),
+            lang_lora, "modules_to_save names 'model.nowhere', which .* does not have")
+    inspect("adapter-config-deep", _adapter(root, "math_lora", "acd", extra=f"RAW:{DEEP}"), lang_lora,
+            "more than 64 levels of nested brackets")
+    lang = str(REPO_ASSETS / "lang")
+    deep = "more than 64 levels of nested brackets"
+    inspect("config-deep", _model(root, "cd", _patch_json("config.json", lambda t: t.replace("{", '{"x":' + DEEP + ",", 1))),
+            lang, deep)
+    inspect("config-eps-NaN", _model(root, "cen", _patch_json(
+        "config.json", lambda t: re.sub(r'"rms_norm_eps": [^,]+', '"rms_norm_eps": NaN', t))), lang, nan)
+    inspect("config-eps-negative", _model(root, "cem", _patch_json(
+        "config.json", lambda t: re.sub(r'"rms_norm_eps": [^,]+', '"rms_norm_eps": -1e-5', t))), lang,
+        "norm epsilon is not a number in \\(0, 1\\]")
+    inspect("generation-config-NaN", _model(root, "gcn", _patch_json(
+        "generation_config.json", lambda t: t.replace("{", '{"temperature": NaN,', 1))), lang, nan)
+    inspect("safetensors-header-deep", _model(root, "shd", _deep_header), lang,
+            "header is not JSON: more than 64 levels")
+    ask = ["ask", "--lang", lang, "--base", base, "--question", "2+2?", "--engine", "transformers",
+           "--max-new-tokens", "2", "--math"]
+    template = lambda t: _patch_json("tokenizer_config.json",  # noqa: E731
+                                     lambda s: json.dumps({**json.loads(s), "chat_template": t}))
+    nested = str(_model(root, "tn", template(NESTED_RANGE)))
+    out.append({"id": "template-nested-range", "args": [*ask, nested, "--chat-template"],
+                "match": "tokenizer_config.json: its chat template is refused \\(" + STEPS + "\\)"})
+    out.append({"id": "template-not-asked", "args": [*ask, nested], "match": None})  # never rendered: answers
+    big = str(_model(root, "tb", template("{% for i in range(10**9) %}x{% endfor %}")))
+    out.append({"id": "template-range-1e9", "args": [*ask, big, "--chat-template"],
+                "match": "tokenizer_config.json: its chat template is refused \\(safe_range with 1,000,000,000\\)"})
+    out.append({"id": "tokenizer-66MB", "args": [*ask, str(_model(root, "tk", lambda d: _big_tokenizer(d, 3_000_000)))],
+                "match": "its tokenizer.json is [0-9,]+ bytes, more than the 1,048,576 a tokenizer of 373 tokens"})
+    out.append({"id": "tokenizer-more-tokens", "args": [*ask, str(_model(root, "tm", lambda d: _big_tokenizer(d, 2000)))],
+                "match": "its tokenizer has 2,373 tokens, more than the model's 373"})
+    out.append({"id": "tokenizer-config-deep", "args": [*ask, str(_model(root, "tcd", _patch_json(
+        "tokenizer_config.json", lambda t: t.replace("{", '{"x":' + DEEP + ",", 1))))], "match": deep})
+    return out
+
+
+@pytest.fixture(scope="module")
+def hostile_runs(tmp_path_factory) -> dict[str, dict]:
+    """Every hostile case through the CLI, in one process (start-up paid once); results by case id."""
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("hostile41")
+    cases = _cases(root)
+    (root / "cases.json").write_text(json.dumps(cases))
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+           "LAYERSWAP_CACHE": str(root / "cache")}
+    proc = subprocess.run([sys.executable, "-c", _BATCH, str(root / "cases.json")], capture_output=True, text=True,
+                          timeout=60 + 10 * len(cases), env=env)
+    runs = {r["id"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    assert len(runs) == len(cases), f"stopped after {list(runs)[-1:]}: {proc.stderr[-3000:]}"
+    return {c["id"]: {**runs[c["id"]], "match": c["match"]} for c in cases}
+
+
+CASE_IDS = [c["id"] for c in _cases(Path("/nonexistent-layerswap-cases"))]
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_a_hostile_file_is_refused_quickly_in_one_line(hostile_runs, case):
+    """Issue 41, items 1-5, through the CLI: each hostile file is refused within `SECONDS` and `GROWTH_MB` with
+    one line saying what is wrong (no traceback); a chat template nobody asked for is never rendered."""
+    r = hostile_runs[case]
+    print(f"\n{case}: {r['seconds']:.2f} s, +{r['grown_mb']:.0f} MB")
+    assert r["grown_mb"] < GROWTH_MB, r
+    if r["match"] is None:
+        assert r["rc"] == 0 and r["seconds"] < 60, r
+        return
+    errors = [ln for ln in r["stderr"].splitlines() if ": error: " in ln]
+    assert r["rc"] == 2 and "Traceback" not in r["stderr"] and len(errors) == 1, r
+    assert re.search(r["match"], errors[0]), errors[0]
+    assert r["seconds"] < SECONDS, r
+
+
+REAL_TEMPLATES = {  # shapes of widely used chat templates (ChatML as Qwen 2.5, Llama 3, Mistral with checks)
+    "chatml": "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+              "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+              "{%- endif %}{%- for message in messages %}{%- if message.role == 'user' %}{{- '<|im_start|>' + "
+              "message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+              "{% generation %}{{ 'x' }}{% endgeneration %}"
+              "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+    "llama3": "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+              "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
+              "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+              "{{ content }}{% endfor %}{% if add_generation_prompt %}"
+              "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}",
+    "mistral": "{%- set ns = namespace(n=0) %}{%- for m in messages %}{%- if m['role'] not in ['user', 'assistant'] %}"
+               "{{ raise_exception('Only user and assistant roles are supported!') }}{%- endif %}"
+               "{%- set ns.n = ns.n + 1 %}{%- endfor %}{{ bos_token }}{%- for m in messages %}[INST] "
+               "{{ m['content'] }} [/INST]{%- endfor %}{{ ns.n|string }}{{ {'n': ns.n}|tojson }}"
+               "{{ '%-5s|' % 'ab' }}{{ 'x'|center(9) }}{{ '{:>4}'.format(7) }}{{ ', '.join(['a', 'b']) }}"
+               "{{ tools is none }}{{ documents is none }}{{ 'n=' ~ ns.n ~ '|' ~ [1, 'a'] }}{{ 'a\tb'|indent(2, true) }}{{ messages|tojson(indent=2) }}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_TEMPLATES))
+def test_a_bounded_render_is_transformers_render(name):
+    """The bounded renderer (`engines.chat.render_chat`) gives what transformers' apply_chat_template gives for
+    real templates, string for string (the prompt holds text that looks like format widths and stars)."""
+    from layerswap.demo import build_tokenizer
+    from layerswap.engines.chat import render_chat
+
+    tok = build_tokenizer(chat_template=REAL_TEMPLATES[name])
+    prompt = "Janet: 16 eggs * 3 = 48; {:99999999} %99999999d and 1234567890."
+    want = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    assert render_chat(tok, prompt) == want
+
+
+@pytest.mark.parametrize("template,why", [
+    (NESTED_RANGE, STEPS),
+    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", STEPS),
+    ("{% for i in range(10**9) %}x{% endfor %}", "safe_range with 1,000,000,000"),
+    ("{{ 'x' * 10**9 }}", "a repetition would build 1,000,000,000"),
+    ("{{ 'x'|center(1000000000) }}", "the center filter with 1,000,000,000"),
+    ("{{ 'x'.ljust(1000000000) }}", "ljust with 1,000,000,000"),
+    ("{{ '%1000000000d'|format(1) }}", "a width of a million or more"),
+    ("{{ '%1000000000d' % 1 }}", "a width of a million or more"),
+    ("{{ '{:>1000000000}'.format(1) }}", "a width of a million or more"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+     "a ~ concatenation would build 1,048,576"),
+    ("{% set a = 'xx' %}" + "{% set a = a ~ a %}" * 40, "a ~ concatenation would build 1,048,576"),
+    ("{% macro f(n) %}{% if n > 0 %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}{{ f(40) }}", STEPS),
+    ("{% set s = 'x' * 900000 %}{{ s|replace('x', s) }}", "the replace filter would build"),
+    ("{% set s = 'x' * 900000 %}{{ s|join(s) }}", "the join filter would build"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
+    ("{% set s = 'x' * 900000 %}{{ ([s] * 1000)|tojson }}", "a repetition would build 900,001,000"),
+    ("{% set s = 'x' * 900000 %}{{ s ~ s ~ s }}", "a ~ concatenation would build 2,700,000"),
+    ("{% set s = 'x' * 900000 %}{{ '{}{}{}'.format(s, s, s) }}", "format would build 2,700,000"),
+    ("{% set n = 10 ** 64 %}{% set m = n ** 64 %}{{ m ** 64 }}", "a power would build a number of"),
+    ("{% set s = '\n' * 900000 %}{{ s|indent(999999) }}", "the indent filter would build"),
+    ("{% set s = '\t' * 900000 %}{{ s.expandtabs(999999) }}", "expandtabs would build"),
+    ("{{ messages|tojson(indent=999999) }}", "tojson with an indent of 999999"),
+    ("{{ lipsum(999999) }}", "'lipsum' is undefined"),
+    ("{{ messages.__class__.__mro__ }}", "cannot be rendered"),
+    ("{% for %}", "TemplateSyntaxError"),
+])
+def test_a_hostile_chat_template_is_refused_quickly_naming_its_file(tmp_path, template, why):
+    """Issue 41 item 2 and its neighbours: loops, repetition, widths, doubling, recursion; each refused in well
+    under a second and a few MB, with the template's file named."""
+    import resource
+    import time
+
+    from layerswap.demo import build_tokenizer, make_tiny_llama
+    from layerswap.engines.base import TokenizingEngine, load_tokenizer
+
+    folder = make_tiny_llama(tmp_path / "m", layers=1, tokenizer=build_tokenizer(chat_template=template))
+    tok = load_tokenizer(folder)
+    assert not TokenizingEngine(tok).use_chat_template  # not asked: never rendered
+    rss, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
+    with pytest.raises(UserError, match=re.escape(why) if "(" not in why else why) as e:
+        TokenizingEngine(tok, use_chat_template=True)  # asked: rendered once, before any weight would load
+    assert time.perf_counter() - t0 < 3 and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 100 * 1024
+    source = folder / "chat_template.jinja"  # where transformers saves a template (else tokenizer_config.json)
+    source = source if source.is_file() else folder / "tokenizer_config.json"
+    assert str(e.value).startswith(f"{source}: its chat template") and "\n" not in str(e.value)
+
+
+# ---- the same files as Hub repos, through the hosted page (one app for every case) ------------------------------
+
+class HostileHub(JsonHandler):
+    """The Hub's model-info endpoint for the hostile repos (their files are in the app's Hub cache at `SHA`, as a
+    download left them; hf_hub_download at a commit reads them from there)."""
+
+    repos: dict[str, list] = {}
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        m = re.match(r"/api/models/([^/]+/[^/?]+)", self.path)
+        files = self.repos.get(m.group(1)) if m else None
+        if files is None:
+            self.reply({"error": "Repository Not Found"}, status=404)
+            return
+        if "/tree/" in self.path:  # snapshot_download's file list
+            body = json.dumps([{"type": "file", "oid": "d" * 40, "size": s, "path": n} for n, s in files]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.reply({"id": m.group(1), "modelId": m.group(1), "sha": SHA, "private": False, "gated": False,
+                    "siblings": [{"rfilename": n, "size": s} for n, s in files]})
+
+
+@pytest.fixture(scope="module")
+def hostile_page(tmp_path_factory):
+    """The hosted app (a subprocess, `launch_app`) on a fake Hub holding the hostile repos; warmed up on a clean
+    trio of Hub repos (loaded and asked), so what the cases add to its memory is theirs. Yields (url, pid, baseline
+    peak MB)."""
+    from gradio_client import Client
+
+    from tests.helpers import launch_app
+
+    work = tmp_path_factory.mktemp("hostile-page")
+    build = work / "build"
+    build.mkdir()
+    lora_nan = _adapter(build, "math_lora", "nan-lora", lora_alpha="RAW:NaN")
+    srcs = {"evil/base": REPO_ASSETS / "base", "evil/math": REPO_ASSETS / "math", "evil/lang": REPO_ASSETS / "lang",
+            "evil/lang-lora": REPO_ASSETS / "ablation" / "lang_lora",
+            "evil/redos-lora": _adapter(build, "math_lora", "redos-lora", target_modules=REDOS[0]),
+            "evil/nan-lora": lora_nan,
+            "evil/template": _model(build, "template", _patch_json("tokenizer_config.json", lambda s: json.dumps(
+                {**json.loads(s), "chat_template": NESTED_RANGE}))),
+            "evil/big-tokenizer": _model(build, "big-tokenizer", lambda d: _big_tokenizer(d, 3_000_000)),
+            "evil/deep-config": _model(build, "deep-config", _patch_json(
+                "config.json", lambda t: t.replace("{", '{"x":' + DEEP + ",", 1)))}
+    cache = work / "hf" / "hub"
+    for repo, src in srcs.items():
+        _hub_snapshot(cache, repo, src)
+        HostileHub.repos[repo] = [(f.name, f.stat().st_size) for f in sorted(src.iterdir())]
+    for hub in serve(HostileHub):
+        env = {"LAYERSWAP_HOSTED": "1", "HF_ENDPOINT": hub, "HF_HOME": str(work / "hf"), "HF_HUB_CACHE": str(cache)}
+        for url in launch_app(work, mgsm_dir=None, env_extra=env):
+            from tests.helpers import APPS
+
+            pid = APPS[url].pid
+            warm = Client(url, verbose=False)
+            warm.predict("evil/base", "evil/math", "evil/lang", False, api_name="/load")
+            _page_ask(warm)
+            yield url, pid, _status_mb(pid, "VmHWM")
+
+
+def _status_mb(pid: int, field: str) -> float:
+    line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
+
+
+def _page_ask(client) -> list:
+    params = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/ask"]["parameters"]
+    given = {"free_text": "2+2?", "max_new_tokens": 16, "lang": "en", "index": None}
+    args = [given.get(p["parameter_name"], p.get("parameter_default")) for p in params]
+    import time
+
+    import httpx
+
+    for _ in range(120):  # the Load's follow-up events (views, analysis) still hold this visitor's turn: wait
+        try:
+            return client.submit(*args, api_name="/ask").result(timeout=60)
+        except httpx.HTTPStatusError as e:
+            if e.response.status_code != 400 or "busy" not in e.response.text.lower():
+                raise AssertionError(e.response.text[:500]) from None
+            time.sleep(0.5)
+    raise AssertionError("Ask was never admitted")
+
+
+PAGE_CASES = {  # math expert (Hub repo), language expert, what the one-line refusal says (None: answers)
+    "redos-target-modules": ("evil/redos-lora", "evil/lang-lora", "target_modules is not a plain list of module"),
+    "lora-alpha-NaN": ("evil/nan-lora", "evil/lang-lora", "NaN is not a JSON number"),
+    "config-100k-brackets": ("evil/deep-config", "evil/lang", "more than 64 levels of nested brackets"),
+    "tokenizer-66MB": ("evil/big-tokenizer", "evil/lang", "its tokenizer.json is [0-9,]+ bytes, more than the 1,048,576"),
+    "chat-template-never-rendered": ("evil/template", "evil/lang", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PAGE_CASES))
+def test_a_hostile_hub_repo_is_refused_on_the_hosted_page(hostile_page, case):
+    """Issue 41 hosted: each hostile repo named on the page (Load, then Ask) is refused with one line within
+    `SECONDS` of the call (plus the page's own latency) and `GROWTH_MB` over the warmed-up server's peak; the chat
+    template nobody asked for is never rendered (Ask answers)."""
+    import time
+
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    url, pid, peak0 = hostile_page
+    math, lang, match = PAGE_CASES[case]
+    c = Client(url, verbose=False)
+    t0 = time.perf_counter()
+    with pytest.raises(AppError) if match else __import__("contextlib").nullcontext() as e:
+        c.submit("evil/base", math, lang, False, api_name="/load").result(timeout=30)
+        answers = _page_ask(c)
+    took, grown = time.perf_counter() - t0, _status_mb(pid, "VmHWM") - peak0
+    print(f"\n{case}: {took:.1f} s, server peak +{grown:.0f} MB")
+    assert grown < GROWTH_MB
+    if match is None:
+        assert took < 60 and "2+2?" in str(answers), answers
+        return
+    msg = str(e.value)
+    assert re.search(match, msg) and "\n" not in msg.strip() and "Traceback" not in msg, msg
+    assert took < SECONDS + 3, took
+
+
+@pytest.mark.parametrize("text,why", [
+    (DEEP, "more than 64 levels of nested brackets"),
+    ("[" * 65 + "]" * 65, "more than 64 levels"),
+    ('{"a": NaN}', "NaN is not a JSON number"),
+    ('{"a": [1, -Infinity]}', "-Infinity is not a JSON number"),
+    ("[" + ",".join(["{}"] * 1_000_001) + "]", "1,000,002 arrays and objects, at most 1,000,000"),
+    ("[1," + " " * (16 * 2**20) + "2]", "bytes; at most 16,777,216 are read"),
+    ('{"a": 1', "Expecting ',' delimiter"),
+    ("\xff", "not valid JSON"),
+])
+def test_a_model_json_is_read_strictly_in_one_line(tmp_path, text, why):
+    """Every JSON a model brings goes through `jsonfile.read_json`: size, depth and count of arrays and objects
+    bounded before parsing (fast, small), NaN and Infinity refused, every failure one line naming the file."""
+    import time
+
+    from layerswap.jsonfile import read_json
+
+    f = tmp_path / "config.json"
+    f.write_bytes(text.encode("latin-1") if text == "\xff" else text.encode())
+    t0 = time.perf_counter()
+    with pytest.raises(UserError, match=re.escape(why)) as e:
+        read_json(f)
+    assert str(e.value).startswith(str(f)) and "\n" not in str(e.value) and time.perf_counter() - t0 < 2
+
+
+def test_brackets_and_escapes_inside_strings_are_not_nesting(tmp_path):
+    from layerswap.jsonfile import read_json
+
+    value = {"template": "{% for m in messages %}[[[[" * 100 + '\\"[' * 50 + "\\\\", "x": [[1]], "y": "]]]}}}" * 100}
+    (tmp_path / "c.json").write_text(json.dumps(value))
+    assert read_json(tmp_path / "c.json") == value

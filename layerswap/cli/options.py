@@ -235,7 +235,7 @@ def print_recipe(recipe: Recipe, num_layers: int, why: str | None = None, file=N
 
 def engine_settings(args, chat_template: bool | None = False) -> EngineSettings:
     """The engine options as `EngineSettings` (`chat_template`: the default when --chat-template is not
-    given; None uses the tokenizer's template when it has one)."""
+    given; a model's template is rendered only when asked for, `engines.base.chat_template_choice`)."""
     return EngineSettings(engine=args.engine, device=args.device, serving=args.serving,
                           chat_template=True if args.chat_template else chat_template,
                           max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size)

@@ -15,9 +15,13 @@ and vLLM engines answer string for string alike.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
+from ..tokenizer_files import check_tokenizer_folder, vocab_size
 from ..errors import UserError
+from ..jsonfile import read_json
+from .chat import render_chat
 
 # on_batch(indices into the prompts, their answers): called after each finished batch
 OnBatch = Callable[[list[int], list[str]], None]
@@ -66,10 +70,21 @@ def truncate_at_stop(text: str, stop: Sequence[str]) -> str:
 
 
 def load_tokenizer(path: str | os.PathLike):
-    """The model folder's tokenizer, left-padded, with EOS as padding when it has no pad token."""
+    """The model folder's tokenizer, left-padded, with EOS as padding when it has no pad token; its files'
+    sizes checked against the config's vocabulary before they are parsed, and its tokens after."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(path))
+    check_tokenizer_folder(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # a tokenizer file its library cannot read (malformed, too deep): said in one line
+        why = (str(e).splitlines() or [""])[0][:160]
+        raise UserError(f"{path}: its tokenizer cannot be loaded ({type(e).__name__}: {why}); re-download it "
+                        "or use the base's tokenizer.") from None
+    vocab = vocab_size(read_json(Path(path) / "config.json")) if (Path(path) / "config.json").is_file() else None
+    if vocab is not None and len(tok) > vocab:
+        raise UserError(f"{path}: its tokenizer has {len(tok):,} tokens, more than the model's {vocab:,} "
+                        "(config.json's vocab_size); re-download it or use the base's tokenizer.")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -77,12 +92,14 @@ def load_tokenizer(path: str | os.PathLike):
 
 
 def chat_template_choice(tokenizer, use_chat_template: bool | None) -> bool:
-    """Use the chat template when asked (error if there is none), by default when the tokenizer has one."""
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if use_chat_template and not has_template:
+    """Use the chat template only when asked (error if there is none); by default (None, False) never: a
+    model's template is code it brings, rendered only on request and then with bounds (`chat.render_chat`)."""
+    if use_chat_template and not getattr(tokenizer, "chat_template", None):
         raise UserError("This model's tokenizer has no chat template, so it cannot be prompted as a chat; "
                         "run without --chat-template (plain MGSM prompts, as lm-eval does by default).")
-    return has_template if use_chat_template is None else bool(use_chat_template)
+    if use_chat_template:
+        render_chat(tokenizer, "2+2?")  # a template that cannot render is refused before any weight loads
+    return bool(use_chat_template)
 
 
 class TokenizingEngine:
@@ -99,12 +116,10 @@ class TokenizingEngine:
         return not self.use_chat_template
 
     def format(self, prompt: str) -> str:
-        """The prompt as the model reads it: wrapped in the chat template when one is used."""
+        """The prompt as the model reads it: wrapped in the chat template when one is used (bounded)."""
         if not self.use_chat_template:
             return prompt
-        return self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
+        return render_chat(self.tokenizer, prompt)
 
     def encode(self, prompt: str) -> list[int]:
         """Token ids of one formatted prompt."""

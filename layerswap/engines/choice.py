@@ -56,7 +56,7 @@ class EngineSettings:
     device: str = "auto"  # transformers engine and merges
     serving: str = "auto"  # vLLM: three engines, or one with weights swapped (auto: by memory)
     batch_size: int = 8
-    chat_template: bool | None = None  # None: the tokenizer's template when it has one
+    chat_template: bool | None = None  # True: the chat template (bounded); None or False: plain prompts
     max_model_len: int | None = None  # vLLM context length (None: the model's, at most 4096)
     tensor_parallel_size: int = 1  # vLLM on GPUs: GPUs per engine
 

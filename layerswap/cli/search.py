@@ -82,7 +82,7 @@ def run(args) -> int:
              else "questions drawn from the set")
           + f"; records in {results}", file=say)
     bar = Bar(enabled=not args.quiet)
-    try:  # the tokenizer's chat template when it has one, as the page and the organisms' cards answer
+    try:  # plain prompts unless --chat-template, as the page and the organisms' cards answer
         result = search(args.math, args.lang, args.base, cfg, results=results, engine=engine_settings(args, None),
                         force=args.force, progress=bar, workers=args.ray or 0, address=args.ray_address)
     finally:

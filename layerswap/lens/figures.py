@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 
 from ..plots import BASE_COLOR, LANG_COLOR, MATH_COLOR, MODEL_COLORS, _runs
 from ..roles import ROLE_NAMES
-from ..sources import Sources
+from ..sources import Sources, TensorSource
 from .classes import CLASSES
 from .run import LensResult
 
@@ -92,14 +92,14 @@ def lens_grid(result: LensResult, roles: list[str] | None = None, max_chars: int
                       "yanchor": "top"}), row=j, col=1)
         fig.update_yaxes(tickvals=ys, ticktext=ylab, title_text="after layer", row=j, col=1,
                          dtick=1 if L <= 40 else 4)
-        if role == "merged" and result.layer_weights is not None:
-            for a, b in _runs([w == 1.0 for w in result.layer_weights]):
+        if role == "merged" and result.layer_sources is not None:
+            for a, b in _runs([_from_lang(s) for s in result.layer_sources]):
                 fig.add_hrect(y0=a - 0.5, y1=b + 0.5, row=j, col=1, line={"color": LANG_COLOR, "width": 2.5},
                               fillcolor="rgba(0,0,0,0)", layer="above")
     answered = any(m.answer is not None for m in result.models.values())
     notes = ["columns: the last prompt token" + (", then the model's own answer" if answered else ""),
              "colour: class of the top token (deeper = more probable)"]
-    if result.layer_weights is not None:
+    if result.layer_sources is not None:
         notes.append("outlined on the merged model: layers from the language expert")
     fig.update_layout(  # one short line per note: the figure may be as narrow as one column
         title=f"Logit lens, top token per layer · {result.language_name} prompt" + "".join(
@@ -109,16 +109,20 @@ def lens_grid(result: LensResult, roles: list[str] | None = None, max_chars: int
     return fig
 
 
+def _from_lang(s: TensorSource) -> bool:
+    return s.kind == "copy" and s.role == "lang"
+
+
 def _plan_overlay(fig: go.Figure, result: LensResult) -> None:
-    lw = result.layer_weights
-    if lw is None:
+    layers = result.layer_sources  # through Sources: a reverted layer is the base's, never the language expert's
+    if layers is None:
         return
-    for a, b in _runs([w == 1.0 for w in lw]):
+    for a, b in _runs([_from_lang(s) for s in layers]):
         fig.add_vrect(x0=a - 0.5, x1=b + 0.5, row="all", col=1, line={"color": LANG_COLOR, "width": 2},
                       fillcolor="rgba(0,0,0,0)", layer="above")
-    for a, b in _runs([0.0 < w < 1.0 for w in lw]):
+    for a, b in _runs([s.kind == "blend" for s in layers]):
         fig.add_vrect(x0=a - 0.5, x1=b + 0.5, row="all", col=1, fillcolor="rgba(120,120,120,0.25)", line_width=0)
-    for a, b in _runs([i in result.recipe.plan.reverted() for i in range(result.num_layers)]):
+    for a, b in _runs([s.from_base for s in layers]):
         fig.add_vrect(x0=a - 0.5, x1=b + 0.5, row="all", col=1, fillcolor="rgba(56,108,176,0.2)",
                       line={"color": BASE_COLOR, "width": 2, "dash": "dash"})
 

@@ -33,6 +33,7 @@ from ..plans import Plan
 from ..recipes import Recipe, as_recipe
 from ..roles import ROLE_NAMES
 from ..runtime import Progress, no_progress, resolve_device
+from ..sources import Sources, TensorSource
 from .forward import MergedSource, Stack, WeightSource
 from .inputs import LensConfig, Prepared, prepare
 from .metrics import LayerLens, cosine, linear_cka, summarize
@@ -89,8 +90,12 @@ class LensResult:
     last_token: str
 
     @property
-    def layer_weights(self) -> list[float] | None:
-        return self.recipe.layer_weights(self.num_layers) if self.recipe is not None else None
+    def layer_sources(self) -> list[TensorSource] | None:
+        """Per layer, where the merged model's layer comes from (`sources.Sources`: a reverted layer is the
+        base's, whatever the map says); None without a recipe or for a method without a layer map."""
+        if self.recipe is None or self.recipe.plan is None:
+            return None
+        return Sources(self.recipe, self.num_layers).layers()
 
     def to_json(self) -> dict:
         """``{"prompt", "language", "models": {ROLE: {"layers": [...]}}}``; a role's ``answer`` only when answers

@@ -179,7 +179,7 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
     languages = check_languages(languages)
     if adapter_pair(math, lang) == "prefix":
         raise UserError("Prefix-tuning experts cannot be densified (a prefix changes no weight): export the swap as "
-                        "a prefix-tuning adapter (layerswap merge --adapter).")
+                        "a prefix-tuning adapter (`merging.export_adapter_merge`; `layerswap merge` does so by itself).")
     check = check_mergeable(math, lang, base, threshold=base_distance_threshold, force=force)
     check.raise_if_bad()
     pairing = check.pairing
@@ -387,6 +387,12 @@ def adapter_pair(math: Checkpoint, lang: Checkpoint) -> str | None:
         raise UserError("A prefix-tuning expert merges only with another prefix-tuning expert: a prefix changes no "
                         "weight, so it cannot be densified beside a full model or another kind of adapter.")
     return math.adapter_kind if len(kinds) == 1 else None
+
+
+def exports_as_adapter(math: Checkpoint, lang: Checkpoint, adapter: bool) -> bool:
+    """Whether a merge is written as a PEFT adapter: when asked (`adapter`), and always for two prefix-tuning
+    experts, whose swap exists only on the adapters (a prefix changes no weight)."""
+    return adapter or adapter_pair(math, lang) == "prefix"
 
 
 def merged_adapter(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, base: Checkpoint | None = None):

@@ -32,7 +32,7 @@ from .engines import (Answering, EngineSettings, Releasing, Trio, VLLMSettings, 
                       resolve_engine_choice)
 from .engines.planning import EnginePlan
 from .errors import UserError
-from .merging import MergeSummary, adapter_pair, export_adapter_merge, export_merge
+from .merging import MergeSummary, adapter_pair, export_adapter_merge, export_merge, exports_as_adapter
 from .plans import Plan
 from .recipes import Recipe, as_recipe
 from .roles import ANSWERING, EXPERTS, ROLE_NAMES
@@ -209,7 +209,7 @@ class Workbench:
         recipe = recipe or self.recipe
         if recipe is None:
             raise UserError("Build the merge first, then export it.")
-        if adapter:
+        if exports_as_adapter(self.checkpoints["math"], self.checkpoints["lang"], adapter):
             return export_adapter_merge(self.checkpoints["math"], self.checkpoints["lang"], recipe, out,
                                         base=self.checkpoints.get("base"), overwrite=overwrite, protect=protect,
                                         force=bool(self.pairing and self.pairing.suspicious), languages=languages)

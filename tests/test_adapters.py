@@ -272,8 +272,8 @@ def test_prefix_experts_answer_and_run_the_lens_as_peft_runs_them(forward, cache
 
 
 def test_cli_merge_adapter_writes_a_peft_folder(pairs, trio, cache, tmp_path):
-    """`layerswap merge --adapter`: a LoRA swap as a PEFT folder with its card; prefix experts without --adapter are
-    refused with the fix."""
+    """`layerswap merge --adapter`: a LoRA swap as a PEFT folder with its card; two prefix-tuning experts, whose swap
+    exists only on the adapters, export as an adapter without --adapter (the CLI and the workbench alike)."""
     from tests.helpers import run_cli
 
     env_args = ["--base", str(trio["base"]), "--b", "1", "--u", "1", "--tb", "1", "--tu", "0", "--force"]
@@ -284,7 +284,15 @@ def test_cli_merge_adapter_writes_a_peft_folder(pairs, trio, cache, tmp_path):
     assert ad.kind == "lora" and "LoRA adapter** (PEFT)" in (tmp_path / "a" / "README.md").read_text()
     r = run_cli("merge", "--math", str(pairs["prefix"]["math"]), "--lang", str(pairs["prefix"]["lang"]), *env_args,
                 "-o", str(tmp_path / "b"))
-    assert r.returncode != 0 and "export the swap as a prefix-tuning adapter (layerswap merge --adapter)" in r.stderr
+    assert r.returncode == 0, r.stderr
+    assert read_adapter(tmp_path / "b").kind == "prefix" and "exists only on the adapters" in r.stdout
+    from layerswap.recipes import Recipe
+    from layerswap.workbench import Workbench
+
+    wb = Workbench()
+    wb.check(str(pairs["prefix"]["math"]), str(pairs["prefix"]["lang"]), str(trio["base"]), force=True)
+    out = wb.export(tmp_path / "c", recipe=Recipe.from_values(b=1, u=1, tb=1, tu=0))
+    assert read_adapter(out).kind == "prefix"
 
 
 def test_the_page_takes_adapter_experts_and_exports_the_swap_as_an_adapter(app_url, tmp_path):

@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..merging import export_adapter_merge, export_merge
+    from ..merging import export_adapter_merge, export_merge, exports_as_adapter
 
     if args.push_to:  # a bad repo id or no network is said before a long merge, not after
         from ..hub import hub_reachable
@@ -45,10 +45,11 @@ def run(args) -> int:
     recipe = recipe_from(args, math.num_layers)
     print_recipe(recipe, math.num_layers, plan_note(args, math.num_layers))
     languages = args.languages.split(",") if args.languages else None
-    if args.adapter:
+    if exports_as_adapter(math, lang, args.adapter):  # two prefix-tuning experts: only as an adapter
         out = export_adapter_merge(math, lang, recipe, args.out, base=base, overwrite=args.overwrite,
                                    force=args.force, languages=languages)
-        print(f"wrote {out} (a {math.adapter_kind} adapter on the experts' base)")
+        why = "" if args.adapter else "; a swap of prefix-tuning experts exists only on the adapters"
+        print(f"wrote {out} (a {math.adapter_kind} adapter on the experts' base{why})")
         if args.push_to:
             push_folder(out, args.push_to, private=args.private, revision=None, overwrite=False, quiet=args.quiet)
         return 0

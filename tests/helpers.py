@@ -152,6 +152,20 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "layerswap.cli", *args], capture_output=True, text=True, timeout=120)
 
 
+def cli_in_process(*args: str) -> subprocess.CompletedProcess:
+    """`layerswap ARGS` through the CLI's `main` in this process (no interpreter start-up): its exit code and
+    what it printed, as `run_cli` returns them. An unexpected exception propagates (fails the test)."""
+    import contextlib
+    import io
+
+    from layerswap.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(args))
+    return subprocess.CompletedProcess(["layerswap", *args], rc, out.getvalue(), err.getvalue())
+
+
 def assert_nothing_written(parent: Path, out: Path) -> None:
     """No output folder, and no temporary folder left beside it."""
     assert not out.exists()

@@ -38,18 +38,50 @@ def _mergekit_bin() -> str:
     return str(exe)
 
 
+# mergekit-yaml's own entry point (the click command its console script calls), run once per config in ONE
+# interpreter: mergekit's start-up (torch, transformers, ~5 s of CPU) is paid once, not once per config.
+_RUN_MANY = """
+import sys
+from mergekit.scripts.run_yaml import main
+for yml, out in zip(sys.argv[1::2], sys.argv[2::2]):
+    main([yml, out, "--copy-tokenizer", "--quiet"], standalone_mode=False)
+"""
+
+
+def run_mergekit(pairs: list[tuple[Path, Path]]) -> None:
+    """mergekit-yaml CONFIG OUT for each pair (fails with mergekit's error if any run fails)."""
+    _mergekit_bin()  # mergekit is installed (the test extra)
+    args = [str(a) for pair in pairs for a in pair]
+    r = subprocess.run([sys.executable, "-c", _RUN_MANY, *args],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def merged_both_ways(trio_bf16, tmp_path_factory) -> dict[str, tuple[int, Path]]:
+    """For each plan: layerswap's export-yaml (exit code, folder with merge.yml), layerswap's export (ours) and
+    mergekit's run of that YAML (theirs), mergekit run once over every plan."""
+    math, lang = Checkpoint.open(trio_bf16["math"]), Checkpoint.open(trio_bf16["lang"])
+    done = {}
+    for key, (plan, method) in PLANS.items():
+        d = tmp_path_factory.mktemp(f"interop-{key}")
+        rc = cli(["export-yaml", "--math", str(trio_bf16["math"]), "--lang", str(trio_bf16["lang"]),
+                  *_plan_flags(plan, method), "-o", str(d / "merge.yml")])
+        export_merge(math, lang, Recipe(method) if method else Recipe(plan=plan), d / "ours")
+        done[key] = (rc, d)
+    run_mergekit([(d / "merge.yml", d / "theirs") for rc, d in done.values() if rc == 0])
+    return done
+
+
 @pytest.mark.parametrize("key", list(PLANS))
-def test_mergekit_reproduces_layerswap_bit_for_bit(trio_bf16, tmp_path, key):
+def test_mergekit_reproduces_layerswap_bit_for_bit(trio_bf16, merged_both_ways, key):
     plan, method = PLANS[key]
     math, lang = Checkpoint.open(trio_bf16["math"]), Checkpoint.open(trio_bf16["lang"])
-    yml = tmp_path / "merge.yml"
-    rc = cli(["export-yaml", "--math", str(trio_bf16["math"]), "--lang", str(trio_bf16["lang"]),
-              *_plan_flags(plan, method), "-o", str(yml)])
+    rc, d = merged_both_ways[key]
     assert rc == 0
     recipe = Recipe(method) if method else Recipe(plan=plan)
-    assert yaml.safe_load(yml.read_text()) == mergekit_config(math, lang, recipe)
-    export_merge(math, lang, recipe, tmp_path / "ours")
-    assert_mergekit_rebuilds(yml, tmp_path)
+    assert yaml.safe_load((d / "merge.yml").read_text()) == mergekit_config(math, lang, recipe)
+    assert_same_tensors(d)
 
 
 def _plan_flags(plan: Plan, method: MethodConfig | None) -> list[str]:
@@ -96,11 +128,16 @@ def test_reverted_layers_come_from_the_base_in_mergekit(trio_bf16, tmp_path, cap
 
 
 def assert_mergekit_rebuilds(yml, tmp_path) -> None:
-    """mergekit run on `yml` writes tmp_path/theirs bit-identical to our export in tmp_path/ours."""
+    """mergekit-yaml on `yml` writes tmp_path/theirs bit-identical to our export in tmp_path/ours."""
     r = subprocess.run([_mergekit_bin(), str(yml), str(tmp_path / "theirs"), "--copy-tokenizer", "--quiet"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    ours, theirs = read_dir(tmp_path / "ours"), read_dir(tmp_path / "theirs")
+    assert_same_tensors(tmp_path)
+
+
+def assert_same_tensors(folder: Path) -> None:
+    """folder/ours and folder/theirs hold the same tensor names, dtypes, shapes and bits."""
+    ours, theirs = read_dir(folder / "ours"), read_dir(folder / "theirs")
     assert set(ours) == set(theirs)
     for name in ours:
         a, b = ours[name], theirs[name]

@@ -14,7 +14,7 @@ from layerswap.merging import export_merge
 from layerswap.outputs import check_output_file, check_output_folder, input_paths
 from layerswap.plans import Plan
 
-from .helpers import run_cli
+from .helpers import cli_in_process, run_cli
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -34,8 +34,8 @@ def copies(trio, tmp_path) -> dict[str, Path]:
     return out
 
 
-def merge(c, out, *extra):
-    return run_cli("merge", "--math", str(c["math"]), "--lang", str(c["lang"]), "--base", str(c["base"]),
+def merge(c, out, *extra, run=run_cli):
+    return run("merge", "--math", str(c["math"]), "--lang", str(c["lang"]), "--base", str(c["base"]),
                    "--b", "1", "--u", "1", "--tb", "0", "--tu", "0", "-o", str(out), *extra)
 
 
@@ -47,8 +47,9 @@ def merge(c, out, *extra):
     (lambda c: c["base"], "is an input"),                      # onto the base
 ])
 def test_cli_refuses_outputs_touching_inputs(copies, tmp_path, where, word):
+    """In process (the CLI's main; the other tests here run it as a user does, in a fresh process)."""
     before = snapshot(tmp_path)
-    r = merge(copies, where(copies), "--overwrite")
+    r = merge(copies, where(copies), "--overwrite", run=cli_in_process)
     assert r.returncode == 2 and word in r.stderr and "nothing was written" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert snapshot(tmp_path) == before

@@ -27,7 +27,7 @@ from layerswap.plots import analysis_heatmaps, layer_strip
 from layerswap.ui import controls
 from tests.helpers import expected_tensor, read_dir
 from tests.test_analysis_merged import merged_reference
-from tests.test_interop import assert_mergekit_rebuilds
+from tests.test_interop import assert_same_tensors, run_mergekit
 
 L = 6
 _RANDOM = set(random.Random(4).sample(range(L), 3))
@@ -94,16 +94,29 @@ def an(cks):
     return analyze(cks["base"], cks["math"], cks["lang"], ks=(1.0,), cache=False)
 
 
+@pytest.fixture(scope="module")
+def exported(trio_bf16, cks, tmp_path_factory) -> dict[str, tuple[int, object]]:
+    """Per kind: the Python API's export (ours), the CLI's mergekit YAML (exit code, merge.yml) and mergekit's
+    rebuild from it (theirs); mergekit runs once over every kind."""
+    done = {}
+    for kind, (plan, _) in CASES.items():
+        d = tmp_path_factory.mktemp(f"revert-{kind}")
+        export_merge(cks["math"], cks["lang"], plan, d / "ours", base=cks["base"])
+        done[kind] = (cli(["export-yaml", *_flags(trio_bf16, plan), "-o", str(d / "merge.yml")]), d)
+    run_mergekit([(d / "merge.yml", d / "theirs") for rc, d in done.values() if rc == 0])
+    return done
+
+
 @pytest.mark.parametrize("kind", list(CASES))
-def test_export_memory_yaml_and_card(trio_bf16, cks, tmp_path, kind):
+def test_export_memory_yaml_and_card(trio_bf16, cks, exported, tmp_path, kind):
     plan, mapw = CASES[kind]
     want = _expected(trio_bf16, plan, mapw)
     # Python API export, and the CLI's: the same tensors, reverted layers byte for byte the base's
-    export_merge(cks["math"], cks["lang"], plan, tmp_path / "ours", base=cks["base"])
+    rc, d = exported[kind]
     assert cli(["merge", *_flags(trio_bf16, plan), "-o", str(tmp_path / "cli"), "-q"]) == 0
     base = read_dir(trio_bf16["base"])
-    for out in ("ours", "cli"):
-        got = read_dir(tmp_path / out)
+    for out in (d / "ours", tmp_path / "cli"):
+        got = read_dir(out)
         assert set(got) == set(want)
         for name, t in want.items():
             assert torch.equal(got[name], t), (out, name)
@@ -114,14 +127,13 @@ def test_export_memory_yaml_and_card(trio_bf16, cks, tmp_path, kind):
     mem = merge_in_memory(sd["math"], sd["lang"], L, plan, base=sd["base"].__getitem__, arch=cks["math"].arch)
     assert all(torch.equal(mem[n], want[n]) for n in want)
     # the mergekit YAML (CLI = API), and mergekit rebuilds the same weights from it
-    yml = tmp_path / "merge.yml"
-    assert cli(["export-yaml", *_flags(trio_bf16, plan), "-o", str(yml)]) == 0
-    assert yaml.safe_load(yml.read_text()) == mergekit_config(cks["math"], cks["lang"], plan, cks["base"])
-    assert_mergekit_rebuilds(yml, tmp_path)
+    assert rc == 0
+    assert yaml.safe_load((d / "merge.yml").read_text()) == mergekit_config(cks["math"], cks["lang"], plan, cks["base"])
+    assert_same_tensors(d)
     # the card: reverted layers, the map's weights, one row per layer saying where it comes from
-    prov = json.loads((tmp_path / "ours" / "layerswap.json").read_text())
+    prov = json.loads((d / "ours" / "layerswap.json").read_text())
     assert prov["reverted_layers"] == sorted(plan.revert) and prov["layer_weights_lang"] == mapw
-    card = (tmp_path / "ours" / "README.md").read_text()
+    card = (d / "ours" / "README.md").read_text()
     for i in range(L):
         row = rf"^\| {i} \| – \| {re.escape(BASE)} \|$" if i in plan.revert else rf"^\| {i} \| {mapw[i]:.4g} \| "
         assert re.search(row, card, re.MULTILINE), (i, card)

@@ -194,8 +194,7 @@ class Workbench:
         recipe = as_recipe(recipe)
         L = self.num_layers
         lw = recipe.layer_weights(L)  # validates
-        if recipe.needs_base and "base" not in self.checkpoints:
-            raise UserError(f"{recipe.base_reason()}: load the base model the experts were fine-tuned from.")
+        recipe.require_base("base" in self.checkpoints, "load the base model the experts were fine-tuned from")
         self.answering_engines.load_merged(recipe, p)
         self.layer_weights = lw
         p(1.0, "built")

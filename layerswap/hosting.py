@@ -17,9 +17,10 @@ import os
 import re
 import shutil
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Mapping
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from .errors import UserError, whole_number
 from .hub import looks_like_hub_id
@@ -72,46 +73,70 @@ def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
         raise UserError(f"{name}={env[name]!r} is not a number.") from None
 
 
+def _limit(default: int, env: str | None, what: str, unit: str = "") -> Any:
+    """A field of `Limits`: its default, the variable that sets it in hosted mode (None: fixed), what it bounds."""
+    return field(default=default, metadata={"env": env, "what": what, "unit": unit})
+
+
+# a heavy job's time limit in hosted mode, per kind (`ui.lane`): past it the job is stopped as Stop would
+JOB_SECONDS = MappingProxyType({
+    "first_view": 600, "load": 1800, "load_preset": 1800, "build": 600, "ask": 600, "start_engines": 1800,
+    "export": 1800, "export_yaml": 300, "evaluate": 3600, "sweep": 3600, "find_plan": 3600,
+    "view": 900, "suggest": 900, "run": 900, "push": 1800})  # "view": the heatmaps, "run": the lens
+DEFAULT_JOB_SECONDS = 900  # any other kind
+
+
 @dataclass(frozen=True)
 class Limits:
-    """Caps for visitors (each from `LAYERSWAP_MAX_*`); stated on the page in hosted mode."""
+    """The hosted numbers, in one table: caps for visitors (each from its `LAYERSWAP_MAX_*` variable in hosted
+    mode), the visitor table and how long exports are kept; the page states them (`markdown`), and
+    docs/hosting.md's table is `table()` (tests/test_hosting.py checks it). Jobs' time limits: `JOB_SECONDS`."""
 
-    text_chars: int = 2000
-    eval_questions: int = 400  # per language and model
-    sweep_points: int = 24
-    search_plans: int = 40  # plans one search may evaluate
-    download_bytes: int = 40 * _GB  # all files of one Hub model
-    zip_bytes: int = 2 * _GB  # the export offered as a download
-    new_tokens: int = 512  # tokens generated per answer
-    lens_questions: int = 32  # parallel questions in one run of the lens
-    ref_chars: int = 200  # a model reference (owner/name@revision)
-    visitor_disk_bytes: int = 20 * _GB  # one visitor's folder (export, its zip, results)
-    disk_bytes: int = 60 * _GB  # all visitors' folders and the files served from them
-    hub_cache_bytes: int = 200 * _GB  # the Hugging Face cache, pruned least recently used first
+    text_chars: int = _limit(2000, "LAYERSWAP_MAX_TEXT_CHARS", "questions and free text")
+    new_tokens: int = _limit(512, "LAYERSWAP_MAX_NEW_TOKENS", "tokens per answer")
+    lens_questions: int = _limit(32, "LAYERSWAP_MAX_LENS_QUESTIONS", "parallel questions in one lens run")
+    eval_questions: int = _limit(400, "LAYERSWAP_MAX_EVAL_QUESTIONS",
+                                 "questions per language and model in an evaluation")
+    sweep_points: int = _limit(24, "LAYERSWAP_MAX_SWEEP_POINTS", "recipes in a sweep")
+    search_plans: int = _limit(40, "LAYERSWAP_MAX_SEARCH_PLANS", "plans one search may evaluate")
+    download_bytes: int = _limit(40 * _GB, "LAYERSWAP_MAX_DOWNLOAD_BYTES", "all files of one Hub model", "GB")
+    zip_bytes: int = _limit(2 * _GB, "LAYERSWAP_MAX_ZIP_BYTES", "the export offered as a download", "GB")
+    visitor_disk_bytes: int = _limit(20 * _GB, "LAYERSWAP_MAX_VISITOR_DISK_BYTES",
+                                     "one visitor's folder (export, its zip, results)", "GB")
+    disk_bytes: int = _limit(60 * _GB, "LAYERSWAP_MAX_DISK_BYTES",
+                             "all visitors' folders and the files served from them", "GB")
+    hub_cache_bytes: int = _limit(200 * _GB, "LAYERSWAP_MAX_HUB_CACHE_BYTES",
+                                  "the Hugging Face cache (pruned least recently used first)", "GB")
+    visitors: int = _limit(512, "LAYERSWAP_MAX_VISITORS",
+                           "visitors remembered (and Gradio's per-session state; `--max-visitors`)")
+    ref_chars: int = _limit(200, None, "a model reference (owner/name@revision)")
+    export_seconds: int = _limit(3600, None, "an export kept for its visitor (Download, Push) however busy the "
+                                             "server is", "s")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Limits":
-        d = cls()
-        return cls(text_chars=_int_env(env, "LAYERSWAP_MAX_TEXT_CHARS", d.text_chars),
-                   eval_questions=_int_env(env, "LAYERSWAP_MAX_EVAL_QUESTIONS", d.eval_questions),
-                   sweep_points=_int_env(env, "LAYERSWAP_MAX_SWEEP_POINTS", d.sweep_points),
-                   search_plans=_int_env(env, "LAYERSWAP_MAX_SEARCH_PLANS", d.search_plans),
-                   download_bytes=_int_env(env, "LAYERSWAP_MAX_DOWNLOAD_BYTES", d.download_bytes),
-                   zip_bytes=_int_env(env, "LAYERSWAP_MAX_ZIP_BYTES", d.zip_bytes),
-                   new_tokens=_int_env(env, "LAYERSWAP_MAX_NEW_TOKENS", d.new_tokens),
-                   lens_questions=_int_env(env, "LAYERSWAP_MAX_LENS_QUESTIONS", d.lens_questions),
-                   visitor_disk_bytes=_int_env(env, "LAYERSWAP_MAX_VISITOR_DISK_BYTES", d.visitor_disk_bytes),
-                   disk_bytes=_int_env(env, "LAYERSWAP_MAX_DISK_BYTES", d.disk_bytes),
-                   hub_cache_bytes=_int_env(env, "LAYERSWAP_MAX_HUB_CACHE_BYTES", d.hub_cache_bytes))
+        return cls(**{f.name: _int_env(env, f.metadata["env"], f.default) for f in fields(cls) if f.metadata["env"]})
+
+    @classmethod
+    def table(cls) -> list[tuple[str, str, str]]:
+        """(variable, default, what) per limit, as docs/hosting.md's table shows them."""
+        def shown(f) -> str:
+            unit = f.metadata["unit"]
+            return f"{f.default / _GB:.0f} GB" if unit == "GB" else f"{f.default:,}{' s' if unit == 's' else ''}"
+
+        return [(f"`{f.metadata['env']}`" if f.metadata["env"] else "(fixed)", shown(f), f.metadata["what"])
+                for f in fields(cls)]
 
     def markdown(self) -> str:
+        minutes = sorted({s // 60 for s in (*JOB_SECONDS.values(), DEFAULT_JOB_SECONDS)})
         return (f"questions and free text up to {self.text_chars:,} characters; answers up to {self.new_tokens:,} "
                 f"tokens; the lens up to {self.lens_questions} questions at once; evaluations up to "
                 f"{self.eval_questions:,} questions per language; sweeps up to {self.sweep_points} recipes; plan "
                 f"searches up to {self.search_plans} plans; Hub "
                 f"models up to {self.download_bytes / _GB:.0f} GB; export downloads up to "
-                f"{self.zip_bytes / _GB:.1f} GB; your files up to {self.visitor_disk_bytes / _GB:.0f} GB, kept an hour "
-                "after their export")
+                f"{self.zip_bytes / _GB:.1f} GB; your files up to {self.visitor_disk_bytes / _GB:.0f} GB, kept "
+                f"{self.export_seconds // 60} minutes after their export; a job stops after {minutes[0]} to "
+                f"{minutes[-1]} minutes, by kind")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from .architectures import Architecture
 from .checkpoints import Checkpoint
 from .errors import UserError
 from .plans import Plan
-from .recipes import Recipe, as_recipe
+from .recipes import GIVE_BASE, Recipe, as_recipe
 from .sources import Sources
 
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
@@ -76,9 +76,7 @@ def mergekit_config(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, b
         )
     arch = math.arch
     src = Sources(plan, L, arch)
-    if src.reverted and base is None:
-        raise UserError(f"{recipe.base_reason()}: the mergekit config takes those layers from the base model, "
-                        "so pass --base (the model both experts were fine-tuned from).")
+    recipe.require_base(base is not None, f"the mergekit config takes those layers from the base model, so {GIVE_BASE}")
 
     def layer_key(i: int) -> tuple:  # attention, MLP, anything else in the layer; or the base
         if src.source(i, arch.attention[0]).from_base:

@@ -49,9 +49,10 @@ def _nesting(raw: bytes) -> tuple[int, int]:
     return deepest, opened
 
 
-def parse_json(raw: bytes | str, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> object:
+def parse_json(raw: bytes | str, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH,
+               **hooks) -> object:
     """`raw` parsed as strict JSON (no NaN/Infinity, at most `max_depth` levels, `max_bytes` long); ValueError
-    with a short reason (one line) otherwise."""
+    with a short reason (one line) otherwise. `hooks` go to `json.loads` (`object_pairs_hook`, `parse_int`)."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
     if len(data) > max_bytes:
         raise ValueError(f"{len(data):,} bytes, at most {max_bytes:,} are read")
@@ -61,7 +62,7 @@ def parse_json(raw: bytes | str, *, max_bytes: int = MAX_JSON_BYTES, max_depth: 
     if containers > MAX_JSON_CONTAINERS:
         raise ValueError(f"{containers:,} arrays and objects, at most {MAX_JSON_CONTAINERS:,} are read")
     try:
-        return json.loads(data, parse_constant=_refuse_constant)
+        return json.loads(data, parse_constant=_refuse_constant, **hooks)
     except (ValueError, RecursionError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise ValueError(str(e).splitlines()[0][:120] if str(e) else type(e).__name__) from None
 

@@ -74,12 +74,6 @@ def blend_into(out: "torch.Tensor", math: "torch.Tensor", lang: "torch.Tensor", 
     return out
 
 
-def _need_base(recipe: Recipe, have_base: bool, what: str = "pass --base (the model both experts were "
-               "fine-tuned from)") -> None:
-    if recipe.needs_base and not have_base:
-        raise UserError(f"{recipe.base_reason()}: {what}.")
-
-
 def merge_in_memory(math: Mapping[str, "torch.Tensor"], lang: Mapping[str, "torch.Tensor"], num_layers: int,
                     recipe: Recipe | Plan, base: Callable[[str], "torch.Tensor"] | None = None,
                     progress: Progress | None = None, arch: Architecture | None = None) -> dict[str, "torch.Tensor"]:
@@ -87,7 +81,7 @@ def merge_in_memory(math: Mapping[str, "torch.Tensor"], lang: Mapping[str, "torc
     recipe = as_recipe(recipe)
     method = recipe.method
     recipes = Sources(recipe, num_layers, arch).of(math)
-    _need_base(recipe, base is not None, "load the base model as well")
+    recipe.require_base(base is not None, "load the base model as well")
     out = {}
     for i, (name, r) in enumerate(recipes.items()):
         out[name] = _merged_tensor(name, r, math[name], lang[name], base, method)
@@ -127,7 +121,7 @@ def merge_stream(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, *, b
         raise UserError("Prefix-tuning experts cannot be densified (a prefix changes no weight): the transformers "
                         "engine runs them (--engine transformers).")
     check_mergeable(math, lang, base, force=force).raise_if_bad()
-    _need_base(recipe, base is not None)
+    recipe.require_base(base is not None)
     recipes = Sources(recipe, math.num_layers, math.arch).of(math.tensors)
     get = (lambda n: base.read(n)) if base is not None else None
 
@@ -183,7 +177,7 @@ def export_merge(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, out:
     check = check_mergeable(math, lang, base, threshold=base_distance_threshold, force=force)
     check.raise_if_bad()
     pairing = check.pairing
-    _need_base(recipe, base is not None)
+    recipe.require_base(base is not None)
     sources = Sources(recipe, math.num_layers, math.arch)
     recipes = sources.of(math.tensors)
     # torch (and a device) only matter when a tensor is computed: a copy-only merge never imports it

@@ -12,17 +12,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable, Protocol
 
 from .errors import UserError
 
-if TYPE_CHECKING:
-    from .checkpoints import Checkpoint
+
+class Input(Protocol):
+    """Where a model input lives (a `checkpoints.Checkpoint` is one; typed here so outputs sits below it)."""
+
+    path: Path
+    adapter: str | None
+    adapter_base: str | None
+
 
 EXPORT_MARK = "layerswap.json"  # written by every export; the only folders --overwrite may replace
 
 
-def input_paths(*checkpoints: "Checkpoint | None", extra: Iterable[str | os.PathLike | None] = ()) -> list[Path]:
+def input_paths(*checkpoints: Input | None, extra: Iterable[str | os.PathLike | None] = ()) -> list[Path]:
     """Every folder the inputs live in: the checkpoints, their adapters and adapter bases, and the
     local paths in `extra` (entries that are not local paths, such as Hub ids, are skipped)."""
     paths: list[str | os.PathLike] = []

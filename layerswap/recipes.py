@@ -29,6 +29,8 @@ from .fields import FIELDS, PLAN_FILE_KEYS, read_values
 from .methods import METHODS, MethodConfig
 from .plans import Plan, default_plan, format_layers
 
+GIVE_BASE = "pass --base (the model both experts were fine-tuned from)"  # what to do, where a command merges
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -61,6 +63,11 @@ class Recipe:
             return f"{self.method.spec.title} works on task vectors (expert minus base)"
         return f"the plan reverts layer{'s' if len(self.plan.revert) > 1 else ''} {format_layers(self.plan.revert)} " \
                "to the base model"
+
+    def require_base(self, have_base: bool, fix: str = GIVE_BASE) -> None:
+        """The one refusal of a merge without the base it needs: why it needs it (`base_reason`), and `fix`."""
+        if self.needs_base and not have_base:
+            raise UserError(f"{self.base_reason()}: {fix}.")
 
     def validate(self, num_layers: int | None = None) -> None:
         """Raise UserError when a parameter is out of range (and, given `num_layers`, when the plan does not fit)."""

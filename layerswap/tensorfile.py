@@ -38,7 +38,13 @@ DTYPES = {
     "BOOL": ("bool", 1), "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
 }
 ITEMSIZE = {code: size for code, (_, size) in DTYPES.items()}
-MAX_HEADER = 100 * 2**20
+# dtypes the safetensors format knows that layerswap does not read (sub-byte floats, unsigned, complex)
+FOREIGN_DTYPES = frozenset({"F4", "F6_E2M3", "F6_E3M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ",
+                            "U16", "U32", "U64", "C64"})
+MAX_HEADER = 100_000_000  # bytes: safetensors' MAX_HEADER_SIZE
+USIZE = 2**64  # safetensors reads shapes and offsets as 64-bit unsigned integers
+FIELDS = ("dtype", "shape", "data_offsets")  # a tensor entry's fields (safetensors refuses one given twice)
+FIX = "re-download or re-export it"
 
 
 def torch_dtype(code: str) -> "torch.dtype":
@@ -67,48 +73,108 @@ def raw_header(path: Path) -> bytes:
     size = path.stat().st_size
     bad = f"{path} is not a valid safetensors file"
     if size < 8:
-        raise UserError(f"{bad} (only {size} bytes); re-download or re-export it.")
+        raise UserError(f"{bad} (only {size} bytes); {FIX}.")
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         if n == 0 or n > min(size - 8, MAX_HEADER):
-            raise UserError(f"{bad} (header length {n} does not fit a {size}-byte file); re-download or re-export it.")
+            raise UserError(f"{bad} (header length {n} does not fit a {size}-byte file); {FIX}.")
         return f.read(n)
 
 
+class _Object(dict):
+    """A JSON object, and the keys that appeared in it more than once (the last one's value is kept)."""
+
+    twice: frozenset = frozenset()
+
+
+def _object(pairs: list) -> _Object:
+    obj = _Object(pairs)
+    if len(obj) < len(pairs):
+        keys = [k for k, _ in pairs]
+        obj.twice = frozenset(k for k in obj if keys.count(k) > 1)
+    return obj
+
+
+def _integer(text: str) -> int | float:
+    return -0.0 if text == "-0" else int(text)  # serde_json reads "-0" as a float, so as no size or offset
+
+
+def _parse(raw: bytes, bad: str) -> dict:
+    """The header as JSON the way safetensors (serde_json) reads it: strict UTF-8, no NaN, no lone surrogate."""
+    try:
+        header = parse_json(raw.decode("utf-8"), max_bytes=MAX_HEADER, object_pairs_hook=_object,
+                            parse_int=_integer)  # nesting bounded and NaN refused before it is parsed
+        json.dumps(header, ensure_ascii=False).encode("utf-8")  # a lone surrogate (\ud800) does not encode
+    except (UnicodeError, ValueError) as e:
+        raise UserError(f"{bad} (header is not JSON: {str(e).splitlines()[0]}); {FIX}.") from None
+    if not isinstance(header, dict):
+        raise UserError(f"{bad} (header is not a JSON object); {FIX}.")
+    meta = header.get("__metadata__")
+    if "__metadata__" in header.twice or not (meta is None or isinstance(meta, dict) and all(
+            isinstance(v, str) for v in meta.values())):
+        raise UserError(f"{bad} (its __metadata__ is not one map of strings); {FIX}.")
+    return header
+
+
+def _usize(v: object) -> bool:
+    return type(v) is int and 0 <= v < USIZE
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int | None:
+    """The bytes a tensor of this shape holds, or None where safetensors' 64-bit count overflows."""
+    n = 1
+    for s in shape:
+        n *= s
+        if n >= USIZE:
+            return None
+    return n * ITEMSIZE[dtype] if n * ITEMSIZE[dtype] * 8 < USIZE else None
+
+
 def read_header(path: str | os.PathLike) -> dict[str, Entry]:
-    """Parse and validate a safetensors header: every tensor's dtype, shape and byte range.
+    """Parse and validate a safetensors header as safetensors itself does (`Metadata::validate`): entries
+    well-typed with known dtypes, byte ranges in order of their offsets, contiguous from 0 and covering the
+    data exactly, each the size its shape and dtype need.
 
     Raises UserError naming the file when the header is corrupt or inconsistent with the file.
     """
     path = Path(path)
     raw = raw_header(path)
-    bad, fix = f"{path} is not a valid safetensors file", "re-download or re-export it"
-    try:
-        header = parse_json(raw, max_bytes=MAX_HEADER)
-    except ValueError as e:
-        raise UserError(f"{bad} (header is not JSON: {e}); {fix}.") from None
-    if not isinstance(header, dict):
-        raise UserError(f"{bad} (header is not a JSON object); {fix}.")
+    bad = f"{path} is not a valid safetensors file"
+    header = _parse(raw, bad)
     data_start = 8 + len(raw)
     data_len = path.stat().st_size - data_start
-    entries = {}
+    found = []
     for name, e in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype, shape, (b, end) = e["dtype"], tuple(int(s) for s in e["shape"]), e["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise UserError(f"{bad} (entry {name!r} is malformed); {fix}.") from None
-        if dtype not in ITEMSIZE:
-            raise UserError(f"{path}: tensor {name!r} has unsupported dtype {dtype}.")
-        expected = math.prod(shape) * ITEMSIZE[dtype]
-        if not (0 <= b <= end <= data_len) or end - b != expected:
-            raise UserError(
-                f"{bad} (tensor {name!r} claims bytes {b}..{end} but the file holds {data_len} data bytes "
-                f"and the shape needs {expected}); it is probably truncated: {fix}."
-            )
-        entries[name] = Entry(name, dtype, shape, data_start + b, data_start + end)
-    return entries
+        if not (isinstance(e, dict) and all(k in e for k in FIELDS) and not e.twice & set(FIELDS)
+                and isinstance(e["dtype"], str) and isinstance(e["shape"], list) and all(map(_usize, e["shape"]))
+                and isinstance(e["data_offsets"], list) and len(e["data_offsets"]) == 2
+                and all(map(_usize, e["data_offsets"]))):
+            raise UserError(f"{bad} (entry {name!r} is not {{dtype: name, shape: [sizes], "
+                            f"data_offsets: [start, end]}}); {FIX}.")
+        if e["dtype"] not in ITEMSIZE and e["dtype"] not in FOREIGN_DTYPES:
+            raise UserError(f"{bad} (tensor {name!r} has unknown dtype {e['dtype']!r}); {FIX}.")
+        found.append((tuple(e["data_offsets"]), name, e["dtype"], tuple(e["shape"])))
+    found.sort(key=lambda f: f[0])  # as safetensors: by (start, end), each starting where the one before ended
+    end, entries = 0, {}
+    for (b, e), name, dtype, shape in found:
+        if b != end or e < b:
+            raise UserError(f"{bad} (tensor {name!r} claims bytes {b}..{e} but the tensor before it ends at {end}: "
+                            f"tensors may neither overlap nor leave gaps); {FIX}.")
+        if dtype in FOREIGN_DTYPES:
+            raise UserError(f"{path}: tensor {name!r} has dtype {dtype}, which layerswap does not read "
+                            f"(it reads {', '.join(DTYPES)}).")
+        need = _nbytes(shape, dtype)
+        if need != e - b:
+            raise UserError(f"{bad} (tensor {name!r} claims {e - b} bytes but its shape {list(shape)} of {dtype} "
+                            f"needs {'more than 2^64 bits' if need is None else need}); {FIX}.")
+        end = e
+        entries[name] = Entry(name, dtype, shape, data_start + b, data_start + e)
+    if end != data_len:
+        what = "it is probably truncated" if end > data_len else f"{data_len - end} bytes follow the last tensor"
+        raise UserError(f"{bad} (its tensors cover {end} data bytes but the file holds {data_len}: {what}); {FIX}.")
+    return {name: entries[name] for name in header if name != "__metadata__"}  # in the header's order
 
 
 def encode_header(tensors: Sequence[tuple[str, str, Sequence[int]]]) -> tuple[bytes, list[int]]:

@@ -28,15 +28,18 @@ from .adapters import open_expert
 from .analysis import Analysis, MergedStats, analyze
 from .checkpoints import Checkpoint, CompatReport
 from .pairing import Pairing, check_mergeable
-from .engines import (Answering, EngineSettings, Releasing, Trio, VLLMSettings, plan_engines,
+from .engines import (Answering, EngineSettings, Merges, Releasing, Trio, VLLMSettings, plan_engines,
                       resolve_engine_choice)
 from .engines.planning import EnginePlan
 from .errors import UserError
-from .merging import MergeSummary, adapter_pair, export_adapter_merge, export_merge, exports_as_adapter
+from .merging import (MergeSummary, adapter_pair, export_adapter_merge, export_merge, exports_as_adapter,
+                      merge_in_memory, merge_stream, merged_adapter)
 from .plans import Plan
 from .recipes import Recipe, as_recipe
 from .roles import ANSWERING, EXPERTS, ROLE_NAMES
 from .runtime import Progress, no_progress, resolve_device
+
+MERGES = Merges(merge_in_memory, merge_stream, export_merge, merged_adapter)  # what the answering engines merge with
 
 
 @dataclass
@@ -142,7 +145,7 @@ class Workbench:
         if self.answering_engines is None:
             self.answering_engines = Answering(
                 self.engine_plan, Trio(self.checkpoints, bool(self.pairing and self.pairing.suspicious), self.device,
-                                       self.batch_size, self.chat_template),
+                                       self.batch_size, self.chat_template, merges=MERGES),
                 fallback=self.engine_choice == "auto")
         self.answering_engines.start(progress or no_progress, lock=lock, ready=ready)
         (progress or no_progress)(1.0, "loaded")
@@ -191,8 +194,7 @@ class Workbench:
         recipe = as_recipe(recipe)
         L = self.num_layers
         lw = recipe.layer_weights(L)  # validates
-        if recipe.needs_base and "base" not in self.checkpoints:
-            raise UserError(f"{recipe.base_reason()}: load the base model the experts were fine-tuned from.")
+        recipe.require_base("base" in self.checkpoints, "load the base model the experts were fine-tuned from")
         self.answering_engines.load_merged(recipe, p)
         self.layer_weights = lw
         p(1.0, "built")

@@ -168,7 +168,7 @@ def test_the_api_example_in_the_docs_runs(app_url):
 
 def test_load_keeps_its_api_names_and_time_limit(client):
     """Load returns the new models' menus too (see above), as the same endpoint: its arguments keep their names and
-    its jobs their kind (`lane.SECONDS`: a Load may take 30 minutes on a hosted server)."""
+    its jobs their kind (`hosting.JOB_SECONDS`: a Load may take 30 minutes on a hosted server)."""
     from layerswap.ui.lane import time_limit
 
     api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]

@@ -293,6 +293,7 @@ def test_sleep_mode_starts_an_engine_per_model_each_asleep_before_the_next(eight
     the calls `VLLMEngine` would get; the plan is the real one."""
     from layerswap.engines.answering import ARRANGEMENTS, Trio
     from layerswap.engines.vllm_engine import TurnEngine, VLLMEngine
+    from layerswap.workbench import MERGES
 
     plan = plan_engines(eight_b, hardware=flavour("l40sx1"))
     assert plan.sleep and plan.arrangement == "two_vllm"
@@ -306,7 +307,7 @@ def test_sleep_mode_starts_an_engine_per_model_each_asleep_before_the_next(eight
 
     monkeypatch.setattr(VLLMEngine, "idle_for", classmethod(lambda cls, path, close_others=True: 0))
     monkeypatch.setattr(VLLMEngine, "acquire", classmethod(lambda cls, path, settings, **kw: start(path)))
-    arr = ARRANGEMENTS[plan.arrangement](plan, Trio(eight_b))
+    arr = ARRANGEMENTS[plan.arrangement](plan, Trio(eight_b, merges=MERGES))
     arr.start(None, lambda f, d: None)
     assert log == ["start math (0 awake)", "start lang (1 awake)", "sleep lang", "start math (1 awake)"]
     assert isinstance(arr.engines["lang"], TurnEngine) and arr.engines["math"] is started[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -758,3 +759,46 @@ def test_brackets_and_escapes_inside_strings_are_not_nesting(tmp_path):
     value = {"template": "{% for m in messages %}[[[[" * 100 + '\\"[' * 50 + "\\\\", "x": [[1]], "y": "]]]}}}" * 100}
     (tmp_path / "c.json").write_text(json.dumps(value))
     assert read_json(tmp_path / "c.json") == value
+# ---- weights whose header lies about where the bytes are (issue 39) --------------------------------------------
+
+def _shared_bytes(src: Path, dst: Path) -> tuple[str, str]:
+    """`src`'s model with layer 1's q_proj pointing at layer 0's q_proj bytes, its own bytes cut out and every later
+    tensor moved down: each range in bounds and the size its shape needs, the data covered exactly, one overlap."""
+    from layerswap.tensorfile import read_header
+
+    shutil.copytree(src, dst)
+    f = dst / "model.safetensors"
+    blob, entries = f.read_bytes(), read_header(f)
+    (n,) = struct.unpack("<Q", blob[:8])
+    header, data = json.loads(blob[8:8 + n]), blob[8 + n:]
+    first, second = "model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.q_proj.weight"
+    b, e = header[second]["data_offsets"]
+    for name, entry in header.items():
+        if name != "__metadata__" and entry["data_offsets"][0] >= e:
+            entry["data_offsets"] = [o - (e - b) for o in entry["data_offsets"]]
+    header[second]["data_offsets"] = header[first]["data_offsets"]
+    raw = json.dumps(header).encode()
+    f.write_bytes(struct.pack("<Q", len(raw)) + raw + data[:b] + data[e:])
+    assert entries[first].nbytes == entries[second].nbytes
+    return first, second
+
+
+def test_weights_read_twice_are_refused_as_safetensors_refuses_them(trio, tmp_path, capsys):
+    """A shard whose two tensors share bytes opened and merged before (the old reader checked each range alone);
+    safetensors' own reader refuses it ("invalid offset"), and so do opening it and `layerswap merge`, in one line."""
+    from safetensors import SafetensorError, safe_open
+
+    from layerswap.cli import main as cli
+
+    bad = tmp_path / "math"
+    _, second = _shared_bytes(trio["math"], bad)
+    with pytest.raises(SafetensorError, match="invalid offset"):
+        safe_open(str(bad / "model.safetensors"), "pt")
+    with pytest.raises(UserError, match=re.escape(f"tensor {second!r} claims bytes")):
+        Checkpoint.open(bad)
+    out = tmp_path / "merged"
+    rc = cli(["merge", "--math", str(bad), "--lang", str(trio["lang"]), "--base", str(trio["base"]),
+              "--b", "1", "--u", "1", "--tb", "1", "--tu", "1", "-o", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and not out.exists()
+    assert err.count("\n") == 0 and "may neither overlap nor leave gaps" in err and err.endswith("re-export it.")

@@ -203,3 +203,41 @@ def test_push_on_a_space_uses_only_the_login(monkeypatch):
     with pytest.raises(UserError, match="stop here"):
         push(app, v, "me/merge", True, "", gr.OAuthToken(token="hf_visitor", scope="write-repos", expires_at=0))
     assert seen["token"] == "hf_visitor"
+
+
+def _doc_table(header: str) -> list[tuple[str, ...]]:
+    """The rows of docs/hosting.md's table under `header` (its cells, stripped)."""
+    lines = (Path(__file__).resolve().parent.parent / "docs" / "hosting.md").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip() == header)
+    rows = []
+    for line in lines[at + 2:]:
+        if not line.strip().startswith("|"):
+            break
+        rows.append(tuple(c.strip() for c in line.strip().strip("|").split("|")))
+    return rows
+
+
+def test_the_hosted_numbers_live_in_one_table_the_docs_state():
+    """docs/hosting.md's limits are `Limits.table()` (the launch flag the app reads besides them follows), its time
+    limits `JOB_SECONDS`; the visitor table, the export's lifetime and the lane read them; the page states them."""
+    import re
+
+    from layerswap.hosting import DEFAULT_JOB_SECONDS, JOB_SECONDS
+    from layerswap.ui import launch, lane, visitors
+
+    rows = _doc_table("| variable | default | what |")
+    assert rows[:len(Limits.table())] == Limits.table()
+    launch_src = Path(launch.__file__).read_text()
+    for var, _, _ in rows[len(Limits.table()):]:  # the app's own flags (the queue): read by launch, not a Limits cap
+        assert re.fullmatch(r"`LAYERSWAP_\w+`", var) and var.strip("`") in launch_src, var
+    minutes = sorted({s // 60 for s in (*JOB_SECONDS.values(), DEFAULT_JOB_SECONDS)})
+    assert _doc_table("| minutes | jobs |") == [
+        (str(m), ", ".join([f"`{k}`" for k, s in JOB_SECONDS.items() if s // 60 == m]
+                           + (["any other"] if DEFAULT_JOB_SECONDS // 60 == m else []))) for m in minutes]
+    assert lane.time_limit("evaluate") == JOB_SECONDS["evaluate"] and lane.time_limit("other") == DEFAULT_JOB_SECONDS
+    assert (visitors.MAX_VISITORS, visitors.EXPORT_TTL) == (Limits.visitors, Limits.export_seconds)
+    assert not re.search(r"\b512\b", launch_src) and "SECONDS = {" not in Path(lane.__file__).read_text()
+    env = Limits.from_env({"LAYERSWAP_MAX_SEARCH_PLANS": "7", "LAYERSWAP_MAX_VISITORS": "9"})
+    assert (env.search_plans, env.visitors, env.ref_chars) == (7, 9, 200)
+    page = Limits().markdown()
+    assert "plan searches up to 40 plans" in page and "kept 60 minutes" in page and "5 to 60 minutes" in page

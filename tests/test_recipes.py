@@ -107,3 +107,38 @@ def test_cli_recipe_file_is_the_flags(trio, tmp_path, capsys):
     capsys.readouterr()
     assert cli(["merge", *common, "--recipe", str(f), "--b", "2", "-o", str(tmp_path / "c")]) == 2
     assert "already says the whole recipe; drop --b" in capsys.readouterr().err
+
+
+# ---- the base guard: one refusal, raised by `Recipe.require_base` wherever a merge needs the base ------------
+
+def test_the_base_guard_says_why_and_what_to_do():
+    Recipe(plan=Plan(b=1, u=1, tb=1, tu=1)).require_base(False)  # nothing to refuse
+    Recipe(MethodConfig("ties", density=0.2)).require_base(True)
+    with pytest.raises(UserError, match=r"^TIES works on task vectors \(expert minus base\): pass --base \(the model "
+                                        r"both experts were fine-tuned from\)\.$"):
+        Recipe(MethodConfig("ties", density=0.2)).require_base(False)
+    with pytest.raises(UserError, match=r"^the plan reverts layer 2 to the base model: load it\.$"):
+        Recipe(plan=Plan(b=1, u=1, tb=1, tu=1, revert=(2,))).require_base(False, "load it")
+
+
+def test_the_base_guard_is_raised_in_one_place():
+    """No module but `recipes` words the refusal (`base_reason` is asked only by `Recipe.require_base`)."""
+    from tests.helpers import REPO
+
+    askers = sorted(str(p.relative_to(REPO)) for p in (REPO / "layerswap").rglob("*.py")
+                    if "base_reason()" in p.read_text())
+    assert askers == ["layerswap/recipes.py"]
+
+
+@pytest.mark.parametrize("command, flags, said", [
+    ("merge", ["--method", "task_arithmetic"], "Task arithmetic works on task vectors (expert minus base)"),
+    ("lens", ["--b", "1", "--u", "1", "--tb", "1", "--tu", "1", "--revert", "0,3", "--mgsm-lang", "sw",
+      "--question", "2+2?"],
+     "the plan reverts layers 0,3 to the base model"),
+])
+def test_a_command_without_the_base_it_needs_says_so(trio, tmp_path, capsys, command, flags, said):
+    out = tmp_path / ("out.html" if command == "lens" else "out")
+    rc = cli([command, "--math", str(trio["math"]), "--lang", str(trio["lang"]), *flags, "-o", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and not out.exists()
+    assert err == f"layerswap {command}: error: {said}: pass --base (the model both experts were fine-tuned from)."

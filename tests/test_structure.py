@@ -1,8 +1,10 @@
-"""The package stays one a newcomer can hold: small modules, and no import cycles (imports inside functions count)."""
+"""The package stays one a newcomer can hold: small modules, and no import cycles (imports inside functions and
+`TYPE_CHECKING` blocks count)."""
 
 from __future__ import annotations
 
 import ast
+import re
 
 from tests.helpers import REPO
 
@@ -15,19 +17,14 @@ def _module(path) -> str:
 
 
 def _imports(path) -> set[str]:
-    """layerswap modules imported anywhere in the file (top level, functions, TYPE_CHECKING blocks excluded)."""
+    """layerswap modules imported anywhere in the file: at the top, inside functions and in `TYPE_CHECKING` blocks
+    (an annotation's import is an arrow of the design too, and a deferred import a cycle all the same)."""
     tree = ast.parse(path.read_text())
     here = _module(path).split(".")
     if path.name != "__init__.py":
         here = here[:-1]
     out: set[str] = set()
-    skip = set()
-    for node in ast.walk(tree):  # annotations-only imports do not run
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip |= {id(n) for n in ast.walk(node)}
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.ImportFrom):
             base = here[: len(here) - node.level + 1] if node.level else []
             mod = ".".join(base + (node.module.split(".") if node.module else []))
@@ -55,9 +52,10 @@ def test_every_module_says_what_it_holds():
 
 def test_no_import_cycles():
     graph = {_module(p): {m for m in _imports(p) if m != _module(p)} for p in PKG.rglob("*.py")}
-    # a package's __init__ re-exporting its own modules is not a cycle of the modules themselves
+    # importing a package runs its __init__, and with it the modules the __init__ imports (kept as arrows); a
+    # module's import of its own package adds nothing (Python runs the package first anyway)
     for mod, deps in graph.items():
-        graph[mod] = {d for d in deps if not (d.startswith(mod + ".") and PKG.joinpath(*mod.split(".")[1:]).is_dir())}
+        graph[mod] = {d for d in deps if not mod.startswith(d + ".")}
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -78,6 +76,32 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def unit(module: str) -> str:
+    """The top-level module or package of `layerswap` a module belongs to (its tier's unit)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "layerswap"
+
+
+def tiers() -> dict[str, int]:
+    """docs/architecture.md's tier table: each top-level module or package, and its tier."""
+    rows = re.findall(r"^\|\s*(\d)\s*\|\s*([\w, ]+?)\s*\|$", (REPO / "docs" / "architecture.md").read_text(), re.M)
+    assert rows, "docs/architecture.md lost its tier table"
+    tier: dict[str, int] = {}
+    for t, names in rows:
+        for name in (n.strip() for n in names.split(",")):
+            assert name not in tier, f"{name} is in two tiers"
+            tier[name] = int(t)
+    return tier
+
+
+def test_no_import_goes_up_a_tier():
+    """No module imports one of a higher tier of docs/architecture.md (`engines/` never imports merging, say)."""
+    tier = tiers()
+    upward = sorted({f"{_module(p)} -> {m}" for p in PKG.rglob("*.py") for m in _imports(p)
+                     if unit(m) in tier and unit(_module(p)) in tier and tier[unit(m)] > tier[unit(_module(p))]})
+    assert not upward, f"imports that go up a tier of docs/architecture.md: {upward}"
 
 
 SCRIPTS = PKG.parent / "scripts"

@@ -20,10 +20,10 @@ from .transformers_engine import TransformersEngine, load_model, model_from_stat
 from .vllm_engine import (VLLM_INSTALL_HINT, EngineStartError, LoRAEngine, SwappedEngine, TensorWeights, VLLMEngine,
                           VLLMSettings, preflight, vllm_device, vllm_status)
 from .choice import ENGINE_CHOICES, EngineSettings, open_engine, resolve_engine_choice, try_vllm
-from .answering import ARRANGEMENTS, Answering, Trio, releasing
+from .answering import ARRANGEMENTS, Answering, Merges, Trio, releasing
 
 __all__ = [
-    "ARRANGEMENTS", "Answering", "EnginePlan", "Releasing", "Trio", "check_memory", "plan_engines", "releasing",
+    "ARRANGEMENTS", "Answering", "EnginePlan", "Merges", "Releasing", "Trio", "check_memory", "plan_engines", "releasing",
     "ENGINE_CHOICES", "SERVING_CHOICES", "VLLM_INSTALL_HINT", "Engine", "EngineSettings", "EngineStartError", "OnBatch",
     "LoRAEngine", "SwappedEngine", "TensorWeights", "TokenizingEngine", "TransformersEngine", "VLLMEngine", "VLLMSettings",
     "chat_template_choice", "load_model", "load_tokenizer", "model_from_state_dict", "open_engine",

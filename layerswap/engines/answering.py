@@ -1,6 +1,6 @@
 """The engines that answer for one trio, started only from its `EnginePlan`: one object, arrangements by name.
 
-    ans = Answering(plan, Trio(checkpoints, force=False, device="cpu"))
+    ans = Answering(plan, Trio(checkpoints, force=False, device="cpu", merges=workbench.MERGES))
     ans.start(progress, lock=lane, ready=callback)   # transformers first when the plan says so, then the plan's engines
     ans.load_merged(recipe, progress)                # the merge into the engines (in memory, or exported and reloaded:
                                                      # the plan's `refresh`)
@@ -14,13 +14,16 @@ swapped ones through `SwappedEngine`). The plan is binding: `Answering` starts t
 else; it refuses a plan that does not fit, or that was made for played hardware (`LAYERSWAP_HARDWARE`). The one
 departure is a failure: when vLLM does not start and the engine choice allows it, the transformers pair answers,
 and `now()` says why.
+
+The merges themselves come from the caller (`Trio.merges`: the workbench passes `merging`'s functions), so that
+`engines/` imports nothing above it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, ClassVar
 
@@ -38,6 +41,16 @@ from .transformers_engine import TransformersEngine, load_model, model_from_stat
 from .vllm_engine import EngineStartError, LoRAEngine, SwappedEngine, TensorWeights, TurnEngine, Turns, VLLMEngine
 
 
+@dataclass(frozen=True)
+class Merges:
+    """The merges the arrangements load into engines (`merging`'s, passed down by the workbench)."""
+
+    in_memory: Callable  # merging.merge_in_memory: from the experts' state dicts
+    stream: Callable  # merging.merge_stream: tensor by tensor, for a live vLLM refresh
+    export: Callable  # merging.export_merge: a folder vLLM loads
+    adapter: Callable  # merging.merged_adapter: a swap on two adapters (a prefix, a LoRA)
+
+
 @dataclass
 class Trio:
     """What the engines are made from: the checkpoints (``math``, ``lang``, optional ``base``) and how merges run."""
@@ -47,6 +60,7 @@ class Trio:
     device: str = "cpu"  # the transformers engine's and the merges'
     batch_size: int = 8
     chat_template: bool | None = None
+    merges: Merges = field(kw_only=True)
 
 
 class Arrangement:
@@ -101,13 +115,12 @@ class TransformersPair(Arrangement):
         HELD.hold(self, sum(cks[r].nbytes for r in EXPERTS))
 
     def load_merged(self, recipe: Recipe, progress: Progress) -> None:
-        from ..merging import merge_in_memory, merged_adapter
         from ..sources import Sources
 
         ck = self.trio.checkpoints["math"]
         L = ck.num_layers
         # prefix-tuning experts: the merged prefix, from the adapters (refused, with the reason, before merging)
-        prefix = merged_adapter(ck, self.trio.checkpoints["lang"], recipe, self.trio.checkpoints.get("base")).prefix \
+        prefix = self.trio.merges.adapter(ck, self.trio.checkpoints["lang"], recipe, self.trio.checkpoints.get("base")).prefix \
             if ck.adapter_kind == "prefix" else None
         sources = Sources(recipe, L, ck.arch).of(ck.tensors)
         new = sum(t.nbytes for n, t in ck.tensors.items()  # copies of an expert share its tensors
@@ -115,7 +128,7 @@ class TransformersPair(Arrangement):
         check_memory(new, self.trio.device, f"the merged model ({recipe.method.spec.title})")
         progress(0.1, "merging")
         base = self.trio.checkpoints.get("base")
-        merged = merge_in_memory(self.engines["math"].state_dict(), self.engines["lang"].state_dict(), L, recipe,
+        merged = self.trio.merges.in_memory(self.engines["math"].state_dict(), self.engines["lang"].state_dict(), L, recipe,
                                  base=(lambda n: base.get(n)) if base is not None else None,
                                  progress=lambda f, d: progress(0.1 + 0.6 * f, d), arch=ck.arch)
         progress(0.7, "refreshing the merged model")
@@ -191,21 +204,20 @@ class VLLMArrangement(Arrangement):
 
     def load_merged(self, recipe: Recipe, progress: Progress) -> None:
         from .. import scratch
-        from ..merging import export_merge, merge_stream
 
         cks = self.trio.checkpoints
         if self.plan.refresh == "memory":
             self.builds += 1
             progress(0.2, "merging into the engine (in memory)")
             weights = TensorWeights(f"merge-{id(self)}-{self.builds}",
-                                    merge_stream(cks["math"], cks["lang"], recipe, base=cks.get("base"),
-                                                 force=self.trio.force))
+                                    self.trio.merges.stream(cks["math"], cks["lang"], recipe, base=cks.get("base"),
+                                                            force=self.trio.force))
         else:
             if self.merge_dir is None:
                 self.merge_dir = scratch.make("serving") / "merged"
             progress(0.2, "writing the merged weights for vLLM")
-            export_merge(cks["math"], cks["lang"], recipe, self.merge_dir, base=cks.get("base"),
-                         device=self.trio.device, overwrite=True, force=self.trio.force, card=False)
+            self.trio.merges.export(cks["math"], cks["lang"], recipe, self.merge_dir, base=cks.get("base"),
+                                    device=self.trio.device, overwrite=True, force=self.trio.force, card=False)
             weights = self.merge_dir
         progress(0.7, "loading them into the engine")
         i = next(i for i, roles in enumerate(self.roles) if "merged" in roles)
@@ -306,14 +318,13 @@ class LoRAVLLM(VLLMArrangement):
         from .. import scratch
         from ..adapter_merge import peft_files
         from ..adapters import read_adapter
-        from ..merging import merged_adapter
         from ..tensorfile import write_tensors
 
         cks = self.trio.checkpoints
         if self.merge_dir is None:
             self.merge_dir = scratch.make("serving") / "merged"
         progress(0.2, "writing the merged LoRA adapter")
-        merged = merged_adapter(cks["math"], cks["lang"], recipe, cks.get("base"))
+        merged = self.trio.merges.adapter(cks["math"], cks["lang"], recipe, cks.get("base"))
         cfg, tensors = peft_files(merged, read_adapter(cks["math"].adapter).config, str(cks["math"].adapter_base))
         out = self.merge_dir.parent / "adapter"
         out.mkdir(exist_ok=True)
@@ -323,14 +334,13 @@ class LoRAVLLM(VLLMArrangement):
 
     def _dense(self, recipe: Recipe, progress: Progress) -> None:
         from .. import scratch
-        from ..merging import export_merge
 
         cks = self.trio.checkpoints
         if self.merge_dir is None:
             self.merge_dir = scratch.make("serving") / "merged"
         progress(0.2, "writing the merged weights for vLLM")
-        export_merge(cks["math"], cks["lang"], recipe, self.merge_dir, base=cks.get("base"), device=self.trio.device,
-                     overwrite=True, force=self.trio.force, card=False)
+        self.trio.merges.export(cks["math"], cks["lang"], recipe, self.merge_dir, base=cks.get("base"),
+                                device=self.trio.device, overwrite=True, force=self.trio.force, card=False)
         if len(self.vllm) > 1:
             progress(0.7, "loading them into the dense merge's engine")
             self.vllm[1].refresh(self.merge_dir)

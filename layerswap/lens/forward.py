@@ -94,8 +94,7 @@ class MergedSource(WeightSource):
         super().__init__(math)
         self.lang, self.base, self.recipe = lang, base, as_recipe(recipe)
         self.recipe.validate(math.num_layers)
-        if self.recipe.needs_base and base is None:
-            raise UserError(f"{self.recipe.base_reason()}: give --base (the model both experts were fine-tuned from).")
+        self.recipe.require_base(base is not None)
         # an elementwise recipe can merge any rows alone; TIES/DARE need whole tensors
         self.by_rows = self.recipe.plan is not None or self.recipe.method.spec.chunkable
         self._whole: dict[str, "torch.Tensor"] = {}

@@ -286,8 +286,8 @@ def run_lens(math: Checkpoint | str, lang: Checkpoint | str, recipe: Recipe | Pl
     L = math_ck.num_layers
     recipe = as_recipe(recipe) if recipe is not None else Recipe.from_values(num_layers=L)
     recipe.validate(L)
-    if recipe.needs_base and base_ck is None and "merged" in roles:
-        raise UserError(f"{recipe.base_reason()}: give --base (the model both experts were fine-tuned from).")
+    if "merged" in roles:
+        recipe.require_base(base_ck is not None)
     config.validate()
     device = resolve_device(device)
     mode = choose_forward(forward, device, math_ck, lang_ck, *([base_ck] if base_ck else []))

@@ -68,4 +68,4 @@ class Budget:
         if everyone + need > self.limits.disk_bytes:
             raise UserError(f"This server's disk for visitors' files is full ({everyone / _GB:.1f} of "
                             f"{self.limits.disk_bytes / _GB:.0f} GB used); nothing was written. Try again later: "
-                            "files are kept for an hour after their export, then go.")
+                            f"files are kept {self.limits.export_seconds // 60} minutes after their export, then go.")

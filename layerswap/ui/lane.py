@@ -7,7 +7,8 @@ mode each visitor has at most one of them queued or running, and each kind has a
   it runs, for `GRACE` seconds after joining, or while Gradio still holds an event of that session.
 - Quick events (the page's opening, questions, preview, browse, Stop) skip the queue (``queue=False``), so a
   full lane never answers them 503.
-- `SECONDS` is each kind's time limit in hosted mode: past it the job is stopped as the visitor's Stop would.
+- `time_limit` is each kind's time limit in hosted mode (`hosting.JOB_SECONDS`): past it the job is stopped as
+  the visitor's Stop would.
 """
 
 from __future__ import annotations
@@ -20,13 +21,10 @@ from typing import Callable
 import gradio as gr
 
 from ..errors import UserError
+from ..hosting import DEFAULT_JOB_SECONDS, JOB_SECONDS
 
 BUSY = "You already have a job running: Stop it or wait for it to finish, then try again."
 GRACE = 10.0  # seconds an admitted event may take to appear in Gradio's queue
-SECONDS = {"first_view": 600, "load": 1800, "load_preset": 1800, "build": 600, "ask": 600, "start_engines": 1800,
-           "export": 1800, "export_yaml": 300, "evaluate": 3600, "sweep": 3600, "find_plan": 3600, "view": 900,
-           "suggest": 900, "run": 900, "push": 1800}  # "view": the heatmaps, "run": the lens
-DEFAULT_SECONDS = 900
 
 
 def queue_size(shared) -> int:
@@ -37,7 +35,7 @@ def queue_size(shared) -> int:
 
 def time_limit(kind: str) -> int:
     """Seconds a heavy job of `kind` may run on a hosted server."""
-    return SECONDS.get(kind, DEFAULT_SECONDS)
+    return JOB_SECONDS.get(kind, DEFAULT_JOB_SECONDS)
 
 
 def timed_out(kind: str) -> str:

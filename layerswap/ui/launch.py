@@ -8,6 +8,7 @@ import signal
 import sys
 
 from ..engines import ENGINE_CHOICES, SERVING_CHOICES
+from ..hosting import Limits
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,8 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--share", action="store_true", help="public gradio.live link (needs internet)")
     p.add_argument("--max-models", type=int, default=int(env("LAYERSWAP_MAX_MODELS", "1")),
                    help="model trios held at once for all visitors (default 1; more need more memory)")
-    p.add_argument("--max-visitors", type=int, default=int(env("LAYERSWAP_MAX_VISITORS", "512")),
-                   help="sessions remembered at once (default 512); a visitor with work in progress is never dropped")
+    p.add_argument("--max-visitors", type=int, default=int(env("LAYERSWAP_MAX_VISITORS", str(Limits.visitors))),
+                   help=f"sessions remembered at once (default {Limits.visitors}); a visitor with work in progress "
+                        "is never dropped")
     p.add_argument("--max-queue", type=int, default=int(env("LAYERSWAP_MAX_QUEUE", "0")),
                    help="jobs waiting in the queue before new ones are refused (default 0: one per remembered "
                         "visitor and 16 more, so that with one job per visitor the queue is never full)")

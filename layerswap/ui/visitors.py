@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import UserError
+from ..hosting import Limits
 
 Key = tuple[str, str, str]  # base, math, lang references
-MAX_VISITORS = 512  # sessions remembered at once
-EXPORT_TTL = 3600  # seconds an export is kept for its visitor (Download, Push) however busy the server is
+MAX_VISITORS = Limits.visitors  # sessions remembered at once (`hosting.Limits`: the hosted numbers, in one table)
+EXPORT_TTL = Limits.export_seconds  # seconds an export is kept for its visitor (Download, Push)
 FULL = ("This server is full: {n} visitors have work in progress. Try again in a few minutes, or run layerswap "
         "on your own machine.")
 ENDED = "Your session ended (the tab was closed or the server forgot it): reload the page."

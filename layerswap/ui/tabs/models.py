@@ -212,7 +212,7 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
     def with_views(fn):
         """`fn` (a Load), also setting what belongs to the new models in the same event: an API caller's next Ask
         or Evaluate is checked against this session's menus, and runs no event chained after Load. It keeps `fn`'s
-        name (its time limit, `lane.SECONDS`) and parameters (the API's argument names)."""
+        name (its time limit, `hosting.JOB_SECONDS`) and parameters (the API's argument names)."""
         @functools.wraps(fn)
         def loaded(ctx: Context, job: Job, *args):
             return [*fn(ctx, job, *args), *views(ctx, page, job.visitor.refs)]

@@ -17,7 +17,7 @@ from layerswap import mgsm
 from layerswap.demo import build_tokenizer, recommended_plan
 from layerswap.lens import CLASSES, LensConfig, lens_curves, lens_grid, lens_workbench, run_lens, write_report
 from layerswap.lens.inputs import MAX_BATCH, prepare
-from tests.helpers import DEMO, DEMO_MGSM, run_cli
+from tests.helpers import DEMO, DEMO_MGSM, cli_in_process, run_cli
 
 DEMO_MODELS = {r: DEMO / r for r in ("base", "math", "lang")}
 
@@ -234,8 +234,8 @@ def test_cli(tmp_path):
     data = json.loads(js.read_text())
     assert set(data["models"]) == {"math", "lang", "merged"} and out.exists()
     assert "language expert (streamed" in r.stdout
-    r = run_cli("lens", "--math", str(DEMO_MODELS["math"]), "--lang", str(DEMO_MODELS["lang"]), "--mgsm-lang", "xx",
-                "--index", "3", "--question", "q", "--mgsm-dir", str(DEMO_MGSM))
+    r = cli_in_process("lens", "--math", str(DEMO_MODELS["math"]), "--lang", str(DEMO_MODELS["lang"]), "--mgsm-lang",
+                       "xx", "--index", "3", "--question", "q", "--mgsm-dir", str(DEMO_MGSM))  # a refusal: in process
     assert r.returncode == 2 and "either" in r.stderr and "Traceback" not in r.stderr
 
 

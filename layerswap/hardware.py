@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shutil
+import subprocess
 import threading
 from dataclasses import dataclass
 
@@ -220,3 +223,42 @@ def _bandwidth(name: str) -> float:
             return BANDWIDTH[key]
     return 1.0e12
 
+
+
+def _nvidia_smi(*args: str) -> str:
+    """`nvidia-smi`'s output ("" when there is none, or it fails)."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return ""
+    try:
+        return subprocess.run([exe, *args], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def startup_report() -> list[str]:
+    """What the app logs at start about the GPU: the cards `nvidia-smi` lists, the driver and the CUDA version it
+    supports, the CUDA torch was built for; and a warning when the machine has an NVIDIA GPU that torch does not see
+    (an old driver, a CPU build of torch), instead of quietly running on the CPU."""
+    listed = [x.strip() for x in _nvidia_smi("-L").splitlines() if x.strip().startswith("GPU ")]
+    try:
+        import torch
+
+        torch_cuda, seen = torch.version.cuda, torch.cuda.is_available()
+        torch_v = torch.__version__
+    except Exception:  # no torch: nothing runs on a GPU either
+        torch_cuda, seen, torch_v = None, False, "not installed"
+    if not listed:
+        return [f"GPU: none listed by nvidia-smi; torch {torch_v} ({'CUDA ' + torch_cuda if torch_cuda else 'CPU build'})"]
+    head = _nvidia_smi()
+    driver = re.search(r"Driver Version:\s*(\S+)", head)
+    cuda = re.search(r"CUDA Version:\s*(\S+)", head)
+    lines = [f"GPU: {'; '.join(listed)}", f"NVIDIA driver {driver.group(1) if driver else 'unknown'}, CUDA "
+             f"{cuda.group(1) if cuda else 'unknown'} (the driver's); torch {torch_v} built for "
+             f"{'CUDA ' + torch_cuda if torch_cuda else 'the CPU only'}"]
+    if not seen:
+        why = ("torch is a CPU build: install the CUDA build (python3 scripts/dev.py app does on this machine)"
+               if not torch_cuda else f"the driver may be too old for CUDA {torch_cuda}: update the NVIDIA driver")
+        lines.append(f"WARNING: this machine has an NVIDIA GPU but torch sees none, so everything runs on the CPU; "
+                     f"{why}.")
+    return lines

@@ -314,3 +314,22 @@ def test_sleep_mode_starts_an_engine_per_model_each_asleep_before_the_next(eight
     # the merge's engine (started on the math expert's folder) sleeps, the language expert's wakes
     assert arr.engines["lang"].generate(["q"]) == ["lang"] and log[-2:] == ["sleep math", "wake lang"]
     assert arr.describe().endswith("holding now: math expert, language expert awake, 1 asleep")
+
+
+def test_startup_report_names_driver_and_cuda_and_warns_when_torch_sees_no_gpu(tmp_path, monkeypatch):
+    """A fake `nvidia-smi` plays a GPU machine; torch here is the CPU build, so the report must say torch sees none."""
+    import torch
+
+    exe = tmp_path / "nvidia-smi"
+    exe.write_text("#!/bin/sh\nif [ \"$1\" = -L ]; then echo 'GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-1)'; else "
+                   "echo '| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4 |'; fi\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    lines = hardware.startup_report()
+    assert "NVIDIA A100-SXM4-80GB" in lines[0] and "driver 550.54.15" in lines[1] and "CUDA 12.4" in lines[1]
+    assert lines[-1].startswith("WARNING: this machine has an NVIDIA GPU but torch sees none")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not any(x.startswith("WARNING") for x in hardware.startup_report())
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))  # no nvidia-smi: one line, no warning
+    assert len(hardware.startup_report()) == 1

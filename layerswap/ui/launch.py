@@ -50,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
     from .files import files_base
 
+    from ..hardware import startup_report
+
+    for line in startup_report():  # driver and CUDA versions; a GPU torch does not see is said, not hidden
+        print(line, file=sys.stderr if line.startswith("WARNING") else sys.stdout, flush=True)
     for d in clean_stale() + clean_stale(files_base()):  # scratch merges and visitor folders of a killed run
         print(f"removed a stale scratch folder: {d}")
     policy = Policy.from_env()

@@ -13,8 +13,11 @@ decision is tested on the CPU:
 - ``LAYERSWAP_AVAILABLE_MEMORY`` (bytes) caps the memory seen as available (GPU and RAM), and
   ``LAYERSWAP_AVAILABLE_DISK`` (bytes) the free disk (`scratch.free_bytes`).
 
-A played GPU is free but for what this process's engines hold (`HELD`, written by the engines as they start and
-release), so a plan made on it sees running engines as a real GPU's free memory would.
+A played GPU (a flavour, ``LAYERSWAP_GPU_MEMORY``) is usable but for `CARD_RESERVE` (what the driver and the CUDA
+runtime keep on every card: vLLM reports 79.15 GiB usable on an 80 GiB A100) and what this process's engines hold
+(`HELD`, written by the engines as they start and release), so a plan made on it sees running engines as a real
+GPU's free memory would. This machine's GPUs are measured (NVML, else ``torch.cuda.mem_get_info``): their free
+memory already leaves out the driver's reserve.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from .runtime import ram_available, ram_total
 GiB = 2**30
 GB = 10**9
 MiB = 2**20
+CARD_RESERVE = 1 * GiB  # per played card: the driver's and the CUDA runtime's own (80 GiB A100: vLLM sees 79.15)
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,12 @@ class Hardware:
 
 
 def _gpu(mib: int, name: str, bw: float) -> tuple[GPU, ...]:
-    return (GPU(mib * MiB, mib * MiB, name, bw),)
+    return (played_gpu(mib * MiB, name, bw),)
+
+
+def played_gpu(total: int, name: str, bw: float = 1.0e12) -> GPU:
+    """A card known by its nameplate: usable memory is its total less `CARD_RESERVE`."""
+    return GPU(int(total), max(0, int(total) - CARD_RESERVE), name, bw)
 
 
 # The Hub's hardware table (huggingface/hub-docs docs/hub/spaces-gpus.md and spaces-zerogpu.md, read 2026-08): RAM
@@ -169,7 +178,7 @@ def current() -> Hardware:
             sizes = [float(x) for x in gpu_mem.split(",") if x.strip()]
         except ValueError:
             raise UserError(f"LAYERSWAP_GPU_MEMORY={gpu_mem!r}: give GiB per GPU, e.g. 80 or 80,80 (0: no GPU).") from None
-        gpus = tuple(GPU(int(s * GiB), int(s * GiB), f"a {s:g} GiB GPU", 1.0e12) for s in sizes if s > 0)
+        gpus = tuple(played_gpu(int(s * GiB), f"a {s:g} GiB GPU") for s in sizes if s > 0)
         hw = dataclasses.replace(hw, gpus=gpus, played=True, vllm=True if hw.vllm is None else hw.vllm)
     if hw.played and hw.gpus:  # a played GPU is free but for what this process's engines hold
         held = HELD.total()

@@ -50,7 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
     from .files import files_base
 
+    from ..engines.vllm_engine import fix_start_method
     from ..hardware import startup_report
+
+    fix_start_method()  # before anything can touch CUDA: engines are spawned, whatever ran first
 
     for line in startup_report():  # driver and CUDA versions; a GPU torch does not see is said, not hidden
         print(line, file=sys.stderr if line.startswith("WARNING") else sys.stdout, flush=True)

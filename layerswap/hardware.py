@@ -13,14 +13,20 @@ decision is tested on the CPU:
 - ``LAYERSWAP_AVAILABLE_MEMORY`` (bytes) caps the memory seen as available (GPU and RAM), and
   ``LAYERSWAP_AVAILABLE_DISK`` (bytes) the free disk (`scratch.free_bytes`).
 
-A played GPU is free but for what this process's engines hold (`HELD`, written by the engines as they start and
-release), so a plan made on it sees running engines as a real GPU's free memory would.
+A played GPU (a flavour, ``LAYERSWAP_GPU_MEMORY``) is usable but for `CARD_RESERVE` (what the driver and the CUDA
+runtime keep on every card: vLLM reports 79.15 GiB usable on an 80 GiB A100) and what this process's engines hold
+(`HELD`, written by the engines as they start and release), so a plan made on it sees running engines as a real
+GPU's free memory would. This machine's GPUs are measured (NVML, else ``torch.cuda.mem_get_info``): their free
+memory already leaves out the driver's reserve.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shutil
+import subprocess
 import threading
 from dataclasses import dataclass
 
@@ -30,6 +36,7 @@ from .runtime import ram_available, ram_total
 GiB = 2**30
 GB = 10**9
 MiB = 2**20
+CARD_RESERVE = 1 * GiB  # per played card: the driver's and the CUDA runtime's own (80 GiB A100: vLLM sees 79.15)
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,12 @@ class Hardware:
 
 
 def _gpu(mib: int, name: str, bw: float) -> tuple[GPU, ...]:
-    return (GPU(mib * MiB, mib * MiB, name, bw),)
+    return (played_gpu(mib * MiB, name, bw),)
+
+
+def played_gpu(total: int, name: str, bw: float = 1.0e12) -> GPU:
+    """A card known by its nameplate: usable memory is its total less `CARD_RESERVE`."""
+    return GPU(int(total), max(0, int(total) - CARD_RESERVE), name, bw)
 
 
 # The Hub's hardware table (huggingface/hub-docs docs/hub/spaces-gpus.md and spaces-zerogpu.md, read 2026-08): RAM
@@ -166,7 +178,7 @@ def current() -> Hardware:
             sizes = [float(x) for x in gpu_mem.split(",") if x.strip()]
         except ValueError:
             raise UserError(f"LAYERSWAP_GPU_MEMORY={gpu_mem!r}: give GiB per GPU, e.g. 80 or 80,80 (0: no GPU).") from None
-        gpus = tuple(GPU(int(s * GiB), int(s * GiB), f"a {s:g} GiB GPU", 1.0e12) for s in sizes if s > 0)
+        gpus = tuple(played_gpu(int(s * GiB), f"a {s:g} GiB GPU") for s in sizes if s > 0)
         hw = dataclasses.replace(hw, gpus=gpus, played=True, vllm=True if hw.vllm is None else hw.vllm)
     if hw.played and hw.gpus:  # a played GPU is free but for what this process's engines hold
         held = HELD.total()
@@ -220,3 +232,42 @@ def _bandwidth(name: str) -> float:
             return BANDWIDTH[key]
     return 1.0e12
 
+
+
+def _nvidia_smi(*args: str) -> str:
+    """`nvidia-smi`'s output ("" when there is none, or it fails)."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return ""
+    try:
+        return subprocess.run([exe, *args], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def startup_report() -> list[str]:
+    """What the app logs at start about the GPU: the cards `nvidia-smi` lists, the driver and the CUDA version it
+    supports, the CUDA torch was built for; and a warning when the machine has an NVIDIA GPU that torch does not see
+    (an old driver, a CPU build of torch), instead of quietly running on the CPU."""
+    listed = [x.strip() for x in _nvidia_smi("-L").splitlines() if x.strip().startswith("GPU ")]
+    try:
+        import torch
+
+        torch_cuda, seen = torch.version.cuda, torch.cuda.is_available()
+        torch_v = torch.__version__
+    except Exception:  # no torch: nothing runs on a GPU either
+        torch_cuda, seen, torch_v = None, False, "not installed"
+    if not listed:
+        return [f"GPU: none listed by nvidia-smi; torch {torch_v} ({'CUDA ' + torch_cuda if torch_cuda else 'CPU build'})"]
+    head = _nvidia_smi()
+    driver = re.search(r"Driver Version:\s*(\S+)", head)
+    cuda = re.search(r"CUDA Version:\s*(\S+)", head)
+    lines = [f"GPU: {'; '.join(listed)}", f"NVIDIA driver {driver.group(1) if driver else 'unknown'}, CUDA "
+             f"{cuda.group(1) if cuda else 'unknown'} (the driver's); torch {torch_v} built for "
+             f"{'CUDA ' + torch_cuda if torch_cuda else 'the CPU only'}"]
+    if not seen:
+        why = ("torch is a CPU build: install the CUDA build (python3 scripts/dev.py app does on this machine)"
+               if not torch_cuda else f"the driver may be too old for CUDA {torch_cuda}: update the NVIDIA driver")
+        lines.append(f"WARNING: this machine has an NVIDIA GPU but torch sees none, so everything runs on the CPU; "
+                     f"{why}.")
+    return lines

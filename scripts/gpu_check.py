@@ -266,6 +266,28 @@ def check_disk_8b(work: Path, device: str, rep: Report) -> None:
     shutil.rmtree(work / "merged-8b", ignore_errors=True)
 
 
+def check_big(spec: dict, shape: str, tok_dir: Path, device: str, rep: Report, new_tokens: int) -> None:
+    """The in-memory merge at `shape`, then generation from it; its tensors freed before anything else runs."""
+    merged = check_in_memory(spec, shape, device, rep)
+    check_big_generation(merged, spec, shape, tok_dir, device, rep, new_tokens)
+
+
+def guarded(rep: Report, what: str, device: str, fn, *args, **kw):
+    """`fn`'s result, or None with a failed row saying why; the CUDA cache emptied afterwards either way (an 8B
+    merge leaves tens of GiB in torch's cache that vLLM's engines would otherwise not find free)."""
+    import gc
+
+    try:
+        return fn(*args, **kw)
+    except Exception as e:  # noqa: BLE001 - any failure is a row of the report
+        rep.add(what, "FAILED", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}", ok=False)
+        return None
+    finally:
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -297,18 +319,21 @@ def main() -> int:
     try:
         small = SHAPES["tiny" if shape == "tiny" else "small"]
         trio = build_trio(work, spec=small, log=lambda *_: None)
-        merged_dir = check_merge(trio, device, work, rep)
-        check_analysis(trio, device, rep)
-        check_generation(merged_dir, device, rep, args.new_tokens)
-        merged = check_in_memory(SHAPES[shape], shape, device, rep)
-        check_big_generation(merged, SHAPES[shape], shape, trio["math"], device, rep, args.new_tokens)
-        del merged
+        merged_dir = guarded(rep, "merge", device, check_merge, trio, device, work, rep)
+        guarded(rep, "analysis", device, check_analysis, trio, device, rep)
+        if merged_dir is not None:
+            guarded(rep, "transformers generation", device, check_generation, merged_dir, device, rep, args.new_tokens)
+        guarded(rep, f"in-memory merge and generation, {shape} shape", device, check_big, SHAPES[shape], shape,
+                trio["math"], device, rep, args.new_tokens)
         if args.disk_8b:
-            check_disk_8b(work, device, rep)
+            guarded(rep, "8B on disk", device, check_disk_8b, work, device, rep)
         if args.vllm:
             from gpu_check_vllm import check_vllm
 
-            check_vllm(work, device, SHAPES["small"], rep, args.new_tokens, disk_8b=args.disk_8b)
+            guarded(rep, "vLLM", device, check_vllm, work, device, SHAPES["small"], rep, args.new_tokens,
+                    disk_8b=args.disk_8b)
+    except Exception as e:  # noqa: BLE001 - the table is printed whatever failed
+        rep.add("gpu check", "FAILED", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}", ok=False)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

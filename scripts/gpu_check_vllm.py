@@ -3,23 +3,45 @@ CPU build), checked end to end.
 
 1. hardware: what `layerswap.hardware` reads on this machine (GPUs, memory, RAM, disk), and the engine plan for
    an 8B-shaped trio on it (headers only) beside the plan for the Hub's flavours of the same size.
-2. the planned engines at a small shape (random bf16 experts with real weights, head size 64): `Workbench.load` with
-   vLLM starts exactly the plan's arrangement (the engine line says so); every model's greedy answer is compared with
-   transformers on the same folder (tokens equal up to the first bf16 tie); a merge is exported, loaded into the
-   running engine (`reload_weights`: the refresh that keeps CUDA graphs valid) and answered again against
-   transformers on the exported folder; seconds for the start, a refresh and a swap.
-3. on a GPU, the small shape again with serving forced to one engine: the plan's sleep mode (each model on an
-   engine of its own, taking turns asleep) when host RAM allows it, checked the same way, its swaps timed;
-4. with ``--disk-8b``: the same at the 8B shape (48 GB of disk), so the plan's sizes meet the card's real memory.
+2. one pass per vLLM arrangement (`PASSES`: three engines, two, one swapped) at a small shape (random bf16 experts
+   with real weights, head size 64), serving forced to it: `Workbench.load` with vLLM starts exactly the plan's
+   arrangement (the engine line says so); every model's greedy answer is compared with transformers on the same
+   folder (tokens equal up to the first bf16 tie); a merge is built into the running engine (a refresh), exported
+   and answered again against transformers on the exported folder; a question's swaps are timed. On a GPU the plan
+   puts models that take turns in sleep mode where host RAM allows it, and the row says so. Every pass runs on
+   vLLM's CPU build too (`passes_for`; CI runs ``--vllm --device cpu``): the same code, wrapped engines
+   (`SwappedEngine`, `TurnEngine`) unwrapped the same way. Each pass is isolated: a failure is a row with its
+   reason, and its engines are shut down and the CUDA cache emptied before the next.
+3. with ``--disk-8b``: the three-engine pass at the 8B shape (48 GB of disk), so the plan's sizes meet the card's
+   real memory.
 
 Each row goes into the report table that `gpu_check.py` prints for docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
+import gc
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+@dataclass(frozen=True)
+class Pass:
+    """One arrangement checked end to end: serving forced to `serving`, which must start `arrangement`."""
+
+    serving: str
+    arrangement: str
+    needs_cuda: str = ""  # why it cannot run on vLLM's CPU build ("": it can)
+
+
+PASSES = (Pass("three", "three_vllm"), Pass("two", "two_vllm"), Pass("one", "one_vllm_swapped"))
+
+
+def passes_for(device: str) -> list[Pass]:
+    """The passes run on `device`: every one on a GPU; on the CPU every one that does not need CUDA."""
+    return [p for p in PASSES if device != "cpu" or not p.needs_cuda]
+
 
 PROMPTS = ["Question: Roger has 5 tennis balls. He buys 2 more cans of 3. How many does he have? Answer:",
            "Question: A baker made 24 rolls and sold 9. How many are left? Answer:"]
@@ -46,9 +68,9 @@ def check_vllm(work: Path, device: str, shape_spec: dict, rep, new_tokens: int =
     from bench_common import build_trio
 
     trio = build_trio(work, spec=shape_spec, log=lambda *_: None)
-    _serve(trio, shape_spec["name"], work, rep, new_tokens)
-    if device != "cpu":
-        _serve(trio, shape_spec["name"] + ", serving one", work, rep, new_tokens, serving="one")
+    for p in passes_for(device):
+        isolated(rep, f"pass {p.serving} ({shape_spec['name']})", device, _serve, trio, shape_spec["name"], work, rep,
+                 new_tokens, p)
     if disk_8b:
         from bench_common import SPEC_8B
 
@@ -56,42 +78,65 @@ def check_vllm(work: Path, device: str, shape_spec: dict, rep, new_tokens: int =
         if free < 3.3 * 16.1e9:
             rep.add("vLLM at 8B", "skipped", f"the trio needs 53 GB free under {work}, {free / 1e9:.0f} GB are")
             return
-        _serve(build_trio(work, spec=SPEC_8B, log=lambda *_: None), "8b", work, rep, new_tokens)
+        isolated(rep, "pass three (8b)", device, lambda: _serve(build_trio(work, spec=SPEC_8B, log=lambda *_: None),
+                                                                "8b", work, rep, new_tokens, PASSES[0]))
 
 
-def _serve(trio: dict[str, Path], shape: str, work: Path, rep, new_tokens: int, serving: str = "auto") -> None:
+def isolated(rep, what: str, device: str, fn, *args) -> None:
+    """Run one pass: a failure becomes a row with its reason (the next pass still runs); afterwards every vLLM
+    engine is shut down and the CUDA cache emptied, so the next pass plans on the memory it had."""
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - any failure is a row of the report
+        rep.add(what, "FAILED", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}", ok=False)
+    finally:
+        free_memory(device)
+
+
+def free_memory(device: str) -> None:
+    """Stop every pooled vLLM engine, collect, empty the CUDA cache (merges and transformers steps fill it)."""
+    import torch
+
+    from layerswap.engines.vllm_engine import VLLMEngine
+
+    VLLMEngine.shutdown_all()
+    gc.collect()
+    if device != "cpu" and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _serve(trio: dict[str, Path], shape: str, work: Path, rep, new_tokens: int, p: Pass) -> None:
     from layerswap import Plan
-    from layerswap.engines import TransformersEngine
     from layerswap.workbench import Workbench
 
     t = time.perf_counter()
-    wb = Workbench(engine="vllm", serving=serving, chat_template=False)
+    wb = Workbench(engine="vllm", serving=p.serving, chat_template=False)
     try:
         wb.load(str(trio["math"]), str(trio["lang"]), force=True)
         plan = wb.engine_plan
         started = time.perf_counter() - t
         line = wb.engine_note
-        rep.add(f"vLLM engines started as planned ({shape})", plan.arrangement,
+        rep.add(f"vLLM engines started as planned ({shape}, serving {p.serving})", plan.arrangement,
                 f"{started:.0f} s; engine line: {line}; CUDA graphs {'on' if plan.cuda_graphs else 'off'}; sleep "
-                f"mode {'on' if plan.sleep else 'off'} ({plan.sleep_why})",
-                ok=line.startswith(plan.title))
+                f"mode {'on' if plan.sleep else 'off'}" + (f" ({plan.sleep_why})" if plan.sleep_why else ""),
+                ok=plan.arrangement == p.arrangement and line.startswith(plan.title))
         for role in ("math", "lang"):
-            _compare(wb.engines[role], TransformersEngine.from_pretrained(trio[role], _tdev(wb), use_chat_template=False),
-                     f"{shape} {role} expert", rep, new_tokens)
-        for i, p in enumerate((Plan(b=1, u=1, tb=1, tu=1), Plan(b=2, u=1, tb=0, tu=1))):
+            _compare(wb.engines[role], trio[role], _tdev(wb), f"{shape} {p.serving}: {role} expert", rep, new_tokens)
+        for i, plan_i in enumerate((Plan(b=1, u=1, tb=1, tu=1), Plan(b=2, u=1, tb=0, tu=1))):
             t = time.perf_counter()
-            wb.build(p)
+            wb.build(plan_i)
             built = time.perf_counter() - t
-            out = work / f"merged-{shape}-{i}"
+            out = work / f"merged-{shape}-{p.serving}-{i}"
             wb.export(out, overwrite=True)
-            _compare(wb.engines["merged"], TransformersEngine.from_pretrained(out, _tdev(wb), use_chat_template=False),
-                     f"{shape} merge {i + 1} after a refresh ({built:.1f} s: export + reload_weights)", rep, new_tokens)
+            _compare(wb.engines["merged"], out, _tdev(wb), f"{shape} {p.serving}: merge {i + 1} after a refresh "
+                     f"({built:.1f} s, refresh {plan.refresh})", rep, new_tokens)
             shutil.rmtree(out, ignore_errors=True)
         t = time.perf_counter()
         for role in ("math", "lang", "merged"):
             wb.engines[role].generate(PROMPTS[:1], max_new_tokens=1)
         rep.add(f"one question's engine switches ({shape}, {plan.arrangement})", f"{time.perf_counter() - t:.1f} s",
-                "a token from each model in turn (weight swaps included where the arrangement swaps)")
+                "a token from each model in turn (" + ("swaps in sleep mode" if plan.sleep else "weight swaps")
+                + " included)" if plan.arrangement != "three_vllm" else "a token from each model in turn (no swap)")
     finally:
         wb.close()
 
@@ -100,10 +145,18 @@ def _tdev(wb) -> str:
     return "cuda" if wb.engine_plan.device != "cpu" else "cpu"
 
 
-def _compare(eng, ref, what: str, rep, new_tokens: int) -> None:
-    """Greedy token ids of the vLLM engine against transformers' on the same prompts (ids, not decoded text: the
-    random models' tokens may decode to nothing), every token generated (no stop at EOS)."""
-    a, b = _vllm_ids(eng, new_tokens), _transformers_ids(ref, new_tokens)
+def _compare(eng, folder: Path, tdev: str, what: str, rep, new_tokens: int) -> None:
+    """Greedy token ids of the vLLM engine against transformers' on `folder`, the same prompts (ids, not decoded
+    text: the random models' tokens may decode to nothing), every token generated (no stop at EOS)."""
+    from layerswap.engines import TransformersEngine
+
+    a = _vllm_ids(eng, new_tokens)
+    ref = TransformersEngine.from_pretrained(folder, tdev, use_chat_template=False)
+    try:
+        b = _transformers_ids(ref, new_tokens)
+    finally:
+        del ref
+        gc.collect()
     same = sum(x == y for x, y in zip(a, b))
     first = min(next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(x)) for x, y in zip(a, b))
     rep.add(f"vLLM = transformers, {what}", f"{same}/{len(a)} answers identical",
@@ -111,13 +164,24 @@ def _compare(eng, ref, what: str, rep, new_tokens: int) -> None:
             ok=same == len(a) or first >= 4)
 
 
+def serving_engine(eng):
+    """The `VLLMEngine` that answers for `eng`, holding its model's weights: a swapped model's weights swapped in, a
+    model taking turns woken (the others asleep), a plain engine as it is."""
+    from layerswap.engines.vllm_engine import SwappedEngine, TurnEngine
+
+    if isinstance(eng, TurnEngine):
+        return eng.turns.use(eng.engine)
+    if isinstance(eng, SwappedEngine):
+        eng.engine.ensure(eng.weights)
+        return eng.engine
+    return eng
+
+
 def _vllm_ids(eng, n: int) -> list[list[int]]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    if hasattr(eng, "weights_path") and hasattr(eng, "engine"):  # a swapped model: its weights in first
-        eng.engine.ensure(eng.weights_path)
-        eng = eng.engine
+    eng = serving_engine(eng)
     sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     outs = eng.llm.generate([TokensPrompt(prompt_token_ids=eng.encode(p)) for p in PROMPTS], sp, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]

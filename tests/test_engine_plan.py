@@ -185,3 +185,33 @@ def test_switching_trios_plans_with_the_old_engines_released(trio, tmp_path, tok
         assert shared.engines(_refs(other)) is second and second.answering
     finally:
         shared.close()
+
+
+def test_an_arrangement_that_fails_half_way_closes_the_engines_it_started(vllm_trio, tmp_path, monkeypatch):
+    """A real three-engine arrangement on vLLM's CPU build whose second engine cannot start (the language expert's
+    weights file is broken after its headers were read): the math expert's engine, already running, is closed with
+    it, so nothing idles in the pool holding memory when the fallback is planned."""
+    import dataclasses
+    import shutil
+
+    from layerswap.checkpoints import Checkpoint
+    from layerswap.engines import VLLMEngine
+    from layerswap.engines.answering import Answering, Trio, releasing
+    from layerswap.engines.vllm_engine import EngineStartError
+    from layerswap.hardware import HELD
+    from tests.helpers import vllm_or_skip
+
+    vllm_or_skip()
+    bad = shutil.copytree(vllm_trio["lang"], tmp_path / "lang")
+    cks = {"math": Checkpoint.open(vllm_trio["math"]), "lang": Checkpoint.open(bad)}
+    plan = planning.plan_engines(cks, engine="vllm", serving="three")
+    assert plan.arrangement == "three_vllm" and plan.fits
+    (bad / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    held = HELD.total()
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")  # vLLM's default: an engine's start fixes it
+    answering = Answering(dataclasses.replace(plan, transformers_first=False), Trio(cks), fallback=False)
+    with pytest.raises(EngineStartError, match="vLLM could not start on lang"):
+        answering.start()
+    assert VLLMEngine.pooled() == [] and HELD.total() == held  # the math expert's engine went with it
+    assert releasing([]).engines == 0 and answering.current is None
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"

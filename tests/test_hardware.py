@@ -72,6 +72,11 @@ def test_spaces_flavours(eight_b, demo):
         "a10g-large": "one_vllm_swapped", "l40sx1": "two_vllm", "a100-large": "three_vllm", "h100": "three_vllm",
         "zero-gpu": "none"}
     assert rows["a100-large"]["gpu_memory_gib"] == 80.0 and rows["l40sx1"]["gpu_memory_gib"] == 45.0
+    # the smallest cards that serve: a short context rather than no answers
+    for name in ("l4x1", "a10g-large"):
+        plan = plan_engines(eight_b, hardware=flavour(name))
+        assert plan.short_context and plan.settings.max_model_len == 2048 and "2048-token context" in rows[name]["note"]
+    assert not plan_engines(eight_b, hardware=flavour("a100-large")).short_context
     assert all((r["seconds_per_question"] is None) == (not r["fits"]) for r in rows.values())
     assert rows["a100-large"]["seconds_per_question"] < rows["l40sx1"]["seconds_per_question"] \
         < rows["a10g-large"]["seconds_per_question"]  # fewer swaps and more bandwidth: quicker
@@ -127,7 +132,8 @@ def test_settings_override_the_machine(monkeypatch):
     assert this.name == "this" and not this.played and this.ram_available > 0
     monkeypatch.setenv("LAYERSWAP_GPU_MEMORY", "24,24")
     two = current()
-    assert len(two.gpus) == 2 and two.gpu_free(2) == 24 * GiB
+    # a played card is usable but for the driver's reserve, stated once (hardware.CARD_RESERVE)
+    assert len(two.gpus) == 2 and two.gpu_total() == 24 * GiB and two.gpu_free(2) == 24 * GiB - hardware.CARD_RESERVE
     monkeypatch.setenv("LAYERSWAP_AVAILABLE_MEMORY", str(2**20))  # a cap below what any machine has available
     assert current().gpu_free() == 2**20 and current().ram_available == 2**20
     monkeypatch.setenv("LAYERSWAP_GPU_MEMORY", "lots")
@@ -178,24 +184,51 @@ def test_inspect_hardware_json_for_an_8b_trio(tmp_path):
         ("a100-large", "three_vllm", True), ("l40sx1", "two_vllm", True), ("cpu-basic", "none", False)]
     assert {"hardware", "gpu_memory_gib", "ram_gib", "arrangement", "fits", "seconds_per_question", "note"} <= set(rows[0])
     assert rows[0]["seconds_per_question"] > 0 and rows[2]["seconds_per_question"] is None
+    every = run_cli("inspect", "--math", str(tmp_path / "math"), "--lang", str(tmp_path / "lang"),
+                    "--hardware", ",".join(hardware.FLAVOURS), "--json")
+    for r in json.loads(every.stdout):  # what the engines take is within the card's usable memory (less 10 %)
+        if r["gpu_planned_gib"] is not None:
+            assert r["fits"] and r["gpu_planned_gib"] <= 0.9 * r["gpu_usable_gib"] < r["gpu_memory_gib"], r
+        ram = hardware.FLAVOURS[r["hardware"]].ram_available / GiB
+        assert r["host_pinned_gib"] <= 0.9 * ram and (r["host_pinned_gib"] > 0) == r["sleep"], r
     bad = run_cli("inspect", "--math", str(tmp_path / "math"), "--lang", str(tmp_path / "lang"), "--hardware", "a100")
     assert bad.returncode != 0 and "Unknown hardware 'a100'" in bad.stdout + bad.stderr
 
 
-def test_zero_gpu_is_refused_at_start_with_the_hardware_to_pick(tmp_path):
-    """On ZeroGPU the app does not start (no CUDA call is made, nothing is served): it says which flavour serves
-    the Space's models instead."""
-    import subprocess
-    import sys
+def test_zero_gpu_serves_the_page_with_answers_off_and_the_hardware_to_pick(tmp_path):
+    """On ZeroGPU (`SPACES_ZERO_GPU=true`) the app starts as a Space would (no CUDA call, no engine): the page is
+    served (HTTP 200), the report says answers are off and which hardware to pick, and heatmaps, lens and export
+    work on the CPU; asking is refused with the same reason."""
+    import json
+    import urllib.request
 
-    from tests.helpers import REPO
+    from gradio_client import Client
 
-    env = {**__import__("os").environ, "SPACES_ZERO_GPU": "true", "LAYERSWAP_HOSTED": "0", "CUDA_VISIBLE_DEVICES": ""}
-    r = subprocess.run([sys.executable, str(REPO / "app.py"), "--port", "1"], capture_output=True, text=True,
-                       timeout=300, env=env, cwd=tmp_path)
-    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "does not run on ZeroGPU" in r.stderr and "daily quota" in r.stderr
-    assert "`cpu-basic`" in r.stderr  # the demo's tiny models: a free CPU Space serves them (transformers)
+    from tests.helpers import launch_app, shown
+
+    app = launch_app(tmp_path, mgsm_dir=None, env_extra={"SPACES_ZERO_GPU": "true", "LAYERSWAP_HOSTED": "0",
+                                                         "CUDA_VISIBLE_DEVICES": ""})
+    url = next(app)
+    try:
+        assert urllib.request.urlopen(url, timeout=30).status == 200
+        log = (tmp_path / "app.log").read_text()
+        assert "Answers are off on ZeroGPU" in log and "daily quota" in log and "`cpu-basic`" in log
+        client = Client(url, verbose=False)
+        report, *_ = client.predict("assets:demo/base", "assets:demo/math", "assets:demo/lang", api_name="/load")
+        assert "compatible: LlamaForCausalLM" in report
+        assert "Answers are off:" in report and "ZeroGPU" in report and "What would serve them" in report, report
+        heat, *_ = client.predict(api_name="/heatmap")
+        assert json.loads(shown(heat)["plot"])["data"][0]["type"] == "heatmap"
+        msg, _ = client.predict(str(tmp_path / "merged"), False, 1, 1, 0, 0, "flat", 0.5, "math", api_name="/export")
+        assert "Wrote" in msg and (tmp_path / "merged" / "model.safetensors").exists()
+        plan = (2, 0, 0, 0, "flat", 0.5, "neighbour", "swap", "", 4, 0, 0, "all", "layer_swap", 0.5, 1.0, 0.2, 0.9,
+                "1,1", "")
+        summary, curves, *_ = client.predict("xx", 3, "", "", 2, 0, *plan, api_name="/lens")
+        assert "Token classes:" in summary and shown(curves)["plot"]
+        with pytest.raises(Exception, match="ZeroGPU"):
+            client.predict("en", None, "What is 2 + 3?", 24, api_name="/ask")
+    finally:
+        app.close()
 
 
 def test_refresh_mode_is_the_plans(eight_b, demo, monkeypatch):
@@ -222,31 +255,41 @@ def test_refresh_mode_is_the_plans(eight_b, demo, monkeypatch):
 
 
 def test_sleep_mode_where_models_take_turns_and_the_host_can_park_them(eight_b):
-    """On a GPU, models that take turns get engines of their own in vLLM's sleep mode when host RAM holds the parked
-    weights and the GPU the sleeping engines' CUDA contexts and graphs; a swap is then two PCIe copies."""
+    """On a GPU, models that take turns get engines of their own in vLLM's sleep mode when host RAM holds what they
+    pin (1.4× the weights of every engine taking turns: vLLM's measured figure, kept after wake-up) and the GPU the
+    sleeping engines' CUDA contexts and graphs; a swap then costs vLLM's measured sleep and wake times."""
 
-    from layerswap.engines.planning import sleep_mode
+    from layerswap.engines.planning import PINNED_PER_WEIGHT, sleep_mode
     from layerswap.engines.serving import CUDA_CONTEXT, CUDA_GRAPHS
 
     per_model = eight_b["math"].nbytes
-    l40 = flavour("l40sx1")
-    plan = plan_engines(eight_b, hardware=l40)
+    card = dataclasses.replace(flavour("l40sx1"), gpus=(hardware.played_gpu(48 * GiB, "a 48 GiB card"),))
+    plan = plan_engines(eight_b, hardware=card)
     assert plan.arrangement == "two_vllm" and plan.sleep and plan.settings.sleep_mode
-    assert plan.swap_seconds == pytest.approx(2 * per_model / 10e9)
+    assert plan.swap_seconds == pytest.approx(per_model / GiB * (10.57 + 2.19) / 15.3)
+    assert plan.host_pinned == int(2 * PINNED_PER_WEIGHT * per_model)  # the language expert's and the merge's
+    row = plan.row(card)
+    assert row["host_pinned_gib"] == round(plan.host_pinned / GiB, 2) and row["sleep"]
+    assert row["gpu_planned_gib"] == round(plan.need_memory / GiB, 2) <= row["gpu_usable_gib"]
     est = plan.estimate
     assert est.need_bytes == 2 * est.per_engine + GiB + (CUDA_CONTEXT + CUDA_GRAPHS) == plan.need_memory
-    assert plan.settings.gpu_memory_utilization * l40.gpu_total() >= est.per_engine
-    assert plan.row(l40)["sleep"] and "sleep mode" in plan.describe() and "1 asleep at a time" in plan.sleep_why
-    reload = plan_engines(eight_b, hardware=dataclasses.replace(l40, ram_available=16 * GiB))
+    assert plan.settings.gpu_memory_utilization * card.gpu_total() >= est.per_engine
+    assert "sleep mode" in plan.describe() and "1 asleep at a time" in plan.sleep_why
+    # 40 GiB of RAM held one parked model (the old budget) but not what two engines pin: weights are reloaded
+    reload = plan_engines(eight_b, hardware=dataclasses.replace(card, ram_available=40 * GiB))
     assert reload.arrangement == "two_vllm" and not reload.sleep and not reload.settings.sleep_mode
     assert "host RAM" in reload.sleep_why and reload.swap_seconds == pytest.approx(per_model / 2e9)
-    assert reload.question_seconds > plan.question_seconds
+    assert reload.row(card)["host_pinned_gib"] == 0
+    # l40sx1's 45 GiB less the driver's reserve leaves no room for a sleeping engine's CUDA context
+    l40 = plan_engines(eight_b, hardware=flavour("l40sx1"))
+    assert l40.arrangement == "two_vllm" and not l40.sleep and "GPU memory that is not there" in l40.sleep_why
     a10g = plan_engines(eight_b, hardware=flavour("a10g-large"))
-    assert a10g.arrangement == "one_vllm_swapped" and not a10g.sleep and "GPU memory" in a10g.sleep_why
-    one = plan_engines(eight_b, hardware=l40, serving="one")
-    assert one.sleep and "2 asleep at a time" in one.sleep_why
+    assert a10g.arrangement == "one_vllm_swapped" and not a10g.sleep and "host RAM" in a10g.sleep_why
+    assert not plan_engines(eight_b, hardware=card, serving="one").sleep  # three engines would pin 62.8 GiB
+    one = plan_engines(eight_b, hardware=dataclasses.replace(card, ram_available=142 * GB), serving="one")
+    assert one.sleep and "2 asleep at a time" in one.sleep_why and one.host_pinned == int(3 * 1.4 * per_model)
     assert not plan_engines(eight_b, hardware=flavour("a100-large")).sleep
-    assert sleep_mode("one_vllm_swapped", "cpu", l40, est, per_model) == (0, "vLLM's sleep mode is for GPUs")
+    assert sleep_mode("one_vllm_swapped", "cpu", card, est, per_model) == (0, "vLLM's sleep mode is for GPUs")
 
 
 class Sleeper:
@@ -287,7 +330,7 @@ def test_turns_put_the_others_to_sleep_before_one_wakes():
 
 
 def test_sleep_mode_starts_an_engine_per_model_each_asleep_before_the_next(eight_b, monkeypatch):
-    """The arrangement of a sleep-mode plan (l40sx1, 8B: two engines, the language expert and the merge taking
+    """The arrangement of a sleep-mode plan (a 48 GiB card, 8B: two engines, the language expert and the merge taking
     turns): the math expert's engine, then the language expert's, asleep before the merge's starts; the models'
     engines take turns when asked. vLLM's sleep mode needs a GPU, so the engines here are stand-ins that record
     the calls `VLLMEngine` would get; the plan is the real one."""
@@ -295,7 +338,8 @@ def test_sleep_mode_starts_an_engine_per_model_each_asleep_before_the_next(eight
     from layerswap.engines.vllm_engine import TurnEngine, VLLMEngine
     from layerswap.workbench import MERGES
 
-    plan = plan_engines(eight_b, hardware=flavour("l40sx1"))
+    card = dataclasses.replace(flavour("l40sx1"), gpus=(hardware.played_gpu(48 * GiB, "a 48 GiB card"),))
+    plan = plan_engines(eight_b, hardware=card)
     assert plan.sleep and plan.arrangement == "two_vllm"
     log: list[str] = []
     started: list[Sleeper] = []
@@ -315,3 +359,22 @@ def test_sleep_mode_starts_an_engine_per_model_each_asleep_before_the_next(eight
     # the merge's engine (started on the math expert's folder) sleeps, the language expert's wakes
     assert arr.engines["lang"].generate(["q"]) == ["lang"] and log[-2:] == ["sleep math", "wake lang"]
     assert arr.describe().endswith("holding now: math expert, language expert awake, 1 asleep")
+
+
+def test_startup_report_names_driver_and_cuda_and_warns_when_torch_sees_no_gpu(tmp_path, monkeypatch):
+    """A fake `nvidia-smi` plays a GPU machine; torch here is the CPU build, so the report must say torch sees none."""
+    import torch
+
+    exe = tmp_path / "nvidia-smi"
+    exe.write_text("#!/bin/sh\nif [ \"$1\" = -L ]; then echo 'GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-1)'; else "
+                   "echo '| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4 |'; fi\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    lines = hardware.startup_report()
+    assert "NVIDIA A100-SXM4-80GB" in lines[0] and "driver 550.54.15" in lines[1] and "CUDA 12.4" in lines[1]
+    assert lines[-1].startswith("WARNING: this machine has an NVIDIA GPU but torch sees none")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not any(x.startswith("WARNING") for x in hardware.startup_report())
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))  # no nvidia-smi: one line, no warning
+    assert len(hardware.startup_report()) == 1

@@ -181,9 +181,16 @@ class VLLMArrangement(Arrangement):
                 for role in roles:
                     if role in EXPERTS:
                         self.engines[role] = eng if len(roles) == 1 else SwappedEngine(eng, cks[role].path)
-        except EngineStartError:
-            self.release()
+        except BaseException:
+            self.close()
             raise
+
+    def close(self) -> None:
+        """Stop every engine this arrangement started or took from the pool (a start that failed half-way): their
+        memory is free before anything else is planned, instead of idle engines holding it in the pool."""
+        for e in self.vllm:
+            e.close()
+        self.release()
 
     def _start_turns(self, slot: int, roles: tuple[str, ...], tok) -> None:
         """Sleep mode: an engine per model of the slot (the merge's starts on the math expert), each asleep before
@@ -392,8 +399,8 @@ class Answering:
             if ready:
                 ready()
             try:
-                self.pending = ARRANGEMENTS[plan.arrangement](plan, self.trio)
-                self.pending.start(tok, progress)
+                self.pending = ARRANGEMENTS[plan.arrangement](plan, self.trio)  # shown as starting behind it
+                _start(self.pending, tok, progress)
             except EngineStartError as e:
                 self.pending, self.failed = None, str(e)
                 if not self.fallback:
@@ -418,7 +425,7 @@ class Answering:
 
     def _started(self, name: str, tok, progress: Progress) -> Arrangement:
         arr = ARRANGEMENTS[name](self.plan, self.trio)
-        arr.start(tok, progress)
+        _start(arr, tok, progress)
         return arr
 
     def load_merged(self, recipe: Recipe, progress: Progress = no_progress) -> None:
@@ -459,6 +466,15 @@ class Answering:
         elif self.failed and self.current.name != self.plan.arrangement:
             s += f" (the plan's {TITLES[self.plan.arrangement]} did not start: {self.failed})"
         return s
+
+
+def _start(arr: Arrangement, tok, progress: Progress) -> None:
+    """Start `arr`; one that fails closes every engine it started first (its memory free for the fallback)."""
+    try:
+        arr.start(tok, progress)
+    except BaseException:
+        getattr(arr, "close", arr.release)()
+        raise
 
 
 def releasing(answerings: list[Answering]) -> Releasing:

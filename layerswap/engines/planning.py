@@ -20,8 +20,10 @@
 - the scratch disk vLLM's merged model is written to (refresh ``disk`` only), against the free disk;
 - on a GPU, whether models that take turns (two engines, one engine) each get an engine of their own in vLLM's
   **sleep mode** (`sleep_mode`): one awake per turn, the others asleep with their weights parked in host RAM, so
-  a swap is two copies over PCIe instead of a reload from disk; only when host RAM holds the parked weights and
-  the GPU the sleeping engines' CUDA contexts;
+  a swap is a sleep and a wake instead of a reload from disk; only when host RAM holds what the engines pin
+  (`PINNED_PER_WEIGHT` × the weights of every engine that can sleep: vLLM's level-1 sleep copies them to pinned
+  memory and keeps it after waking) and the GPU the sleeping engines' CUDA contexts;
+- on the smallest cards, a short context (`SHORT_CONTEXT` tokens) rather than no answers;
 - about how long one question to the three models takes, and one weight swap: decoding reads every weight once per
   token, so ``tokens × weight bytes / rate`` (CPU: measured, docs/benchmarks.md; GPU: the card's bandwidth times an
   efficiency), plus the swaps the arrangement makes per question;
@@ -65,7 +67,14 @@ TRANSFORMERS_FIRST_BYTES = 2 * 10**9  # experts this small answer with transform
 APP_HEADROOM = {"cpu": 1 * GiB, "cuda": 1 * GiB}  # the app's own process (its CUDA context on a GPU)
 ANALYSIS_GPU_BYTES = 2 * GiB  # GPU memory the analysis and lens want beside the engines, else they run on the CPU
 ASLEEP = {"two_vllm": 1, "one_vllm_swapped": 2}  # engines asleep at any time when these arrangements use sleep mode
-SLEEP_BYTES_PER_S = 10e9  # host <-> GPU copies of parked weights, each way (PCIe 4 x16 pinned: ~25e9; kept low)
+SLEEPERS = {"two_vllm": 2, "one_vllm_swapped": 3}  # engines that take turns, each pinning host memory once it slept
+# vLLM's own measurement of a level-1 sleep (an 8B bf16 model, 15.3 GiB of weights, on an A100; vllm-project/vllm
+# PR 48337): ~22 GiB of host RAM (torch's pinned allocator rounds up, and vLLM issue 16663: kept after wake-up),
+# 10.57 s to sleep, 2.19 s to wake. Per GiB of weights:
+PINNED_PER_WEIGHT = 1.4
+SLEEP_S_PER_GIB = 10.57 / 15.3
+WAKE_S_PER_GIB = 2.19 / 15.3
+SHORT_CONTEXT = 2048  # tokens: an 8-shot MGSM prompt and a 256-token answer; the smallest cards' engines get this
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,8 @@ class EnginePlan:
     sleep: bool = False  # the models that take turns each on an engine of their own, in vLLM's sleep mode
     sleep_why: str = ""
     dense_why: str = ""  # LoRA experts served as full models: why not as adapters (`vllm_lora_rank`)
+    host_pinned: int = 0  # host RAM the engines taking turns pin in sleep mode
+    short_context: bool = False  # the engines' context cut to SHORT_CONTEXT tokens so that they fit
 
     @property
     def engine(self) -> str:
@@ -144,6 +155,8 @@ class EnginePlan:
                       f"{_duration(self.swap_seconds)} each included")
         if self.sleep:
             s += f"; models take turns in vLLM's sleep mode ({self.sleep_why})"
+        if self.short_context:
+            s += f"; a short context of {SHORT_CONTEXT} tokens per question, so that the engines fit"
         if self.dense_why:
             s += f"; the LoRA experts are served as full models, not as adapters ({self.dense_why.rstrip('.')})"
         if self.engine == "vllm":
@@ -155,14 +168,19 @@ class EnginePlan:
         """This plan as one row of `layerswap inspect --hardware` and the page's hardware table."""
         arrangement = self.arrangement if self.fits else "none"
         note = self.problem or self.title + ("; taking turns in vLLM's sleep mode" if self.sleep else "") \
-            + (f"; {hw.note}" if hw.note else "")
+            + (f"; {SHORT_CONTEXT}-token context" if self.short_context else "") + (f"; {hw.note}" if hw.note else "")
+        gpu = self.fits and self.device != "cpu"
         return {"hardware": hw.name, "gpu_memory_gib": round(hw.gpu_total() / GiB, 1), "gpus": len(hw.gpus),
                 "ram_gib": round(hw.ram_total / GiB, 1), "arrangement": arrangement, "fits": self.fits,
                 "seconds_per_question": None if not self.fits or self.question_seconds is None
                 else _round(self.question_seconds),
                 "seconds_per_swap": _round(self.swap_seconds) if self.fits and self.swap_seconds else None,
                 "refresh": self.refresh if self.fits and self.arrangement != "none" else None,
-                "sleep": self.fits and self.sleep, "note": note}
+                "sleep": self.fits and self.sleep,
+                "gpu_usable_gib": round(hw.gpu_free() / GiB, 2) if hw.gpus else None,
+                "gpu_planned_gib": round(self.need_memory / GiB, 2) if gpu else None,
+                "host_pinned_gib": round(self.host_pinned / GiB, 2) if self.fits and self.sleep else 0.0,
+                "note": note}
 
 
 REFRESH_MODES = {"memory": "the merge streamed from the experts' files into the engine, nothing written",
@@ -180,6 +198,11 @@ def refresh_mode(arrangement: str, device: str) -> tuple[str, str]:
                       else "the transformers engine holds the merge in memory")
 
 
+def host_pinned(arrangement: str, per_model: int) -> int:
+    """Host memory the engines that take turns pin in sleep mode (see the module's docstring)."""
+    return int(SLEEPERS.get(arrangement, 0) * PINNED_PER_WEIGHT * per_model)
+
+
 def sleep_mode(arrangement: str, dev: str, hw: Hardware, est: MemoryEstimate, per_model: int) -> tuple[int, str]:
     """Whether models that take turns use vLLM's sleep mode (see the module's docstring): the GPU memory the
     sleeping engines add (0: not used), and why."""
@@ -188,22 +211,24 @@ def sleep_mode(arrangement: str, dev: str, hw: Hardware, est: MemoryEstimate, pe
         return 0, "no models take turns"
     if dev == "cpu":
         return 0, "vLLM's sleep mode is for GPUs"
-    parked, ram = asleep * per_model + APP_HEADROOM["cpu"], int(USABLE_FRACTION * hw.ram_available)
+    pinned = host_pinned(arrangement, per_model)
+    parked, ram = pinned + APP_HEADROOM["cpu"], int(USABLE_FRACTION * hw.ram_available)
     if parked > ram:
-        return 0, (f"parking {asleep} models' weights would take {_gib(parked)} of host RAM, {_gib(ram)} usable: "
-                   "weights are reloaded from disk")
+        return 0, (f"{SLEEPERS[arrangement]} engines taking turns would pin {_gib(pinned)} of host RAM "
+                   f"({PINNED_PER_WEIGHT:g}× their weights), {_gib(ram)} usable: weights are reloaded from disk")
     # a sleeping engine keeps its CUDA context and captured graphs; its weights leave, its KV cache and activations
     # are freed (vLLM empties the allocator's cache when it sleeps)
     extra = asleep * (est.overhead_bytes - GPU_ACTIVATIONS)
     if est.need_bytes + extra > USABLE_FRACTION * est.available_bytes:
         return 0, (f"{asleep} sleeping engines would add {_gib(extra)} of GPU memory that is not there: weights are "
                    "reloaded from disk")
-    return extra, f"{asleep} asleep at a time, {_gib(asleep * per_model)} of weights parked in host RAM"
+    return extra, (f"{asleep} asleep at a time; {SLEEPERS[arrangement]} engines pin {_gib(pinned)} of host RAM "
+                   f"({PINNED_PER_WEIGHT:g}× their weights)")
 
 
 def sleep_swap_seconds(nbytes: int) -> float:
-    """A swap in sleep mode: the awake model's weights to host RAM, the next one's back."""
-    return 2 * nbytes / SLEEP_BYTES_PER_S
+    """A swap in sleep mode: the awake model's engine sleeps, the next one's wakes (vLLM's measured rates)."""
+    return nbytes / GiB * (SLEEP_S_PER_GIB + WAKE_S_PER_GIB)
 
 
 def _round(s: float) -> float:
@@ -312,7 +337,12 @@ def _plan_vllm(cks: dict[str, Checkpoint], serving: str, settings: VLLMSettings,
         tried.insert(0, "lora_vllm")
     per_model = weight_bytes(math, settings.engine_dtype(math.config, dev))
     plan = None
-    for arrangement in tried:
+    short = dev != "cpu" and not settings.max_model_len and settings.context_length(math.config) > SHORT_CONTEXT
+    if short:  # the smallest cards: the last arrangement again with a short context, rather than no answers
+        tried = tried + [tried[-1]]
+    for i, arrangement in enumerate(tried):
+        if short and i == len(tried) - 1:
+            settings = replace(settings, max_model_len=SHORT_CONTEXT)
         lora = arrangement == "lora_vllm"
         refresh, refresh_why = refresh_mode(arrangement, dev)
         scratch = math.nbytes if refresh == "disk" else 0
@@ -330,7 +360,8 @@ def _plan_vllm(cks: dict[str, Checkpoint], serving: str, settings: VLLMSettings,
                           settings=replace(_sized(settings, est, hw, dev), max_lora_rank=rank if lora else None),
                           estimate=est, cuda_graphs=graphs,
                           analysis_device=_analysis_device(dev, spare), why=_why(arrangement, serving),
-                          refresh=refresh, refresh_why=refresh_why, dense_why="" if lora else dense_why, **base)
+                          refresh=refresh, refresh_why=refresh_why, dense_why="" if lora else dense_why,
+                          short_context=short and i == len(tried) - 1, **base)
         if plan.fits:
             break
     if plan.fits and dev != "cpu":
@@ -340,6 +371,7 @@ def _plan_vllm(cks: dict[str, Checkpoint], serving: str, settings: VLLMSettings,
             swap = sleep_swap_seconds(per_model)
             est = replace(plan.estimate, fixed_bytes=plan.estimate.fixed_bytes + extra)
             plan = replace(plan, sleep=True, need_memory=est.need_bytes, estimate=est, swap_seconds=swap,
+                           host_pinned=host_pinned(plan.arrangement, per_model),
                            settings=replace(_sized(settings, est, hw, dev), sleep_mode=True),
                            question_seconds=question_seconds(plan.arrangement, per_model, hw, dev, swap),
                            analysis_device=_analysis_device(dev, int(USABLE_FRACTION * available) - est.need_bytes))
@@ -433,13 +465,19 @@ def hardware_table(cks: dict[str, Checkpoint], names: list[str], engine: str = "
 
 def table_markdown(rows: list[dict]) -> str:
     """The hardware table as Markdown (the page, docs/hosting.md)."""
-    lines = ["| hardware | GPU memory | RAM | arrangement | s per question | s per swap | note |", "|---|---|---|---|---|---|---|"]
+    lines = ["| hardware | GPU memory (usable) | RAM | arrangement | GPU planned | host pinned | s per question | "
+             "s per swap | note |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         gpu = f"{r['gpus']} × {r['gpu_memory_gib']:g} GiB" if r["gpus"] > 1 else \
             f"{r['gpu_memory_gib']:g} GiB" if r["gpus"] else "none"
+        if r["gpus"]:
+            gpu += f" ({r['gpu_usable_gib']:g})"
+        planned = "" if r["gpu_planned_gib"] is None else f"{r['gpu_planned_gib']:g} GiB"
+        pinned = f"{r['host_pinned_gib']:g} GiB" if r["host_pinned_gib"] else ""
         sec = "" if r["seconds_per_question"] is None else f"{r['seconds_per_question']:g}"
         swap = "" if r["seconds_per_swap"] is None else f"{r['seconds_per_swap']:g}"
         note = r["note"] if r["fits"] else r["note"].split(". What would serve")[0]
-        lines.append(f"| `{r['hardware']}` | {gpu} | {r['ram_gib']:g} GiB | `{r['arrangement']}` | {sec} | {swap} | "
+        lines.append(f"| `{r['hardware']}` | {gpu} | {r['ram_gib']:g} GiB | `{r['arrangement']}` | {planned} | "
+                     f"{pinned} | {sec} | {swap} | "
                      f"{note.replace('|', '/')} |")
     return "\n".join(lines)

@@ -95,6 +95,14 @@ class TensorWeights:
 Weights = Union[Path, TensorWeights]  # what an engine holds: a model folder, or tensors made here
 
 
+START_METHOD = "spawn"  # vLLM's processes, whatever touched CUDA before (merges, analysis): never forked
+
+
+def fix_start_method() -> None:
+    """Set at the app's start and before each engine: vLLM forks unless this process initialised CUDA first."""
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = START_METHOD
+
+
 @functools.lru_cache(maxsize=1)
 def vllm_status() -> tuple[bool, str]:
     """(usable, reason): whether vLLM can be imported here, and if not, why and how to install it."""
@@ -239,6 +247,7 @@ class VLLMEngine(TokenizingEngine):
         if self.settings.tensor_parallel_size > 1:  # worker processes on this node (also inside a Ray actor)
             kw.update(tensor_parallel_size=self.settings.tensor_parallel_size, distributed_executor_backend="mp")
         self.llm_kwargs = kw
+        fix_start_method()
         from vllm import LLM
 
         t = time.perf_counter()
@@ -345,10 +354,7 @@ class VLLMEngine(TokenizingEngine):
     def refresh(self, weights: str | os.PathLike | TensorWeights, *, reset_prefix_cache: bool = True) -> float:
         """Load new weights into the running engine; returns seconds taken. `weights`: an exported folder, or
         `TensorWeights` (in-process engines only: streamed into the model, nothing read from or written to disk).
-
-        The prefix cache is reset afterwards: cached KV blocks were computed with the old weights
-        and would otherwise be reused for prompts sharing a prefix (stale answers).
-        """
+        The prefix cache is reset afterwards (its KV blocks were computed with the old weights: stale answers)."""
         t = time.perf_counter()
         if isinstance(weights, TensorWeights):
             if not self.in_process:
@@ -439,15 +445,11 @@ class _OnEngine:
 
 
 class SwappedEngine(_OnEngine):
-    """One model served by a shared `VLLMEngine`: its weights are swapped in before each use.
-
-    This is the "one engine" serving mode: the experts and the merge take turns on one engine,
-    with the same answers as three engines, at the cost of a weight reload per switch.
-    """
+    """One model served by a shared `VLLMEngine`, its weights swapped in before each use (the "one engine" serving
+    mode: the same answers as three engines, at the cost of a weight reload per switch)."""
 
     def __init__(self, engine: VLLMEngine, weights: str | os.PathLike | TensorWeights):
-        self.engine = engine
-        self.weights = weights if isinstance(weights, TensorWeights) else Path(weights)
+        self.engine, self.weights = engine, weights if isinstance(weights, TensorWeights) else Path(weights)
 
     def generate(self, prompts: list[str], max_new_tokens: int = 256, stop: list[str] | None = None,
                  on_batch: OnBatch | None = None) -> list[str]:
@@ -490,8 +492,7 @@ class LoRAEngine(_OnEngine):
     reloaded to switch models, and a new merge is a new adapter folder."""
 
     def __init__(self, engine: VLLMEngine, adapter: str | os.PathLike):
-        self.engine = engine
-        self.adapter = Path(adapter)
+        self.engine, self.adapter = engine, Path(adapter)
 
     def generate(self, prompts: list[str], max_new_tokens: int = 256, stop: list[str] | None = None,
                  on_batch: OnBatch | None = None) -> list[str]:

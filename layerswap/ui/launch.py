@@ -52,6 +52,13 @@ def run(args: argparse.Namespace) -> int:
 
     from .files import files_base
 
+    from ..engines.vllm_engine import fix_start_method
+    from ..hardware import startup_report
+
+    fix_start_method()  # before anything can touch CUDA: engines are spawned, whatever ran first
+
+    for line in startup_report():  # driver and CUDA versions; a GPU torch does not see is said, not hidden
+        print(line, file=sys.stderr if line.startswith("WARNING") else sys.stdout, flush=True)
     for d in clean_stale() + clean_stale(files_base()):  # scratch merges and visitor folders of a killed run
         print(f"removed a stale scratch folder: {d}")
     policy = Policy.from_env()
@@ -63,9 +70,9 @@ def run(args: argparse.Namespace) -> int:
         print("No --math/--lang given: starting on the demo models (built offline on first run).")
         refs, label, _, _ = demo_refs()  # their MGSM set and plan come with them (`organisms`)
         args.math, args.lang, args.base = refs["math"], refs["lang"], refs["base"]
-    if gpu == "zerogpu":
+    if gpu == "zerogpu":  # the page is served, answers off with the hardware to pick (the engine plan says it too)
         print(zero_gpu_refusal(args.math, args.lang), file=sys.stderr, flush=True)
-        return 2
+        args.device = "cpu"  # the main process has no GPU there: merges, analysis and lens run on the CPU
     defaults = AppDefaults(math=args.math, lang=args.lang, base=args.base or "", label=label, mgsm_dir=args.mgsm_dir,
                            device=args.device, engine=args.engine,
                            serving=args.serving, policy=policy, capacity=args.max_models, gpu=gpu,
@@ -89,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def zero_gpu_refusal(math: str, lang: str) -> str:
-    """Why the app does not start on ZeroGPU, and which Spaces hardware serves these models instead (the engine
+    """Why the app answers nothing on ZeroGPU, and which Spaces hardware serves these models instead (the engine
     plan over the Hub's flavours, from the headers of local or shipped models; the literature's 8B trio otherwise)."""
     from ..engines.planning import zero_gpu_problem, would_serve_text
     from ..hub import hub_id_of
@@ -103,8 +110,8 @@ def zero_gpu_refusal(math: str, lang: str) -> str:
             pick = would_serve_text({"math": Checkpoint.open(math), "lang": Checkpoint.open(lang)})
         except Exception:  # unreadable models: the generic advice stands
             pass
-    return (f"layerswap does not run on ZeroGPU: {zero_gpu_problem()} Pick this hardware in the Space's settings "
-            f"instead: {pick}. See docs/hosting.md#what-serves-which-models.")
+    return (f"Answers are off on ZeroGPU: {zero_gpu_problem()} The report, heatmaps, lens and export work. For "
+            f"answers, pick this hardware in the Space's settings: {pick}. See docs/hosting.md#what-serves-which-models.")
 
 
 def main(argv: list[str] | None = None) -> int:

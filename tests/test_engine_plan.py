@@ -199,6 +199,7 @@ def test_an_arrangement_that_fails_half_way_closes_the_engines_it_started(vllm_t
     from layerswap.engines.answering import Answering, Trio, releasing
     from layerswap.engines.vllm_engine import EngineStartError
     from layerswap.hardware import HELD
+    from layerswap.workbench import MERGES
     from tests.helpers import vllm_or_skip
 
     vllm_or_skip()
@@ -209,7 +210,7 @@ def test_an_arrangement_that_fails_half_way_closes_the_engines_it_started(vllm_t
     (bad / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
     held = HELD.total()
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")  # vLLM's default: an engine's start fixes it
-    answering = Answering(dataclasses.replace(plan, transformers_first=False), Trio(cks), fallback=False)
+    answering = Answering(dataclasses.replace(plan, transformers_first=False), Trio(cks, merges=MERGES), fallback=False)
     with pytest.raises(EngineStartError, match="vLLM could not start on lang"):
         answering.start()
     assert VLLMEngine.pooled() == [] and HELD.total() == held  # the math expert's engine went with it

@@ -47,7 +47,7 @@ class AppDefaults:
     plan: Plan | None = None  # the plan the page opens on (default: `organisms.opening_plan`)
     policy: Policy = field(default_factory=Policy)
     capacity: int = 1  # model trios held at once
-    gpu: str = "cpu"  # cpu or dedicated (`hosting.gpu_mode`; on ZeroGPU the app refuses to start)
+    gpu: str = "cpu"  # cpu or dedicated (`hosting.gpu_mode`; on ZeroGPU answers are off)
     tensor_parallel_size: int = 1  # vLLM: GPUs per engine
     max_visitors: int = MAX_VISITORS  # sessions remembered at once (`ui.visitors`)
 

@@ -127,6 +127,8 @@ class Results:
     num_layers = property(lambda self: self._r["num_layers"])
     recommended = property(lambda self: self._r["recommended_name"], doc="the recommended plan's row name")
     pair = property(lambda self: self._r.get("pair", "localised"))
+    seconds = property(lambda self: self._r["seconds"], doc="how long the eval_demo.py run that wrote it took")
+    date = property(lambda self: self._r["date"], doc="the day of that run (YYYY-MM-DD)")
     english_measured_for = property(lambda self: list(self._r["english_measured_for"]))
     max_new_tokens = property(lambda self: self._r["protocol"]["max_new_tokens"])
     plan_info = property(lambda self: dict(self._r["recommended_plan"]),

@@ -72,7 +72,7 @@ def card(demo: Path, res: Results, info: dict) -> str:
         *_output_side(res), "",
         *_revert(rev, res, X), "",
         *C.profile_section(info, L),
-        *C.build_section(info, "build_demo2.py"),
+        *C.build_section(info, "build_demo2.py", res),
     ]
     return "\n".join(lines)
 

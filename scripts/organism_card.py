@@ -114,7 +114,16 @@ def profile_section(info: dict, L: int) -> list[str]:
             *_profile_rows(info, "change_profile_revert", "reverted "), ""]
 
 
-def build_section(info: dict, script: str) -> list[str]:
+def build_section(info: dict, script: str, res: Results | None = None) -> list[str]:
+    """The build paragraph; with `res`, also how long the last `eval_demo.py` run took and, when its plan came from
+    a `layerswap search` (its row name says ``search:``), the `--search` flag that reproduces the choice."""
+    measure = "`python scripts/eval_demo.py --demo DIR` then measures it and rewrites this card."
+    if res is not None:
+        searched = "(search: " in res.recommended
+        measure = ("`python scripts/eval_demo.py --demo DIR" + (" --search FILE`" if searched else "`") +
+                   f" then measures it and rewrites this card ({res.seconds} s on {res.date}"
+                   + (", `FILE` being the `--json-out` of `layerswap search` on the same three models, whose plan "
+                      "joined the dev grid" if searched else "") + ").")
     return [
         "## Build", "",
         f"`python scripts/{script}` (seed {info['seed']}, {info['threads']} thread(s), deterministic): "
@@ -125,7 +134,7 @@ def build_section(info: dict, script: str) -> list[str]:
            else "")
         + (f"Measured {info['measured_on']}. " if info.get("measured_on") else "") +
         "`python3 scripts/dev.py test -m slow` rebuilds it from scratch, checks every weight file by sha256 and "
-        "re-measures it. `python scripts/eval_demo.py --demo DIR` then measures it and rewrites this card. Every "
+        "re-measures it. " + measure + " Every "
         "design tried on the way, with its numbers, is in [`DESIGNS.md`](../demo/DESIGNS.md).", ""]
 
 

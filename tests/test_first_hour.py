@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from layerswap.plans import Plan
 from layerswap.presets import assets_dir
 from tests.helpers import DEMO_MGSM, launch_app, serve
 from tests.test_browser import browser, no_error_toast  # noqa: F401 (the browser fixture)
@@ -40,7 +41,7 @@ def pick_preset(page, label_words: str) -> None:
 
 def test_a_preset_or_load_sets_everything_that_belongs_to_its_models(browser, app_url):  # noqa: F811
     """Point 1: after picking demo2 (it loads at once), every menu offers Oruki and English only, Ask asks in Oruki,
-    the banner, card and test-set line name the paper-setting organism, and the plan is its recommended b=1 u=0;
+    the banner, card and test-set line name the paper-setting organism, and the plan is its recommended one;
     Load of the unlocalised pair opens on its own plan; back to demo, Kovani again."""
     from playwright.sync_api import expect
 
@@ -52,7 +53,8 @@ def test_a_preset_or_load_sets_everything_that_belongs_to_its_models(browser, ap
     expect(page.locator("#test-set")).to_contain_text("assets:demo2/mgsm", timeout=120_000)
     expect(page.locator("#test-set")).to_contain_text("Oruki (yy)")
     expect(page.locator("#test-set")).not_to_contain_text("Kovani")
-    expect_plan(page, recommended("demo2"))
+    plan = recommended("demo2")
+    expect_plan(page, plan)
     expect(page.locator("#report")).to_contain_text("10 layers")
     expect(page.locator("#demo-label")).to_contain_text("paper's setting")
     expect(page.locator("#demo-label")).to_contain_text("Oruki test set")
@@ -60,13 +62,14 @@ def test_a_preset_or_load_sets_everything_that_belongs_to_its_models(browser, ap
     page.locator("#organism-card").get_by_text("The organism's card").click()
     expect(page.locator("#card-text")).to_contain_text("Oruki")
     expect(page.locator("#mgsm-lang input")).to_have_value("Oruki (yy)")
-    expect(page.locator("#share textarea, #share input")).to_have_value(re.compile("math=assets%3Ademo2%2Fmath.*b=1&u=0"))
+    expect(page.locator("#share textarea, #share input")).to_have_value(re.compile(
+        f"math=assets%3Ademo2%2Fmath.*b={plan['b']}&u={plan['u']}&.*non_layer={plan['non_layer']}"))
     page.locator("#mgsm-lang input").click()
     assert sorted(t.strip("✓\n ") for t in page.get_by_role("option").all_inner_texts()) == ["English (en)", "Oruki (yy)"]
     page.keyboard.press("Escape")
     page.locator("#ask").click()  # the opening question, in Oruki's prompt format, to the Oruki models
     expect(page.locator("#prompt")).to_contain_text("Sural:", timeout=180_000)
-    expect(page.locator("#prompt")).to_contain_text("answers from swap b=1 u=0")
+    expect(page.locator("#prompt")).to_contain_text(f"answers from {Plan.from_dict(plan).title()}")
     expect(page.locator("#answer-merged")).to_contain_text("flexible:", timeout=120_000)
     expect(page.locator("#answer-merged")).to_contain_text("correct")  # the question the recommended plan gets right
     page.get_by_role("tab", name="Where each expert changed").click()

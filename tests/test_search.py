@@ -186,6 +186,8 @@ def test_search_finds_a_plan_records_every_answer_and_resumes_from_the_file(tmp_
     assert sum(len(x["ids"]) for x in plan_rows) == d["evaluated"]["questions"]  # nothing answered twice
     assert d["test"]["n"] == 60 and d["test"]["interval"][0] <= d["test"]["accuracy"] <= d["test"]["interval"][1]
     assert [b["name"] for b in d["baselines"]][:2] == ["the math expert", "the language expert"]
+    m = d["baselines"][0]["mcnemar"]  # the McNemar counts name both models
+    assert f"({m['only_plan']} right only with the plan, {m['only_other']} only with the math expert)" in r.text()
     assert "optimistic" in d["dev"]["optimistic"] or "best of" in d["dev"]["optimistic"]
     # the plan found is the best plan that was scored on every dev question
     complete = [t for t in d["trials"] if t["complete"]]

@@ -104,10 +104,10 @@ class SearchResult:
                      f"{100 * t['interval'][1]:.1f}] on {t['n']} answers never used in the search "
                      f"({t['interval_kind']})")
         for b in self.baselines:
-            m = b["mcnemar"]
+            m, other = b["mcnemar"], b["name"].split(" (")[0]  # "the recommended plan (swap …)": its short name
             lines.append(f"- vs {b['name']}: {100 * b['test']['accuracy']:.1f} %; difference "
                          f"{100 * b['difference']:+.1f} ± {100 * b['se']:.1f} points, McNemar p = {m['p']:.2g} "
-                         f"({m['only_plan']} right only with the plan, {m['only_other']} only with it)")
+                         f"({m['only_plan']} right only with the plan, {m['only_other']} only with {other})")
         return "\n".join(lines)
 
     def text(self) -> str:

@@ -45,8 +45,18 @@ def _brute(space: Space) -> list:
         if b > space.max_b or u > space.max_u or max(tb, tu) > space.max_t or b + u + tb + tu > L:
             continue
         for tr in (space.transitions if tb + tu else space.transitions[:1]):
-            out += [(b, u, tb, tu, tr, nl, m, r) for nl in space.non_layer for m in space.modules for r in revs]
+            out += [(b, u, tb, tu, tr, nl, m, r) for nl in space.non_layer for m in space.modules for r in revs
+                    if not _an_expert(L, b, u, tb, tu, nl, m, r)]
     return out
+
+
+def _an_expert(L, b, u, tb, tu, nl, m, r) -> bool:
+    """Builds one expert unchanged (the spaces here blend every transition layer): nothing swapped with the
+    non-layer tensors the math expert's, or every layer swapped whole with the language expert's."""
+    if r != (0, 0):
+        return False
+    return (b + u + tb + tu == 0 and nl in ("math", "neighbour")) or (
+        b + u == L and tb == tu == 0 and nl in ("lang", "neighbour") and m == "all")
 
 
 @pytest.mark.parametrize("space", [Space(4), Space(5, max_b=2, max_t=1, transitions=("ramp",)),
@@ -61,14 +71,24 @@ def test_space_counts_and_lists_exactly_the_valid_plans(space):
         assert space.params(p) is not None and space.plan(space.params(p)) == p
 
 
-def test_grid_space_of_eight_layers_is_every_b_u_tb_tu():
-    assert grid_space(8).size() == math.comb(12, 4) == 495
+def test_grid_space_of_eight_layers_is_every_b_u_tb_tu_but_the_experts_unchanged():
+    # b=u=tb=tu=0 is the math expert, b+u=8 the language expert (neighbour: embeddings follow layers 0 and 7)
+    assert grid_space(8).size() == math.comb(12, 4) - 1 - 9 == 485
+    s = Space(8, non_layer=("math", "lang", "avg", "neighbour"))
+    assert s.unchanged_expert(Plan(b=0, u=0, tb=0, tu=0, non_layer="math")) == "math"
+    assert s.unchanged_expert(Plan(b=5, u=3, tb=0, tu=0, non_layer="lang")) == "lang"
+    assert s.plan({"b": 0, "u": 0, "tb": 0, "tu": 0, "non_layer": "math"}) is None  # never evaluated
+    for merge in (Plan(b=0, u=0, tb=0, tu=0, non_layer="avg"), Plan(b=0, u=0, tb=0, tu=0, non_layer="lang"),
+                  Plan(b=5, u=3, tb=0, tu=0, non_layer="math"), Plan(b=8, u=0, tb=0, tu=0, modules="attention"),
+                  Plan(b=0, u=0, tb=0, tu=0, revert=(2,))):
+        assert s.unchanged_expert(merge) is None, merge
 
 
 def test_invalid_plans_are_refused_before_anything_runs():
     s = Space(8)
     assert s.plan({"b": 4, "u": 2, "tb": 1, "tu": 1}) is not None
-    assert s.plan({"b": 5, "u": 3, "tb": 0, "tu": 0}) is not None
+    assert s.plan({"b": 5, "u": 3, "tb": 0, "tu": 0, "non_layer": "math"}) is not None  # every layer, not the edges
+    assert s.plan({"b": 5, "u": 3, "tb": 0, "tu": 0}) is None  # the language expert itself (edges follow)
     assert s.plan({"b": 5, "u": 3, "tb": 1, "tu": 0}) is None  # 9 > 8 layers
     assert Space(8, revert=True).plan({"b": 1, "u": 0, "tb": 0, "tu": 0, "revert_start": 6, "revert_len": 3}) is None
     with pytest.raises(UserError, match="flat:W"):

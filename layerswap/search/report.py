@@ -91,7 +91,7 @@ class SearchResult:
                            f"questions: {self.split.chosen_on}.")
         lines = [f"{head}**Found: {self.plan.title()}** ({self.strategy}; {ev['plans']} plans and "
                  f"{ev['questions']:,} question-evaluations on dev, {ev['questions_run']:,} of them answered now, "
-                 f"{ev['invalid']} invalid plans never evaluated; {self.seconds:.0f} s)",
+                 f"{ev['invalid']} plans that do not fit or are an expert unchanged, never evaluated; {self.seconds:.0f} s)",
                  f"- chosen on: {self.split.chosen_on}; the highest dev accuracy, a tie to the plan swapping fewer "
                  "layers",
                  f"- dev: {100 * dev['accuracy']:.1f} % on {dev['n']} answers: **optimistic**, the best of "

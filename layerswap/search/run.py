@@ -154,7 +154,7 @@ def search(math: str, lang: str, base: str | None = None, config: SearchConfig |
         space = cfg.space(wb.num_layers)
         if space.revert and "base" not in wb.checkpoints:
             raise UserError("Searching reverted ranges needs the base model: give --base.")
-        eng = {"engine": wb.engine_choice, "chat_template": bool(wb.chat_template)}  # one key page and CLI share
+        eng = {"engine": wb.engine_choice, "chat_template": wb.chat_template or None}  # one key: None and False are plain prompts
         test_ident = Identity.of(wb.checkpoints, force, cfg.source, cfg.evals(), eng, cfg.langs)
         ident = test_ident if cfg.dev_source is None else Identity.of(wb.checkpoints, force, cfg.dev_source,
                                                                       cfg.evals(), eng, cfg.langs)

@@ -5,7 +5,8 @@
     space.plan({"b": 2, "u": 0, "tb": 0, "tu": 0, ...})   # a Plan, or None when it does not fit the layers
 
 Dimensions: `b, u, tb, tu` (each 0 .. its maximum, default the model's layer count; a plan whose
-b + tb + tu + u exceeds the layers is invalid and never evaluated), the transition (``flat:W`` with its
+b + tb + tu + u exceeds the layers is invalid, and one that builds an expert unchanged is no merge: neither is
+evaluated), the transition (``flat:W`` with its
 language weight W, or ``ramp``), the non-layer choice, and optionally module-wise sources (the map on the
 attention or the MLP of each layer only, the other part from the math expert) and a reverted range of
 layers (their tensors from the base). Plans with the same effect (e.g. any transition when tb = tu = 0)
@@ -81,7 +82,7 @@ class Space:
 
     # ---- one plan ---------------------------------------------------------------------------
     def plan(self, p: dict[str, Any]) -> Plan | None:
-        """The canonical plan of these parameters, or None when it does not fit the model (never evaluated)."""
+        """The canonical plan of these parameters, or None when it does not fit the model or builds an expert unchanged (never evaluated)."""
         b, u, tb, tu = (int(p[k]) for k in ("b", "u", "tb", "tu"))
         if b > self.max_b or u > self.max_u or tb > self.max_t or tu > self.max_t or b + u + tb + tu > self.num_layers:
             return None
@@ -92,7 +93,17 @@ class Space:
         plan = Plan(b=b, u=u, tb=tb, tu=tu, transition=kind, transition_weight=weight,
                     non_layer=p.get("non_layer", self.non_layer[0]), modules=p.get("modules", "all"),
                     revert=tuple(range(start, start + length)))
-        return canonical(plan)
+        return None if self.unchanged_expert(plan) else canonical(plan)
+
+    def unchanged_expert(self, plan: Plan) -> str | None:
+        """``math`` or ``lang`` when `plan` builds that expert unchanged (every tensor from it: not a merge, and
+        already a baseline of the report), else None. The search never chooses such a plan, as the organisms'
+        cards never do."""
+        lw, (embed, head), modules, revert = self.effect(plan)
+        weights = {*lw, embed, head, plan.non_layer_weight("other", list(lw))}
+        if revert or len(weights) != 1 or modules != "all":  # a module-wise swap keeps the other block's source
+            return None
+        return {0.0: "math", 1.0: "lang"}.get(weights.pop())
 
     def params(self, plan: Plan) -> dict[str, Any] | None:
         """The parameters of `plan` in this space (for seeding an optimiser), or None when it is not in it."""
@@ -155,7 +166,22 @@ class Space:
                 without_t += 1
                 with_t += pairs - 1
         per = len(self.non_layer) * len(self.modules) * ((1 + L * (L + 1) // 2) if self.revert else 1)
-        return (without_t + with_t * len(self.transitions)) * per
+        return (without_t + with_t * len(self.transitions)) * per - self._unchanged_experts()
+
+    def _unchanged_experts(self) -> int:
+        """How many parameter sets build an expert unchanged (never plans): only where every layer has one source,
+        all from the math expert (no layer swapped) or all from the language expert (every layer swapped)."""
+        n = 0
+        for b, u, tb, tu in self._counts():
+            if 0 < b + u + tb + tu < self.num_layers:
+                continue
+            for tr in (self.transitions if tb or tu else self.transitions[:1]):
+                kind, weight = read_transition(tr)
+                for nl in self.non_layer:
+                    for mod in self.modules:
+                        n += bool(self.unchanged_expert(Plan(b=b, u=u, tb=tb, tu=tu, transition=kind,
+                                                             transition_weight=weight, non_layer=nl, modules=mod)))
+        return n
 
     def plans(self) -> Iterator[Plan]:
         """Every plan of the space, in a fixed order (use when `size` is small)."""

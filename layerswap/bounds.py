@@ -57,6 +57,11 @@ MAX_TEMPLATE_STEPS = 100_000
 MAX_TEMPLATE_SECONDS = 2.0
 
 
+def whole(v: object, top: int) -> bool:
+    """A whole number from 1 to `top` (a boolean is not one)."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= top
+
+
 def tokenizer_bytes(vocab_size: int | None) -> int:
     """The most bytes one tokenizer file may hold for a model of `vocab_size` tokens (None: not known): real
     tokenizers hold 30 to 130 bytes per token (Llama 3's tokenizer.json 9 MB for 128k, Gemma 3's 33 MB for 262k)."""

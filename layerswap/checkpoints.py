@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .architectures import Architecture, architecture, classify
-from .bounds import CONFIG_SIZES, MAX_CONFIG_INT, MAX_EPS, MAX_LAYERS
+from .bounds import CONFIG_SIZES, MAX_CONFIG_INT, MAX_EPS, MAX_LAYERS, whole
 from .cache import content_fingerprint, content_hash, fingerprint
 from .errors import UserError
 from .markup import text
 from .jsonfile import read_json
 from .hub import hub_error, hub_id_of, hub_reachable, looks_like_hub_id
 from .presets import ASSETS_PREFIX, assets_path
-from .tokenizer_files import TOKENIZER_FILES, check_tokenizer_sizes, text_config, whole
+from .tokenizer_files import TOKENIZER_FILES, check_tokenizer_sizes, text_config
 from .tensorfile import ITEMSIZE, Files, pread_into, read_header, to_float64, torch_dtype
 
 if TYPE_CHECKING:

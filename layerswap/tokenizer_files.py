@@ -1,6 +1,7 @@
 """A model's tokenizer files: which they are, and bounds on their sizes checked before anything parses them.
 
-    check_tokenizer_folder(folder)   # UserError when a tokenizer file is larger than its vocabulary allows
+    check_tokenizer_folder(folder)   # UserError when a tokenizer file is larger than its vocabulary allows,
+                                     # or one of its JSON files is not strict JSON
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .bounds import MAX_CONFIG_INT, tokenizer_bytes
+from .bounds import MAX_CONFIG_INT, tokenizer_bytes, whole
 from .errors import UserError
 from .jsonfile import read_json
 
@@ -25,11 +26,6 @@ TOKENIZER_FILES = (
 
 
 JSON_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.json")
-
-
-def whole(v: object, top: int) -> bool:
-    """A whole number from 1 to `top` (a boolean is not one)."""
-    return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= top
 
 
 def text_config(config: dict) -> dict:
@@ -55,11 +51,14 @@ def check_tokenizer_sizes(folder: Path, config: object, ref: object) -> None:
                             f"{vocab_size(config) or 'unknown'} tokens may hold; re-download it or use the base's.")
 
 
-def check_tokenizer_folder(folder: str | os.PathLike) -> None:
-    """`check_tokenizer_sizes` for a model folder, its config read with the strict reader."""
+def check_tokenizer_folder(folder: str | os.PathLike) -> int | None:
+    """`check_tokenizer_sizes` for a model folder, its config read with the strict reader; returns the config's
+    vocabulary size (None when it states none)."""
     folder = Path(folder)
     cfg = folder / "config.json"
-    check_tokenizer_sizes(folder, read_json(cfg) if cfg.is_file() else None, folder)
+    config = read_json(cfg) if cfg.is_file() else None
+    check_tokenizer_sizes(folder, config, folder)
     for name in JSON_FILES:  # transformers parses them with Python's json: the strict reader first
         if (folder / name).is_file():
             read_json(folder / name, where=f"{folder}: its {name}")
+    return vocab_size(config)

@@ -35,7 +35,7 @@ from ..recipes import Recipe
 from ..roles import EXPERTS, ROLE_NAMES
 from ..runtime import Progress, no_progress
 from .base import load_tokenizer
-from .planning import TITLES, VLLM_ENGINES, EnginePlan, Releasing
+from .planning import TITLES, EnginePlan, Releasing
 from .serving import GPU_ACTIVATIONS, check_memory
 from .transformers_engine import TransformersEngine, load_model, model_from_state_dict
 from .vllm_engine import EngineStartError, LoRAEngine, SwappedEngine, TensorWeights, TurnEngine, Turns, VLLMEngine

@@ -15,12 +15,10 @@ and vLLM engines answer string for string alike.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
-from ..tokenizer_files import check_tokenizer_folder, vocab_size
+from ..tokenizer_files import check_tokenizer_folder
 from ..errors import UserError
-from ..jsonfile import read_json
 from .chat import render_chat
 
 # on_batch(indices into the prompts, their answers): called after each finished batch
@@ -74,14 +72,13 @@ def load_tokenizer(path: str | os.PathLike):
     sizes checked against the config's vocabulary before they are parsed, and its tokens after."""
     from transformers import AutoTokenizer
 
-    check_tokenizer_folder(path)
+    vocab = check_tokenizer_folder(path)
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except Exception as e:  # a tokenizer file its library cannot read (malformed, too deep): said in one line
         why = (str(e).splitlines() or [""])[0][:160]
         raise UserError(f"{path}: its tokenizer cannot be loaded ({type(e).__name__}: {why}); re-download it "
                         "or use the base's tokenizer.") from None
-    vocab = vocab_size(read_json(Path(path) / "config.json")) if (Path(path) / "config.json").is_file() else None
     if vocab is not None and len(tok) > vocab:
         raise UserError(f"{path}: its tokenizer has {len(tok):,} tokens, more than the model's {vocab:,} "
                         "(config.json's vocab_size); re-download it or use the base's tokenizer.")

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-
-from dataclasses import replace
 
 from .. import mgsm, organisms
 from ..bounds import MAX_LAYERS

@@ -78,9 +78,12 @@ def stop(ctx: Context, job: Job) -> str:
     """Stop the visitor's job (between its batches) and say what happened: nothing ran, it stopped, or it stops
     after its current step. The line never says "stopping" once no job of the visitor's runs."""
     v = job.visitor
+    asked = v.stop.is_set()  # a Stop already waits for this job: this one answers at once (no thread held)
     v.stop.set()  # a job that starts later clears it
     if v.job is None:  # no job of the visitor's queued or running (`ui.lane`)
         return "Nothing of yours is running: nothing to stop."
+    if asked:
+        return "**Stopping** your job: it stops after its current step."
     deadline = time.monotonic() + STOP_WAIT
     while v.job is not None and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -8,15 +8,15 @@ Python API at a glance::
     export_merge(math, lang, Recipe(plan=Plan(b=5, u=2, tb=1, tu=1)), "merged/")
 """
 
-from .architectures import classify
-from .checkpoints import Checkpoint, CompatReport, check_compatible
-from .errors import UserError
-from .merging import blend, export_merge, merge_in_memory
-from .methods import METHODS, MethodConfig
-from .plans import Plan, default_plan
-from .recipes import Recipe
-from .sources import Sources, TensorSource, tensor_sources, tensor_weights
-from .version import __version__
+from layerswap.models.architectures import classify
+from layerswap.models.checkpoints import Checkpoint, CompatReport, check_compatible
+from layerswap.core.errors import UserError
+from layerswap.merge.merging import blend, export_merge, merge_in_memory
+from layerswap.recipe.methods import METHODS, MethodConfig
+from layerswap.recipe.plans import Plan, default_plan
+from layerswap.recipe.recipes import Recipe
+from layerswap.recipe.sources import Sources, TensorSource, tensor_sources, tensor_weights
+from layerswap.core.version import __version__
 
 __all__ = [
     "METHODS", "Checkpoint", "CompatReport", "MethodConfig", "Plan", "Recipe", "Sources", "TensorSource", "UserError",

@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from layerswap.errors import UserError  # noqa: E402
-from layerswap.plots import save_figure  # noqa: E402
-from layerswap.demo import recommended_plan  # noqa: E402
-from layerswap.recipes import Recipe  # noqa: E402
+from layerswap.core.errors import UserError  # noqa: E402
+from layerswap.analysis.plots import save_figure  # noqa: E402
+from layerswap.shipped.demo import recommended_plan  # noqa: E402
+from layerswap.recipe.recipes import Recipe  # noqa: E402
 from layerswap.sweeps import load_spec, sweep_results, with_eval  # noqa: E402
 from layerswap.sweeps.report import evaluated, paired_comparison, stats_table, sweep_figures, table_text  # noqa: E402
 

@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from bench_common import SIZES, build_trio, drop_page_cache, tensor_specs  # noqa: E402
-from layerswap.runtime import ram_available  # noqa: E402
+from layerswap.core.runtime import ram_available  # noqa: E402
 
 ROLES = ("base", "math", "lang")
 

@@ -205,7 +205,7 @@ def _files_bytes(folder: Path) -> int:
 def _write_tokenizer(folder: Path) -> None:
     """A tiny byte-level BPE tokenizer (ids 0-2: <pad>, <s>, </s>, like the config), for tools that need one."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from layerswap.demo import build_tokenizer
+    from layerswap.shipped.demo import build_tokenizer
 
     build_tokenizer().save_pretrained(folder)
 

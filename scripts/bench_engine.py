@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def build_models(root: Path, hidden: int, layers: int) -> tuple[Path, Path]:
-    from layerswap.demo import build_tokenizer, make_tiny_llama, perturb
+    from layerswap.shipped.demo import build_tokenizer, make_tiny_llama, perturb
 
     tok = build_tokenizer(vocab_size=768)
     a = make_tiny_llama(root / "a", layers=layers, hidden=hidden, heads=hidden // 64, intermediate=hidden * 11 // 4,
@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.builds:
         return bench_builds(args)
 
-    from layerswap import mgsm
+    from layerswap.evaluation import mgsm
     from layerswap.engines import TransformersEngine, VLLMEngine, VLLMSettings, vllm_status
-    from layerswap.evaluation import EvalConfig, build_prompts
+    from layerswap.evaluation.run import EvalConfig, build_prompts
 
     ok, why = vllm_status()
     if not ok:
@@ -167,8 +167,8 @@ def bench_builds(args) -> int:
     import vllm
 
     from layerswap import Plan
-    from layerswap.presets import ASSETS_PREFIX, assets_path
-    from layerswap.workbench import Workbench
+    from layerswap.models.presets import ASSETS_PREFIX, assets_path
+    from layerswap.serving.workbench import Workbench
 
     tmp = tempfile.TemporaryDirectory(prefix="layerswap-bench-")
     if args.trio == "built":

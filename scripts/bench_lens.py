@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: the latent-language lens (`layerswap.lens.run_lens`) on the demo organism and on a big checkpoint.
+"""Benchmark: the latent-language lens (`layerswap.analysis.lens.run_lens`) on the demo organism and on a big checkpoint.
 
     python3 scripts/bench_lens.py [--demo assets/demo] [--demo-mgsm assets/demo/mgsm --demo-lang xx]
                                   [--big /work/bench8b/llama-8b-trio-v1 --big-mgsm DIR --big-lang sw]
@@ -47,7 +47,7 @@ def worker(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: F401  (imports off the clock)
 
     from layerswap import Plan
-    from layerswap.lens import LensConfig, run_lens
+    from layerswap.analysis.lens import LensConfig, run_lens
 
     if spec.get("kind") == "floor":
         t0 = time.perf_counter()

@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from bench_common import SIZES, build_trio, drop_page_cache  # noqa: E402
-from layerswap.runtime import ram_available  # noqa: E402
+from layerswap.core.runtime import ram_available  # noqa: E402
 
 
 TIME = shutil.which("time") or "/usr/bin/time"
@@ -72,7 +72,7 @@ def digests(folder: Path) -> dict[str, tuple]:
     """Per tensor: (dtype, shape, blake2b of its bytes), read straight from the safetensors files."""
     import hashlib
 
-    from layerswap.tensorfile import read_header
+    from layerswap.models.tensorfile import read_header
 
     out = {}
     for f in sorted(folder.glob("*.safetensors")):

@@ -35,12 +35,12 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from layerswap.engines import EngineSettings, TransformersEngine, load_model  # noqa: E402
-from layerswap.merging import export_merge  # noqa: E402
-from layerswap.plans import Plan  # noqa: E402
-from layerswap.recipes import Recipe  # noqa: E402
+from layerswap.merge.merging import export_merge  # noqa: E402
+from layerswap.recipe.plans import Plan  # noqa: E402
+from layerswap.recipe.recipes import Recipe  # noqa: E402
 from layerswap.search import SearchConfig, grid_space, search  # noqa: E402
 from layerswap.search.store import Identity  # noqa: E402
-from layerswap.workbench import Workbench  # noqa: E402
+from layerswap.serving.workbench import Workbench  # noqa: E402
 
 DEMO = ("assets:demo/math", "assets:demo/lang", "assets:demo/base")
 EIGHT_B_PLANS = [Plan(b=5, u=2, tb=1, tu=1), Plan(b=4, u=3, tb=0, tu=1)]
@@ -96,7 +96,7 @@ def _disk_loop(r, cfg: SearchConfig, engine: EngineSettings, n: int) -> tuple[fl
             export_merge(wb.checkpoints["math"], wb.checkpoints["lang"], Recipe(plan=t.plan), out,
                          base=wb.checkpoints["base"], overwrite=True, card=False)
             eng = TransformersEngine(load_model(out, "cpu"), wb.engines["math"].tokenizer, batch_size=engine.batch_size)
-            from layerswap.evaluation import evaluate
+            from layerswap.evaluation.run import evaluate
 
             evaluate({"merged model": eng}, cfgq)
             disk += time.perf_counter() - t0
@@ -176,7 +176,7 @@ def disk_loop_8b(args) -> None:
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_common import build_trio
 
-    from layerswap.checkpoints import Checkpoint
+    from layerswap.models.checkpoints import Checkpoint
     from layerswap.engines import VLLMEngine
     from layerswap.engines.planning import plan_engines
 

@@ -37,9 +37,9 @@ def measure(setting: str, math: str, lang: str) -> dict:
     """One setting, in this process: ``planned`` (the engine plan's sizes, in-process) or ``separate`` (1 GiB KV
     cache per engine, one engine process each: the setting before)."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from layerswap.checkpoints import Checkpoint
+    from layerswap.models.checkpoints import Checkpoint
     from layerswap.engines import VLLMEngine, VLLMSettings, plan_engines
-    from layerswap.presets import ASSETS_PREFIX, assets_path
+    from layerswap.models.presets import ASSETS_PREFIX, assets_path
 
     refs = {r: str(assets_path(x)) if x.startswith(ASSETS_PREFIX) else x for r, x in (("math", math), ("lang", lang))}
     cks = {r: Checkpoint.open(p) for r, p in refs.items()}

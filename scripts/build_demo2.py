@@ -42,7 +42,7 @@ sys.path.insert(0, HERE)
 import build_demo_experts as B  # noqa: E402  (training loop, model, saving, profiles)
 import demo_world as W  # noqa: E402
 import demo_world2 as O  # noqa: E402
-from layerswap.publish import sha256  # noqa: E402
+from layerswap.merge.publish import sha256  # noqa: E402
 
 T = O.CODE
 
@@ -159,7 +159,7 @@ def gates(models: dict, tok, out: str, n: int) -> dict:
     """Flexible and strict accuracy of each model on the first `n` dev problems, in English and Oruki, and on the
     cue-swap probes (``ye``: Oruki body, English cues; ``ey``: English body, Oruki cues)."""
     from layerswap.engines.transformers_engine import TransformersEngine
-    from layerswap.evaluation import EvalConfig, evaluate
+    from layerswap.evaluation.run import EvalConfig, evaluate
 
     tok = copy.deepcopy(tok)
     tok.padding_side = "left"

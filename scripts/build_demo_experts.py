@@ -37,10 +37,10 @@ sys.path.insert(0, os.path.join(HERE, ".."))  # layerswap, run from anywhere
 sys.path.insert(0, HERE)
 import demo_world as W  # noqa: E402
 from demo_measure import change_profiles, gates, retrieval  # noqa: E402,F401  (build_demo2 uses them through here)
-from layerswap.merging import merge_in_memory  # noqa: E402
-from layerswap.plans import Plan  # noqa: E402
-from layerswap.publish import sha256  # noqa: E402
-from layerswap.sources import Sources  # noqa: E402
+from layerswap.merge.merging import merge_in_memory  # noqa: E402
+from layerswap.recipe.plans import Plan  # noqa: E402
+from layerswap.merge.publish import sha256  # noqa: E402
+from layerswap.recipe.sources import Sources  # noqa: E402
 
 
 @dataclass
@@ -172,7 +172,7 @@ def ranges(R: Recipe) -> Plan:
     """The experts' ranges as a layer map of the library's planner: the language expert's layers (0 .. math_lo-1,
     and with `lang_top` the layers from math_hi on) are the map's language side, the rest the math expert's;
     outside the layers the planner's rule decides (embeddings follow layer 0, final norm and lm_head the last
-    layer). Training, reverting and the swap below all ask the planner (`layerswap.sources`) through it."""
+    layer). Training, reverting and the swap below all ask the planner (`layerswap.recipe.sources`) through it."""
     return Plan(b=R.math_lo, u=R.layers - R.math_hi if R.lang_top else 0, tb=0, tu=0)
 
 
@@ -189,7 +189,7 @@ def role_layers(plan: Plan, num_layers: int, role: str) -> list[int]:
 
 def combined(math_model, lang_model, plan: Plan):
     """A copy of `math_model` holding the math range from `math_model` and the language range from `lang_model`:
-    the library's in-memory merge (`layerswap.merging.merge_in_memory`) of `plan`. The swap is
+    the library's in-memory merge (`layerswap.merge.merging.merge_in_memory`) of `plan`. The swap is
     ``combined(math, lang)``; "train, then revert" is ``combined(full, base)`` (math) or ``combined(base, full)``."""
     L = math_model.config.num_hidden_layers
     sd = merge_in_memory(math_model.state_dict(), lang_model.state_dict(), L, plan)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import organism_card as C
 
-from layerswap.demo import organism_summary
-from layerswap.demo_results import DICTIONARY, SAME_WEIGHTS, Results
+from layerswap.shipped.demo import organism_summary
+from layerswap.shipped.results import DICTIONARY, SAME_WEIGHTS, Results
 
 
 def card(demo: Path, res: Results, info: dict) -> str:

@@ -100,7 +100,7 @@ def build_ablations(B, R, base, tok, data: dict, out: str, seed: int, log, steps
             m = copy.deepcopy(b2)
             B.train_expert(R, m, role, data, other_seed, localised=True, log=log)
             save(m, f"seed{other_seed}/{role}", f"localised {role} expert of the seed-{other_seed} base")
-    from layerswap.demo import make_tiny_llama
+    from layerswap.shipped.demo import make_tiny_llama
 
     if "shape" in only:
         make_tiny_llama(os.path.join(root, "other_shape"), layers=6, hidden=64, heads=1, seed=seed + 7, tokenizer=tok)

@@ -22,8 +22,8 @@ import demo2_card  # noqa: E402
 from organism_card import (answer_counts, build_section, lang_name, pct, profile_section, question,  # noqa: E402
                            results_table, same_count, targets_block, test_section)
 
-from layerswap.demo import organism_summary  # noqa: E402
-from layerswap.demo_results import DICTIONARY, SKILL_FLOOR, Results, results_file  # noqa: E402
+from layerswap.shipped.demo import organism_summary  # noqa: E402
+from layerswap.shipped.results import DICTIONARY, SKILL_FLOOR, Results, results_file  # noqa: E402
 
 
 def dev_u_range(res: Results) -> tuple[float, float]:

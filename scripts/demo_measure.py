@@ -35,7 +35,7 @@ def retrieval(model, tok, pairs) -> list[float]:
 def gates(models: dict, tok, out: str, n: int) -> dict:
     """Flexible accuracy of each model on the first `n` dev problems (en, xx) and the cue-swap probes."""
     from layerswap.engines.transformers_engine import TransformersEngine
-    from layerswap.evaluation import EvalConfig, evaluate
+    from layerswap.evaluation.run import EvalConfig, evaluate
 
     tok = copy.deepcopy(tok)
     tok.padding_side = "left"  # as layerswap's load_tokenizer does

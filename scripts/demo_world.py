@@ -247,7 +247,7 @@ def prompt_texts(out: str) -> list[str]:
     """Every prompt layerswap's MGSM evaluation builds from the sets `write_mgsm` wrote under `out` (0-shot and
     2-shot, chain-of-thought and direct), so the tokenizer has a word for each piece: the newline and a cue word
     right after it (no "\u2581" before it) would otherwise be ``<unk>``."""
-    from layerswap import mgsm
+    from layerswap.evaluation import mgsm
 
     d = os.path.join(out, "mgsm")
     texts = []

@@ -38,17 +38,18 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import torch
 
-from layerswap import Checkpoint, mgsm
-from layerswap.demo_results import DICTIONARY, SKILL_FLOOR, ResultsWriter, results_file
+from layerswap import Checkpoint
+from layerswap.evaluation import mgsm
+from layerswap.shipped.results import DICTIONARY, SKILL_FLOOR, ResultsWriter, results_file
 from layerswap.engines.transformers_engine import TransformersEngine
-from layerswap.evaluation import EvalConfig, evaluate
-from layerswap.merging import merge_in_memory
-from layerswap.methods import MethodConfig
-from layerswap.plans import Plan
-from layerswap.roles import ROLE_NAMES
-from layerswap.recipes import Recipe
+from layerswap.evaluation.run import EvalConfig, evaluate
+from layerswap.merge.merging import merge_in_memory
+from layerswap.recipe.methods import MethodConfig
+from layerswap.recipe.plans import Plan
+from layerswap.core.roles import ROLE_NAMES
+from layerswap.recipe.recipes import Recipe
 from layerswap.sweeps import SweepPoint, SweepRow, evaluate_points, swap_grid
-from layerswap.workbench import Workbench
+from layerswap.serving.workbench import Workbench
 
 MAX_NEW_TOKENS = 32  # a two-step gold solution is 17 tokens; the library's 256 only lets a rambling model ramble
 

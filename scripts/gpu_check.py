@@ -22,7 +22,7 @@ own checkpoints under ``--workdir`` (default: a temporary folder, removed at the
 4. generation: transformers, greedy, the small merged model from the export on the device and the
    CPU (same tokens?), and the in-memory merged model of step 3 on the device (tokens/s).
 
-With ``--vllm`` (`gpu_check_vllm`): the hardware as `layerswap.hardware` reads it, the engine plan for an 8B trio
+With ``--vllm`` (`gpu_check_vllm`): the hardware as `layerswap.core.hardware` reads it, the engine plan for an 8B trio
 on it, then the planned vLLM engines started at the small shape (and at 8B with ``--disk-8b``), their answers
 against transformers, a refresh from an exported merge, and the seconds of a start, a refresh and the switches of
 one question. Without it, vLLM is never imported.

@@ -1,7 +1,7 @@
 """`scripts/gpu_check.py --vllm`: the engine plan and vLLM on the machine's own GPU (or, with ``--device cpu``, the
 CPU build), checked end to end.
 
-1. hardware: what `layerswap.hardware` reads on this machine (GPUs, memory, RAM, disk), and the engine plan for
+1. hardware: what `layerswap.core.hardware` reads on this machine (GPUs, memory, RAM, disk), and the engine plan for
    an 8B-shaped trio on it (headers only) beside the plan for the Hub's flavours of the same size.
 2. one pass per vLLM arrangement (`PASSES`: three engines, two, one swapped) at a small shape (random bf16 experts
    with real weights, head size 64), serving forced to it: `Workbench.load` with vLLM starts exactly the plan's
@@ -48,13 +48,13 @@ PROMPTS = ["Question: Roger has 5 tennis balls. He buys 2 more cans of 3. How ma
 
 
 def check_vllm(work: Path, device: str, shape_spec: dict, rep, new_tokens: int = 24, disk_8b: bool = False) -> None:
-    from layerswap import hardware
-    from layerswap.checkpoints import Checkpoint
+    from layerswap.core import hardware
+    from layerswap.models.checkpoints import Checkpoint
     from layerswap.engines import plan_engines, vllm_status
 
     hw = hardware.current()
     gpus = ", ".join(f"{g.name or 'GPU'} {g.total / 2**30:.1f} GiB ({g.free / 2**30:.1f} free)" for g in hw.gpus)
-    rep.add("hardware read by layerswap.hardware", gpus or "no GPU", f"RAM {hw.ram_available / 2**30:.0f} of "
+    rep.add("hardware read by layerswap.core.hardware", gpus or "no GPU", f"RAM {hw.ram_available / 2**30:.0f} of "
             f"{hw.ram_total / 2**30:.0f} GiB available, scratch disk {hw.disk_free / 1e9:.0f} GB free, {hw.cpus} CPUs",
             ok=(device == "cpu") or bool(hw.gpus))
     eight = _sparse_8b(work / "sparse-8b")
@@ -107,7 +107,7 @@ def free_memory(device: str) -> None:
 
 def _serve(trio: dict[str, Path], shape: str, work: Path, rep, new_tokens: int, p: Pass) -> None:
     from layerswap import Plan
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     t = time.perf_counter()
     wb = Workbench(engine="vllm", serving=p.serving, chat_template=False)

@@ -66,7 +66,7 @@ def merged_output(answer_md: str) -> str:
 
 def own_answer(zip_path: str, prompt: str, max_new: int) -> str:
     """What the visitor's own export answers to `prompt` (same engine code as the app)."""
-    from layerswap import mgsm
+    from layerswap.evaluation import mgsm
     from layerswap.engines import TransformersEngine, load_model, load_tokenizer
 
     d = Path(tempfile.mkdtemp(prefix="layerswap-load-"))

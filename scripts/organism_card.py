@@ -1,6 +1,6 @@
 """The parts both organism cards share (`demo_card.py`: the cipher organism; `demo2_card.py`: the paper's setting):
 the results tables, paired comparisons, targets, test, profile and build sections. Every number is read through
-`layerswap.demo_results.Results` (the one reader of ``results.json``) or from ``build_info.json``; nothing here
+`layerswap.shipped.results.Results` (the one reader of ``results.json``) or from ``build_info.json``; nothing here
 imports another card script.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from layerswap import mgsm  # noqa: E402
-from layerswap.demo_results import DICTIONARY, SKILL_FLOOR, Results  # noqa: E402
+from layerswap.evaluation import mgsm  # noqa: E402
+from layerswap.shipped.results import DICTIONARY, SKILL_FLOOR, Results  # noqa: E402
 
 ORDER = ["base model", "math expert", "language expert", "soup 50/50", "TIES (density 0.2)", "task arithmetic",
          DICTIONARY, SKILL_FLOOR]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswap.demo import build_tokenizer, make_tiny_llama, perturb
+from layerswap.shipped.demo import build_tokenizer, make_tiny_llama, perturb
 from tests.helpers import find_mgsm_dir, launch_app, make_trio
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

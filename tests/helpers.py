@@ -19,8 +19,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from layerswap.demo import make_tiny_llama, perturb
-from layerswap.plans import Plan
+from layerswap.shipped.demo import make_tiny_llama, perturb
+from layerswap.recipe.plans import Plan
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "assets" / "demo"
@@ -86,7 +86,7 @@ def read_dir(d: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-# ---- the plan semantics, restated independently of layerswap.plans ---------------------------------
+# ---- the plan semantics, restated independently of layerswap.recipe.plans ---------------------------------
 
 def expected_layer_weights(plan: Plan, L: int) -> list[float]:
     out = []

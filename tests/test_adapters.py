@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from layerswap import Checkpoint, Plan, UserError
-from layerswap.adapters import open_expert, prefix_of, read_adapter
-from layerswap.merging import export_adapter_merge, export_merge, merge_in_memory
+from layerswap.models.adapters import open_expert, prefix_of, read_adapter
+from layerswap.merge.merging import export_adapter_merge, export_merge, merge_in_memory
 from safetensors.torch import save_file
 from tests.helpers import DEMO, DEMO_MGSM, assert_matches_plan, expected_weight, make_adapter, read_dir
 
@@ -220,7 +220,7 @@ def test_swaps_on_adapters_refused_with_the_reason(pairs, trio, cache, tmp_path)
         export_adapter_merge(pm, Checkpoint.open(trio["lang"]), Plan(b=1, u=1, tb=0, tu=0), tmp_path / "c",
                              base=base, force=True)
     lm, ll = (open_expert(pairs["lora"][r]) for r in ("math", "lang"))
-    from layerswap.recipes import Recipe
+    from layerswap.recipe.recipes import Recipe
 
     with pytest.raises(UserError, match="is a merge method, with no per-module source"):
         export_adapter_merge(lm, ll, Recipe.from_values(method="soup"), tmp_path / "d", base=base, force=True)
@@ -237,9 +237,9 @@ def test_prefix_experts_answer_and_run_the_lens_as_peft_runs_them(forward, cache
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from layerswap import mgsm
-    from layerswap.lens import LensConfig, run_lens
-    from layerswap.workbench import Workbench
+    from layerswap.evaluation import mgsm
+    from layerswap.analysis.lens import LensConfig, run_lens
+    from layerswap.serving.workbench import Workbench
 
     m, l, base = ORGANISM / "math_prefix", ORGANISM / "lang_prefix", DEMO / "base"
     plan = Plan(b=2, u=0, tb=1, tu=0)
@@ -286,8 +286,8 @@ def test_cli_merge_adapter_writes_a_peft_folder(pairs, trio, cache, tmp_path):
                 "-o", str(tmp_path / "b"))
     assert r.returncode == 0, r.stderr
     assert read_adapter(tmp_path / "b").kind == "prefix" and "exists only on the adapters" in r.stdout
-    from layerswap.recipes import Recipe
-    from layerswap.workbench import Workbench
+    from layerswap.recipe.recipes import Recipe
+    from layerswap.serving.workbench import Workbench
 
     wb = Workbench()
     wb.check(str(pairs["prefix"]["math"]), str(pairs["prefix"]["lang"]), str(trio["base"]), force=True)
@@ -303,7 +303,7 @@ def test_the_page_takes_adapter_experts_and_exports_the_swap_as_an_adapter(app_u
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from layerswap import mgsm
+    from layerswap.evaluation import mgsm
 
     client = Client(app_url, verbose=False)
     plan = (2, 0, 0, 0)
@@ -386,8 +386,8 @@ def test_two_adapters_alike_but_for_their_bytes_densify_apart(tmp_path, monkeypa
     import os
     import shutil
 
-    from layerswap.adapters import open_expert
-    from layerswap.presets import assets_dir
+    from layerswap.models.adapters import open_expert
+    from layerswap.models.presets import assets_dir
 
     monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
     abl = assets_dir() / "demo" / "ablation"
@@ -417,14 +417,14 @@ UNSAFE = {"(.*.*)*X": "repeats something", "^(([a-z._0-9])+)+$!": "is not part o
 
 @pytest.mark.parametrize("pattern", SAFE)
 def test_plain_alternations_of_module_names_are_accepted(pattern):
-    from layerswap.patterns import check_pattern
+    from layerswap.models.patterns import check_pattern
 
     assert check_pattern(pattern, "target_modules") == pattern
 
 
 @pytest.mark.parametrize("pattern,why", UNSAFE.items(), ids=[k[:24] for k in UNSAFE])
 def test_other_patterns_are_refused_with_what_to_write(pattern, why):
-    from layerswap.patterns import check_pattern
+    from layerswap.models.patterns import check_pattern
 
     with pytest.raises(UserError, match="target_modules is not a plain list of module names") as e:
         check_pattern(pattern, "target_modules")
@@ -448,7 +448,7 @@ def test_the_worst_accepted_patterns_match_in_milliseconds():
     import re
     import time
 
-    from layerswap.patterns import check_pattern, pattern_routes
+    from layerswap.models.patterns import check_pattern, pattern_routes
 
     assert pattern_routes(SAFE[-1]) == 2 and pattern_routes(SAFE[0]) == 1
     for worst in (".*" + "(a|aa)" * 6, ".*" + "(.|..)" * 6 + "b", ".*(" + "|".join(["."] * 64) + ")c"):

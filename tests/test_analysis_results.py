@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from layerswap import Checkpoint, Plan, UserError
 from layerswap.analysis import analyze, format_value
-from layerswap.sources import tensor_weights
+from layerswap.recipe.sources import tensor_weights
 from tests.helpers import make_trio
 
 

@@ -12,7 +12,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from layerswap import Checkpoint, Plan
-from layerswap import mgsm
+from layerswap.evaluation import mgsm
 from tests.helpers import DEMO_MGSM, shown
 
 

@@ -124,8 +124,8 @@ def test_invalid_plan_drops_overlay_and_merged_panel(client, loaded):
 def test_lens_panel_matches_the_library(client, loaded):
     """The analysis tab's lens on the demo: the page's JSON equals `run_lens` on the same models and plan, and the
     figures outline the plan."""
-    from layerswap.lens import LensConfig, run_lens
-    from layerswap.recipes import Recipe
+    from layerswap.analysis.lens import LensConfig, run_lens
+    from layerswap.recipe.recipes import Recipe
     from tests.helpers import DEMO_MGSM
 
     cks, _ = loaded

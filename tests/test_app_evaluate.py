@@ -10,7 +10,7 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from layerswap import mgsm
+from layerswap.evaluation import mgsm
 from tests.helpers import DEMO_MGSM, shown
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from layerswap import Checkpoint, Plan, check_compatible, export_merge
-from layerswap.architectures import ARCHITECTURES, FALLBACK, architecture
-from layerswap.demo import make_tiny_llama, perturb
+from layerswap.models.architectures import ARCHITECTURES, FALLBACK, architecture
+from layerswap.shipped.demo import make_tiny_llama, perturb
 from tests.helpers import read_dir
 
 # where each family keeps its norms (read off the transformers modeling code)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from layerswap import mgsm
+from layerswap.evaluation import mgsm
 from tests.helpers import DEMO_MGSM, chromium_or_skip, launch_app, vllm_or_skip
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"

@@ -11,22 +11,14 @@ import pytest
 import torch
 import yaml
 
-from layerswap import (
-    Checkpoint,
-    MethodConfig,
-    Plan,
-    Sources,
-    UserError,
-    __version__,
-    export_merge,
-)
-from layerswap.cache import fingerprint
-from layerswap.card import RECIPE_KEYS, _mergekit_ref, attach_eval, model_entry
+from layerswap import Checkpoint, MethodConfig, Plan, Sources, UserError, __version__, export_merge
+from layerswap.models.cache import fingerprint
+from layerswap.merge.card import RECIPE_KEYS, _mergekit_ref, attach_eval, model_entry
 from layerswap.cli import main as cli
 from layerswap.engines import TransformersEngine
-from layerswap.evaluation import EvalConfig, EvalReport, evaluate
-from layerswap.interop import mergekit_config
-from layerswap.recipes import Recipe
+from layerswap.evaluation.run import EvalConfig, EvalReport, evaluate
+from layerswap.merge.interop import mergekit_config
+from layerswap.recipe.recipes import Recipe
 from tests.helpers import DEMO_MGSM, read_dir
 
 SHA_M, SHA_L = "1" * 40, "2" * 40

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from layerswap import Checkpoint, Plan, UserError, check_compatible, export_merge
-from layerswap.pairing import check_pairing
-from layerswap.demo import make_tiny_llama
+from layerswap.models.pairing import check_pairing
+from layerswap.shipped.demo import make_tiny_llama
 from tests.helpers import assert_nothing_written, run_cli
 
 
@@ -151,10 +151,10 @@ def test_revision_of_a_hub_download_is_its_snapshot(trio, tmp_path):
 
 def test_one_check_says_the_same_everywhere(trio, stranger, bad, tmp_path):
     """Export, the workbench, sweeps and `inspect` make the one check (`pairing.check_mergeable`) and say the same."""
-    from layerswap.pairing import check_mergeable
+    from layerswap.models.pairing import check_mergeable
     from layerswap.sweeps.records import refusal_reason
     from layerswap.sweeps.spec import ExpertSet
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     base = Checkpoint.open(trio["base"])
     for other in (stranger, bad["layers4"]):

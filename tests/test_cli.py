@@ -11,7 +11,7 @@ import pytest
 from layerswap import Checkpoint, Plan
 from layerswap.analysis import analyze
 from layerswap.cli import main as cli
-from layerswap import mgsm
+from layerswap.evaluation import mgsm
 from tests.helpers import DEMO_MGSM, chromium_or_skip
 
 
@@ -193,7 +193,7 @@ def test_eval_stdout_is_only_the_table():
 
 def test_eval_help_says_how_many_questions_the_shipped_sets_hold(capsys):
     """Issue 41, point 13: `--limit`'s default is what the sets hold (the demo sets: 1,000), read from the data."""
-    from layerswap.presets import assets_dir
+    from layerswap.models.presets import assets_dir
 
     with pytest.raises(SystemExit):
         cli(["eval", "--help"])

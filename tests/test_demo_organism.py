@@ -17,22 +17,17 @@ from pathlib import Path
 import pytest
 from gradio_client import Client
 
-from layerswap import Checkpoint, Plan, check_compatible, mgsm
-from layerswap.pairing import check_pairing
-from layerswap.demo import (
-    DEFAULT_ORGANISM,
-    assets_dir,
-    demo_mgsm_dir,
-    demo_paths,
-    organism_summary,
-    recommended_plan,
-)
-from layerswap.demo_results import PLAN_FIELDS, Results, results_file
+from layerswap import Checkpoint, Plan, check_compatible
+from layerswap.evaluation import mgsm
+from layerswap.models.pairing import check_pairing
+from layerswap.shipped.demo import (DEFAULT_ORGANISM, assets_dir, demo_mgsm_dir, demo_paths, organism_summary,
+                                    recommended_plan)
+from layerswap.shipped.results import PLAN_FIELDS, Results, results_file
 from layerswap.engines.base import load_tokenizer
-from layerswap.presets import assets_path, presets
-from layerswap.sources import tensor_weights
-from layerswap.plans import default_plan
-from layerswap.stats import clopper_pearson, mcnemar
+from layerswap.models.presets import assets_path, presets
+from layerswap.recipe.sources import tensor_weights
+from layerswap.recipe.plans import default_plan
+from layerswap.core.stats import clopper_pearson, mcnemar
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = ("base", "math", "lang")
@@ -368,7 +363,7 @@ def test_shipped_presets_load_and_build(app_url, name):
                                plan.non_layer, api_name="/build")
     assert json.loads(strip["plot"])["data"][0]["z"] == [plan.layer_weights(L)]
     # the Load itself set this session's menus to the preset's own test set: Ask and Evaluate take its languages
-    from layerswap.organisms import test_set
+    from layerswap.shipped.organisms import test_set
 
     codes = mgsm.available_languages(test_set(math_ref, lang, base))
     target = next(c for c in codes if c != "en")

@@ -9,7 +9,7 @@ import unicodedata
 import pytest
 
 from layerswap.cli import build_parser
-from layerswap.fields import FIELDS
+from layerswap.recipe.fields import FIELDS
 from tests.helpers import REPO
 from tests.test_structure import PKG, _module, tiers, unit
 

@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from layerswap import scratch
+from layerswap.core import scratch
 from layerswap.engines import planning
-from layerswap.errors import UserError
-from layerswap.plans import Plan
-from layerswap.recipes import Recipe
+from layerswap.core.errors import UserError
+from layerswap.recipe.plans import Plan
+from layerswap.recipe.recipes import Recipe
 from layerswap.ui.session import Shared
-from layerswap.workbench import Workbench
+from layerswap.serving.workbench import Workbench
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +91,7 @@ def test_quick_engines_start_behind_the_page(trio):
 
 
 def test_vllm_plan_checks_the_scratch_disk(trio, monkeypatch):
-    from layerswap.checkpoints import Checkpoint
+    from layerswap.models.checkpoints import Checkpoint
 
     monkeypatch.setattr(planning, "vllm_status", lambda: (True, "installed"))
     monkeypatch.setattr(planning, "vllm_device", lambda: "cpu")
@@ -136,7 +136,7 @@ def test_sigterm_removes_the_scratch_even_while_a_job_holds_the_lane(tmp_path):
         "import os, signal, sys, threading, time\n"
         "os.environ['LAYERSWAP_SCRATCH'] = sys.argv[1]\n"
         "from layerswap.ui.session import Shared\n"
-        "from layerswap.workbench import Workbench\n"
+        "from layerswap.serving.workbench import Workbench\n"
         "s = Shared(lambda: Workbench(engine='transformers'))\n"
         "(s.root / 'export').write_text('x')\n"
         "threading.Thread(target=lambda: (s.lock.acquire(), time.sleep(600)), daemon=True).start()\n"
@@ -151,7 +151,7 @@ def test_sigterm_removes_the_scratch_even_while_a_job_holds_the_lane(tmp_path):
 
 
 def test_every_planned_arrangement_is_registered():
-    from layerswap.engines.answering import ARRANGEMENTS
+    from layerswap.serving.answering import ARRANGEMENTS
 
     assert set(ARRANGEMENTS) | {"none"} == set(planning.ARRANGEMENTS)
     for name, n in planning.VLLM_ENGINES.items():
@@ -162,7 +162,7 @@ def test_every_planned_arrangement_is_registered():
 def test_switching_trios_plans_with_the_old_engines_released(trio, tmp_path, tokenizer, monkeypatch):
     """The second trio's plan counts the first trio's running engines as freed (memory set so that it fits only
     then), and they are released before the second trio's engines start."""
-    from layerswap.hardware import HELD
+    from layerswap.core.hardware import HELD
     from tests.helpers import make_trio
 
     shared = Shared(lambda: Workbench(engine="transformers"))
@@ -194,12 +194,12 @@ def test_an_arrangement_that_fails_half_way_closes_the_engines_it_started(vllm_t
     import dataclasses
     import shutil
 
-    from layerswap.checkpoints import Checkpoint
+    from layerswap.models.checkpoints import Checkpoint
     from layerswap.engines import VLLMEngine
-    from layerswap.engines.answering import Answering, Trio, releasing
+    from layerswap.serving.answering import Answering, Trio, releasing
     from layerswap.engines.vllm_engine import EngineStartError
-    from layerswap.hardware import HELD
-    from layerswap.workbench import MERGES
+    from layerswap.core.hardware import HELD
+    from layerswap.serving.workbench import MERGES
     from tests.helpers import vllm_or_skip
 
     vllm_or_skip()

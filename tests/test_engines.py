@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from layerswap import UserError
-from layerswap.demo import build_tokenizer, make_tiny_llama
+from layerswap.shipped.demo import build_tokenizer, make_tiny_llama
 from layerswap.engines import Engine, TransformersEngine, VLLMSettings, truncate_at_stop
 from tests.helpers import REPO
 

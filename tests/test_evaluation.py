@@ -1,4 +1,4 @@
-"""MGSM evaluation (`layerswap.evaluation`) on the transformers engine, and `layerswap eval`."""
+"""MGSM evaluation (`layerswap.evaluation.run`) on the transformers engine, and `layerswap eval`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import threading
 
 import pytest
 
-from layerswap import UserError, mgsm
+from layerswap import UserError
+from layerswap.evaluation import mgsm
 from layerswap.cli import main as cli
 from layerswap.engines import Engine, TransformersEngine
-from layerswap.evaluation import EvalConfig, build_prompts, evaluate
+from layerswap.evaluation.run import EvalConfig, build_prompts, evaluate
 from tests.helpers import DEMO_MGSM
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from layerswap import MethodConfig, Plan, Recipe, UserError
 from layerswap.cli import build_parser
-from layerswap.fields import FIELDS, LINK_KEYS, METHOD_PARAMS, PLAN_FILE_KEYS
+from layerswap.recipe.fields import FIELDS, LINK_KEYS, METHOD_PARAMS, PLAN_FILE_KEYS
 from layerswap.ui import controls
 
 

@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from layerswap.plans import Plan
-from layerswap.presets import assets_dir
+from layerswap.recipe.plans import Plan
+from layerswap.models.presets import assets_dir
 from tests.helpers import DEMO_MGSM, launch_app, serve
 from tests.test_browser import browser, no_error_toast  # noqa: F401 (the browser fixture)
 
@@ -288,8 +288,8 @@ def test_a_fresh_start_walks_every_preset_and_tab(browser, tmp_path):  # noqa: F
     expert), then a shipped sweep on the Sweeps tab, its "set" column naming the experts."""
     from playwright.sync_api import expect
 
-    from layerswap.mgsm import languages
-    from layerswap.presets import presets
+    from layerswap.evaluation.mgsm import languages
+    from layerswap.models.presets import presets
 
     app = launch_app(tmp_path, mgsm_dir=None)
     url = next(app)

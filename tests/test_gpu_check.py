@@ -51,7 +51,7 @@ def test_gpu_check_vllm_runs_on_the_cpu_build(tmp_path):
                        timeout=1200, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     table = r.stdout[r.stdout.index("| check | result | detail |"):]
-    assert "hardware read by layerswap.hardware" in table and "engine plan for an 8B trio on this machine" in table
+    assert "hardware read by layerswap.core.hardware" in table and "engine plan for an 8B trio on this machine" in table
     for serving, arrangement in (("three", "three_vllm"), ("two", "two_vllm"), ("one", "one_vllm_swapped")):
         after = table[table.index(f"vLLM engines started as planned (gpucheck-small, serving {serving}) | "
                                   f"{arrangement} |"):]

@@ -1,4 +1,4 @@
-"""Every GPU decision, table-tested on the CPU: the hardware is data (`layerswap.hardware`, played by settings), and
+"""Every GPU decision, table-tested on the CPU: the hardware is data (`layerswap.core.hardware`, played by settings), and
 the engine plan (`engines.planning.plan_engines`) is made for 8B-shaped experts (sparse files: headers only) on
 each GPU size and Spaces flavour, with the engines it would release counted."""
 
@@ -8,12 +8,12 @@ import dataclasses
 
 import pytest
 
-from layerswap import hardware
-from layerswap.checkpoints import Checkpoint
+from layerswap.core import hardware
+from layerswap.models.checkpoints import Checkpoint
 from layerswap.engines import Releasing, VLLMSettings
 from layerswap.engines.planning import plan_engines, question_seconds
-from layerswap.errors import UserError
-from layerswap.hardware import GB, GiB, HELD, current, flavour
+from layerswap.core.errors import UserError
+from layerswap.core.hardware import GB, GiB, HELD, current, flavour
 from tests.helpers import LLAMA_8B, sparse_llama
 
 
@@ -116,7 +116,7 @@ def test_headroom_keeps_the_analysis_on_the_cpu_when_the_gpu_is_full(eight_b):
 
 
 def test_played_hardware_starts_nothing(trio, monkeypatch):
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     monkeypatch.setenv("LAYERSWAP_GPU_MEMORY", "80")
     wb = Workbench(engine="auto")
@@ -260,7 +260,7 @@ def test_sleep_mode_where_models_take_turns_and_the_host_can_park_them(eight_b):
     sleeping engines' CUDA contexts and graphs; a swap then costs vLLM's measured sleep and wake times."""
 
     from layerswap.engines.planning import PINNED_PER_WEIGHT, sleep_mode
-    from layerswap.engines.serving import CUDA_CONTEXT, CUDA_GRAPHS
+    from layerswap.engines.sizing import CUDA_CONTEXT, CUDA_GRAPHS
 
     per_model = eight_b["math"].nbytes
     card = dataclasses.replace(flavour("l40sx1"), gpus=(hardware.played_gpu(48 * GiB, "a 48 GiB card"),))
@@ -334,9 +334,9 @@ def test_sleep_mode_starts_an_engine_per_model_each_asleep_before_the_next(eight
     turns): the math expert's engine, then the language expert's, asleep before the merge's starts; the models'
     engines take turns when asked. vLLM's sleep mode needs a GPU, so the engines here are stand-ins that record
     the calls `VLLMEngine` would get; the plan is the real one."""
-    from layerswap.engines.answering import ARRANGEMENTS, Trio
+    from layerswap.serving.answering import ARRANGEMENTS, Trio
     from layerswap.engines.vllm_engine import TurnEngine, VLLMEngine
-    from layerswap.workbench import MERGES
+    from layerswap.serving.workbench import MERGES
 
     card = dataclasses.replace(flavour("l40sx1"), gpus=(hardware.played_gpu(48 * GiB, "a 48 GiB card"),))
     plan = plan_engines(eight_b, hardware=card)

@@ -22,8 +22,8 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from layerswap.errors import UserError
-from layerswap.hosting import Limits, Policy
+from layerswap.core.errors import UserError
+from layerswap.serving.hosting import Limits, Policy
 from tests.helpers import APPS, JsonHandler, free_port, launch_app, serve
 
 PLAN = (1, 0, 0, 0, "flat", 0.5, "neighbour", "swap", "", 4, 0, 0, "all", "layer_swap", 0.5, 1.0, 0.2, 0.9, "1,1", "")
@@ -62,7 +62,7 @@ def fake_hub():
 def on_fake_hub(fake_hub, monkeypatch, tmp_path):
     import huggingface_hub.constants as c
 
-    from layerswap.hub import hub_reachable
+    from layerswap.models.hub import hub_reachable
 
     monkeypatch.setenv("HF_ENDPOINT", fake_hub)
     monkeypatch.setattr(c, "ENDPOINT", fake_hub)
@@ -75,7 +75,7 @@ def on_fake_hub(fake_hub, monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("repo,why", [("gated/model", "gated"), ("private/model", "private")])
 def test_gated_and_private_models_are_refused_before_any_download_or_cache_lookup(on_fake_hub, repo, why):
-    from layerswap.hosting import fetch
+    from layerswap.serving.hosting import fetch
 
     # the server's cache already holds the model (downloaded earlier with the owner's token)
     snap = on_fake_hub / f"models--{repo.replace('/', '--')}" / "snapshots" / ("b" * 40)
@@ -91,7 +91,7 @@ def test_gated_and_private_models_are_refused_before_any_download_or_cache_looku
 
 
 def test_a_public_model_passes_the_metadata_check(on_fake_hub):
-    from layerswap.hosting import plan_download
+    from layerswap.serving.hosting import plan_download
 
     assert plan_download("public/model", Limits()).total == 1100
 
@@ -129,7 +129,7 @@ def test_huge_layer_specs_are_refused_from_their_text(field, text):
 
 
 def test_oversized_ranges_are_refused_everywhere():
-    from layerswap.plans import parse_layers
+    from layerswap.recipe.plans import parse_layers
 
     assert parse_layers("0-2,7") == (0, 1, 2, 7)
     with pytest.raises(UserError, match="layers"):
@@ -143,7 +143,7 @@ def test_oversized_ranges_are_refused_everywhere():
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The hosted app in this process (so a test can stand in for the Hub at the push boundary)."""
-    from layerswap.demo import demo_mgsm_dir, demo_refs
+    from layerswap.shipped.demo import demo_mgsm_dir, demo_refs
     from layerswap.ui.app import AppDefaults, create_app
 
     refs, label, summary, plan = demo_refs()
@@ -179,7 +179,7 @@ def test_api_callers_cannot_stop_each_other(served):
 
 def test_api_callers_do_not_overwrite_each_others_export(served, monkeypatch):
     """A exports, B exports: A's Push uploads A's merge, not B's."""
-    import layerswap.publish as publish
+    import layerswap.merge.publish as publish
 
     url, _ = served
     a, b = Client(url, verbose=False), Client(url, verbose=False)
@@ -375,7 +375,7 @@ def test_every_endpoint_survives_hostile_values(hostile_app):
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -1, 9, 2.5, "12abc", None, [1], True, "1e400"])
 def test_whole_numbers_are_refused_unless_finite_whole_and_in_range(value):
-    from layerswap.errors import whole_number
+    from layerswap.core.errors import whole_number
 
     with pytest.raises(UserError, match="whole number from 0 to 8"):
         whole_number(value, "x", 0, 8)

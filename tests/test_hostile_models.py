@@ -4,7 +4,7 @@
   folder; a refusal echoes no file's content or size (reproduction 1).
 - Hub errors never carry the Hub's address (reproduction 7).
 - Model-derived text (config strings, answers, questions) is escaped before Markdown/HTML, and code blocks
-  cannot be closed by what they show (reproduction 6): see `layerswap.markup`.
+  cannot be closed by what they show (reproduction 6): see `layerswap.core.markup`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from layerswap.checkpoints import Checkpoint
-from layerswap.errors import UserError
-from layerswap.hosting import Limits
+from layerswap.models.checkpoints import Checkpoint
+from layerswap.core.errors import UserError
+from layerswap.serving.hosting import Limits
 from tests.helpers import JsonHandler, serve
 
 SHA = "c" * 40
@@ -120,7 +120,7 @@ class EvilListing(JsonHandler):
 def evil_hub(monkeypatch, tmp_path):
     import huggingface_hub.constants as c
 
-    from layerswap.hub import hub_reachable
+    from layerswap.models.hub import hub_reachable
 
     for url in serve(EvilListing):
         monkeypatch.setenv("HF_ENDPOINT", url)
@@ -132,7 +132,7 @@ def evil_hub(monkeypatch, tmp_path):
 
 
 def test_a_repo_file_list_naming_files_elsewhere_is_refused(evil_hub):
-    from layerswap.hosting import plan_download
+    from layerswap.serving.hosting import plan_download
 
     with pytest.raises(UserError, match="outside the repo's own folder"):
         plan_download("evil/list", Limits())
@@ -140,7 +140,7 @@ def test_a_repo_file_list_naming_files_elsewhere_is_refused(evil_hub):
 
 def test_hub_errors_do_not_name_the_hub_endpoint(evil_hub):
     """Reproduction 7 (messages): a missing repo's error says what failed, not where the Hub is."""
-    from layerswap.hosting import plan_download
+    from layerswap.serving.hosting import plan_download
 
     host = re.sub(r"^https?://", "", evil_hub)
     with pytest.raises(UserError) as e:
@@ -170,7 +170,7 @@ def _assert_inert(md: str) -> None:
 def test_config_strings_are_shown_as_text(trio, tmp_path):
     """A repo whose config.json `architectures` holds a link and an image: the models' report (what a victim's
     page shows for `/?math=evil/math&lang=evil/lang`) renders neither, and says the string as typed."""
-    from layerswap.checkpoints import check_compatible
+    from layerswap.models.checkpoints import check_compatible
 
     cks = []
     for role in ("math", "lang"):
@@ -189,7 +189,7 @@ def test_a_config_layer_count_is_bounded_before_anything_is_expanded(trio, tmp_p
     """Every per-layer list (plans, the strip, heatmaps, sliders) is as long as the config's num_hidden_layers: a
     repo saying 10**9 (its tensors hold 4 layers) is refused when opened, as is any count that is not a whole number
     from 1 to 4096 and a config that is not an object; the refusal echoes nothing of the file."""
-    from layerswap.bounds import MAX_LAYERS
+    from layerswap.core.bounds import MAX_LAYERS
 
     d = tmp_path / "m"
     shutil.copytree(trio["math"], d)
@@ -208,7 +208,7 @@ def test_a_config_layer_count_is_bounded_before_anything_is_expanded(trio, tmp_p
 def test_a_config_size_is_bounded_before_the_planner_computes_with_it(trio, tmp_path, value):
     """The sizes layerswap reads from a config (heads, head size, vocabulary, positions...) are whole numbers in
     range, or the model is refused when opened with the key named (a string there crashed the engine planner)."""
-    from layerswap.bounds import CONFIG_SIZES
+    from layerswap.core.bounds import CONFIG_SIZES
 
     d = tmp_path / "m"
     shutil.copytree(trio["math"], d)
@@ -228,7 +228,7 @@ def test_a_config_that_does_not_match_its_tensors_is_refused_without_allocating(
     import resource
 
     from layerswap.engines.transformers_engine import load_model, size_problem
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     def trio_with(mlp) -> dict[str, str]:
         refs = {}
@@ -269,10 +269,10 @@ def test_a_config_that_does_not_match_its_tensors_is_refused_without_allocating(
 
 def test_answers_and_questions_cannot_close_their_code_blocks():
     """Three (or more) backticks in an answer or a question stay inside their block."""
-    from layerswap import mgsm
-    from layerswap.markup import block, code
+    from layerswap.evaluation import mgsm
+    from layerswap.core.markup import block, code
     from layerswap.ui.tabs.ask import _answer_md
-    from layerswap.workbench import Answer
+    from layerswap.serving.workbench import Answer
 
     out = "12\n```\n# Session expired\n[sign in](https://evil.example/x)\n````\n<img src=x>"
     a = Answer("merged", "q", mgsm.score(out, 12, mgsm.get_language("en")), 12, "transformers", 0.1)
@@ -302,7 +302,7 @@ def test_the_hub_cache_is_pruned_least_recently_used_first_never_a_model_in_use(
     import os
     import time
 
-    from layerswap.hosting import prune_hub_cache
+    from layerswap.serving.hosting import prune_hub_cache
 
     cache = tmp_path / "hub"
     snaps = {repo: _hub_snapshot(cache, repo, trio["math"]) for repo in ("old/a", "inuse/b", "new/c")}
@@ -329,7 +329,7 @@ NESTED_RANGE = "{% for i in range(99999) %}{% for j in range(99999) %}{{'x'}}{% 
 # address space is capped 2 GB above the imports, so a regression fails here instead of taking the machine)
 _BATCH = r"""
 import contextlib, io, json, resource, sys, time
-import torch, transformers, peft, jinja2, layerswap.cli, layerswap.adapters, layerswap.engines.transformers_engine
+import torch, transformers, peft, jinja2, layerswap.cli, layerswap.models.adapters, layerswap.engines.transformers_engine
 vm = int(next(ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("VmSize"))) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + 2 * 2**30, vm + 2 * 2**30))
 def status_mb(field):
@@ -546,7 +546,7 @@ REAL_TEMPLATES = {  # shapes of widely used chat templates (ChatML as Qwen 2.5, 
 def test_a_bounded_render_is_transformers_render(name):
     """The bounded renderer (`engines.chat.render_chat`) gives what transformers' apply_chat_template gives for
     real templates, string for string (the prompt holds text that looks like format widths and stars)."""
-    from layerswap.demo import build_tokenizer
+    from layerswap.shipped.demo import build_tokenizer
     from layerswap.engines.chat import render_chat
 
     tok = build_tokenizer(chat_template=REAL_TEMPLATES[name])
@@ -589,7 +589,7 @@ def test_a_hostile_chat_template_is_refused_quickly_naming_its_file(tmp_path, te
     import resource
     import time
 
-    from layerswap.demo import build_tokenizer, make_tiny_llama
+    from layerswap.shipped.demo import build_tokenizer, make_tiny_llama
     from layerswap.engines.base import TokenizingEngine, load_tokenizer
 
     folder = make_tiny_llama(tmp_path / "m", layers=1, tokenizer=build_tokenizer(chat_template=template))
@@ -743,7 +743,7 @@ def test_a_model_json_is_read_strictly_in_one_line(tmp_path, text, why):
     bounded before parsing (fast, small), NaN and Infinity refused, every failure one line naming the file."""
     import time
 
-    from layerswap.jsonfile import read_json
+    from layerswap.core.jsonfile import read_json
 
     f = tmp_path / "config.json"
     f.write_bytes(text.encode("latin-1") if text == "\xff" else text.encode())
@@ -754,7 +754,7 @@ def test_a_model_json_is_read_strictly_in_one_line(tmp_path, text, why):
 
 
 def test_brackets_and_escapes_inside_strings_are_not_nesting(tmp_path):
-    from layerswap.jsonfile import read_json
+    from layerswap.core.jsonfile import read_json
 
     value = {"template": "{% for m in messages %}[[[[" * 100 + '\\"[' * 50 + "\\\\", "x": [[1]], "y": "]]]}}}" * 100}
     (tmp_path / "c.json").write_text(json.dumps(value))
@@ -764,7 +764,7 @@ def test_brackets_and_escapes_inside_strings_are_not_nesting(tmp_path):
 def _shared_bytes(src: Path, dst: Path) -> tuple[str, str]:
     """`src`'s model with layer 1's q_proj pointing at layer 0's q_proj bytes, its own bytes cut out and every later
     tensor moved down: each range in bounds and the size its shape needs, the data covered exactly, one overlap."""
-    from layerswap.tensorfile import read_header
+    from layerswap.models.tensorfile import read_header
 
     shutil.copytree(src, dst)
     f = dst / "model.safetensors"

@@ -10,8 +10,8 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from layerswap.errors import UserError
-from layerswap.hosting import Limits, Policy, hosted_from_env, plan_download, scrub_paths
+from layerswap.core.errors import UserError
+from layerswap.serving.hosting import Limits, Policy, hosted_from_env, plan_download, scrub_paths
 from tests.helpers import JsonHandler, launch_app, serve
 
 SIZES = {"config.json": 700, "tokenizer.json": 9_000_000, "model-00001-of-00002.safetensors": 60 * 10**9,
@@ -65,7 +65,7 @@ def test_a_hub_like_name_of_a_server_folder_is_refused(tmp_path, monkeypatch):
 
 def test_an_adapters_own_base_is_checked_like_a_visitors_ref(tmp_path, monkeypatch):
     """A public adapter whose config names a server folder as its base: refused before anything opens it."""
-    import layerswap.hosting as hosting
+    import layerswap.serving.hosting as hosting
 
     adapter = tmp_path / "snapshot"
     adapter.mkdir()
@@ -96,7 +96,7 @@ def test_a_shared_link_goes_through_the_download_checks(fake_hub, monkeypatch):
     import huggingface_hub.constants as c
 
     monkeypatch.setattr(c, "ENDPOINT", fake_hub)
-    from layerswap.hub import hub_reachable
+    from layerswap.models.hub import hub_reachable
     from layerswap.ui.context import AppDefaults, Context
     from layerswap.ui.events import Job
     from layerswap.ui.session import Visitor
@@ -116,7 +116,7 @@ def test_download_is_size_checked_without_a_token(fake_hub, monkeypatch):
     import huggingface_hub.constants as c
 
     monkeypatch.setattr(c, "ENDPOINT", fake_hub)
-    from layerswap.hub import hub_reachable
+    from layerswap.models.hub import hub_reachable
 
     hub_reachable.cache_clear()
     FakeHub.seen.clear()
@@ -193,7 +193,7 @@ def test_push_on_a_space_uses_only_the_login(monkeypatch):
     with pytest.raises(UserError, match="Log in with your Hugging Face account first"):
         push(app, v, "me/merge", True, "hf_pasted_token_is_ignored_on_spaces", None)
     seen = {}
-    import layerswap.publish as publish
+    import layerswap.merge.publish as publish
 
     def fake_push(folder, repo_id, *, token, **kw):  # the boundary: which token would reach the Hub
         seen["token"] = token
@@ -222,7 +222,7 @@ def test_the_hosted_numbers_live_in_one_table_the_docs_state():
     limits `JOB_SECONDS`; the visitor table, the export's lifetime and the lane read them; the page states them."""
     import re
 
-    from layerswap.hosting import DEFAULT_JOB_SECONDS, JOB_SECONDS
+    from layerswap.serving.hosting import DEFAULT_JOB_SECONDS, JOB_SECONDS
     from layerswap.ui import launch, lane, visitors
 
     rows = _doc_table("| variable | default | what |")

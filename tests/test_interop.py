@@ -13,7 +13,7 @@ import yaml
 
 from layerswap import Checkpoint, MethodConfig, Plan, Recipe, UserError, export_merge
 from layerswap.cli import main as cli
-from layerswap.interop import mergekit_config
+from layerswap.merge.interop import mergekit_config
 from tests.helpers import read_dir
 
 PLANS = {

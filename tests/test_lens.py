@@ -13,10 +13,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from layerswap import Plan, UserError
-from layerswap import mgsm
-from layerswap.demo import build_tokenizer, recommended_plan
-from layerswap.lens import CLASSES, LensConfig, lens_curves, lens_grid, lens_workbench, run_lens, write_report
-from layerswap.lens.inputs import MAX_BATCH, prepare
+from layerswap.evaluation import mgsm
+from layerswap.shipped.demo import build_tokenizer, recommended_plan
+from layerswap.analysis.lens import CLASSES, LensConfig, lens_curves, lens_grid, lens_workbench, run_lens, write_report
+from layerswap.analysis.lens.inputs import MAX_BATCH, prepare
 from tests.helpers import DEMO, DEMO_MGSM, cli_in_process, run_cli
 
 DEMO_MODELS = {r: DEMO / r for r in ("base", "math", "lang")}
@@ -240,7 +240,7 @@ def test_cli(tmp_path):
 
 
 def test_workbench_lens_equals_run_lens():
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     plan = recommended_plan()
     cfg = LensConfig("xx", index=1, batch=4, source=DEMO_MGSM)

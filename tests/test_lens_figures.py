@@ -6,11 +6,11 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from layerswap.lens.figures import LANG_COLOR, BASE_COLOR, _plan_overlay
-from layerswap.lens.run import LensResult
-from layerswap.methods import MethodConfig
-from layerswap.plans import Plan
-from layerswap.recipes import Recipe
+from layerswap.analysis.lens.figures import LANG_COLOR, BASE_COLOR, _plan_overlay
+from layerswap.analysis.lens.run import LensResult
+from layerswap.recipe.methods import MethodConfig
+from layerswap.recipe.plans import Plan
+from layerswap.recipe.recipes import Recipe
 
 
 def _result(recipe: Recipe | None, layers: int = 6) -> LensResult:

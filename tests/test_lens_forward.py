@@ -13,12 +13,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from layerswap import Checkpoint, Plan, Recipe
-from layerswap.architectures import ARCHITECTURES
-from layerswap.demo import make_tiny_llama, perturb
+from layerswap.models.architectures import ARCHITECTURES
+from layerswap.shipped.demo import make_tiny_llama, perturb
 from layerswap.engines import load_model
-from layerswap.lens import MergedSource, Stack, WeightSource
-from layerswap.lens.run import merged_model
-from layerswap.methods import MethodConfig
+from layerswap.analysis.lens import MergedSource, Stack, WeightSource
+from layerswap.analysis.lens.run import merged_model
+from layerswap.recipe.methods import MethodConfig
 
 STREAM_ATOL, LOGIT_ATOL, REF_ATOL = 1e-6, 1e-5, 1e-5
 ROWS = [[1, 40, 41, 42, 43, 44, 45], [1, 50, 51], [1, 60, 61, 62, 63]]  # different lengths: right padding matters

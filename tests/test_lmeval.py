@@ -36,7 +36,7 @@ def local_task(tmp_path, monkeypatch):
 
 
 def test_lm_eval_on_an_exported_merge_lands_in_the_sweep_table(trio, tmp_path, local_task, capsys):
-    from layerswap.lmeval import LmEvalConfig, evaluate_model
+    from layerswap.sweeps.lmeval import LmEvalConfig, evaluate_model
 
     recipe = Recipe(plan=Plan(b=1, u=1, tb=1, tu=1))
     rfile = tmp_path / "recipe.yaml"
@@ -72,6 +72,6 @@ def test_lm_eval_refusals(tmp_path, trio, local_task, capsys):
     assert cli(["lm-eval", str(rfile), "--tasks", "tiny_mc"]) == 2
     assert "is a recipe: give --math and --lang" in capsys.readouterr().err
     with pytest.raises(UserError, match="at least one lm-eval task"):
-        from layerswap.lmeval import LmEvalConfig
+        from layerswap.sweeps.lmeval import LmEvalConfig
 
         LmEvalConfig().validate()

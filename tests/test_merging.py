@@ -46,7 +46,7 @@ def test_bf16_merge_matches_plan(trio_bf16, tmp_path, key):
 
 def test_blends_in_any_steps_are_the_same_bits(trio_bf16, tmp_path, monkeypatch):
     """On CPU a blend runs in steps of CPU_STEP inside reads of CHUNK_ELEMS: where they fall changes no bit."""
-    import layerswap.merging as merging
+    import layerswap.merge.merging as merging
 
     monkeypatch.setattr(merging, "CHUNK_ELEMS", 3001)
     monkeypatch.setattr(merging, "CPU_STEP", 1000)
@@ -94,7 +94,7 @@ def test_export_is_a_loadable_hf_model_with_card(trio, tmp_path):
 
 
 def test_in_memory_merge_equals_export_and_shares_tensors(trio, tmp_path):
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     plan = PLANS["wide-ramp"]
     wb = Workbench()
@@ -123,8 +123,8 @@ def test_merge_stream_equals_export_and_writes_nothing(trio, tmp_path):
     """The stream a running vLLM engine is refreshed from (refresh ``memory``) holds the export's tensors, bit for
     bit, for a layer plan, a reverted range and a merge method; it is checked as the export is, and writes nothing."""
     from layerswap import Recipe, UserError
-    from layerswap.merging import merge_stream
-    from layerswap.methods import MethodConfig
+    from layerswap.merge.merging import merge_stream
+    from layerswap.recipe.methods import MethodConfig
 
     cks = {r: Checkpoint.open(trio[r]) for r in ("math", "lang", "base")}
     for i, recipe in enumerate([PLANS["wide-ramp"], Plan(b=1, u=1, tb=1, tu=0, revert=(3, 4)),
@@ -179,7 +179,7 @@ def test_existing_output_is_not_touched(trio, tmp_path):
 
 
 def test_failure_midway_leaves_nothing(trio, tmp_path, monkeypatch):
-    import layerswap.merging as merging
+    import layerswap.merge.merging as merging
 
     calls = {"n": 0}
     real = merging.linear
@@ -207,7 +207,7 @@ def test_cuda_requested_without_gpu(trio, tmp_path):
 
 def test_streaming_reads_are_bounded(trio, tmp_path, monkeypatch):
     """Computed tensors are read in slices of at most CHUNK_ELEMS, never memory-mapped whole."""
-    import layerswap.merging as merging
+    import layerswap.merge.merging as merging
 
     monkeypatch.setattr(merging, "CHUNK_ELEMS", 512)
     sizes = []
@@ -220,7 +220,7 @@ def test_streaming_reads_are_bounded(trio, tmp_path, monkeypatch):
     def no_mmap(*a, **k):
         raise AssertionError("a tensor was memory-mapped whole")
 
-    from layerswap import pairing
+    from layerswap.models import pairing
 
     monkeypatch.setattr(Checkpoint, "read_into", spy)
     monkeypatch.setattr(Checkpoint, "get", no_mmap)
@@ -235,7 +235,7 @@ def test_reverted_layers_are_the_base_exactly(trio, tmp_path):
     """A layer the plan reverts holds the base's tensors byte for byte, on disk and in memory; the rest follows
     the plan as without the revert."""
     from layerswap import Recipe, UserError
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     plan = Plan(b=2, u=1, tb=1, tu=1, revert=(0, 3))
     math, lang, base = (Checkpoint.open(trio[r]) for r in ("math", "lang", "base"))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from layerswap import Checkpoint, MethodConfig, Recipe, UserError, export_merge
-from layerswap import methods as M
+from layerswap.recipe import methods as M
 from tests.helpers import read_dir
 
 T = lambda *v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
@@ -107,7 +107,7 @@ def test_registry_and_validation():
     MethodConfig("dare_ties", drop_rate=0.3, seed=1, lam=0.9),
 ])
 def test_methods_end_to_end(trio, tmp_path, cfg, monkeypatch):
-    import layerswap.merging as merging
+    import layerswap.merge.merging as merging
 
     monkeypatch.setattr(merging, "CHUNK_ELEMS", 1000)  # merge large tensors in several slices
     math, lang, base = (Checkpoint.open(trio[r]) for r in ("math", "lang", "base"))
@@ -137,7 +137,7 @@ def test_task_vector_methods_need_a_base(trio, tmp_path):
 
 
 def test_in_memory_methods_match_export(trio, tmp_path):
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     wb = Workbench()
     wb.load(str(trio["math"]), str(trio["lang"]), str(trio["base"]))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from layerswap import UserError, mgsm
+from layerswap import UserError
+from layerswap.evaluation import mgsm
 
 
 def test_real_files_load(mgsm_dir):

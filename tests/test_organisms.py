@@ -1,6 +1,6 @@
 """Shipped models bring their own MGSM set and recommended plan, in every CLI command (issue 33, point 2).
 
-The expected plans are read from the organisms' results files here, independently of `layerswap.demo`."""
+The expected plans are read from the organisms' results files here, independently of `layerswap.shipped.demo`."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import json
 
 import pytest
 
-from layerswap import Plan, mgsm, organisms
+from layerswap import Plan
+from layerswap.evaluation import mgsm
+from layerswap.shipped import organisms
 from layerswap.cli import main as cli
-from layerswap.errors import UserError
-from layerswap.plans import default_plan
-from layerswap.presets import assets_dir
+from layerswap.core.errors import UserError
+from layerswap.recipe.plans import default_plan
+from layerswap.models.presets import assets_dir
 from tests.helpers import assert_matches_plan
 
 A = assets_dir()

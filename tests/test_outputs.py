@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from layerswap.checkpoints import Checkpoint
-from layerswap.errors import UserError
-from layerswap.merging import export_merge
-from layerswap.outputs import check_output_file, check_output_folder, input_paths
-from layerswap.plans import Plan
+from layerswap.models.checkpoints import Checkpoint
+from layerswap.core.errors import UserError
+from layerswap.merge.merging import export_merge
+from layerswap.merge.outputs import check_output_file, check_output_folder, input_paths
+from layerswap.recipe.plans import Plan
 
 from .helpers import cli_in_process, run_cli
 
@@ -111,7 +111,7 @@ def test_library_rules(copies, tmp_path):
 
 
 def test_a_file_that_appears_at_the_output_during_a_merge_is_kept(tmp_path):
-    from layerswap.merging import _atomic_replace
+    from layerswap.merge.merging import _atomic_replace
 
     tmp, out = tmp_path / ".merge-tmp", tmp_path / "out"
     tmp.mkdir()

@@ -41,7 +41,7 @@ def test_wheel_holds_the_demo_and_the_app(tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(whl)],
                    check=True, capture_output=True, timeout=600)
-    code = "from layerswap.demo import demo_paths; print(demo_paths()[0]['math'])"
+    code = "from layerswap.shipped.demo import demo_paths; print(demo_paths()[0]['math'])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env={"PYTHONPATH": str(target), "PATH": ""}, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -9,8 +9,8 @@ import pytest
 
 from layerswap import Checkpoint, Plan
 from layerswap.analysis import analyze
-from layerswap.lens import LensConfig, lens_grid, run_lens
-from layerswap.plots import analysis_heatmaps
+from layerswap.analysis.lens import LensConfig, lens_grid, run_lens
+from layerswap.analysis.plots import analysis_heatmaps
 from tests.helpers import DEMO, DEMO_MGSM, REPO
 
 
@@ -44,7 +44,7 @@ def test_the_analysis_summary_names_a_revert(demo_analysis):
 
 
 def test_the_lens_grids_notes_fit_its_narrowest_width(trio):
-    from layerswap.lens.figures import SUBTITLE_WIDTH
+    from layerswap.analysis.lens.figures import SUBTITLE_WIDTH
 
     res = run_lens(trio["math"], trio["lang"], Plan(b=1, u=1, tb=0, tu=0), base=trio["base"], device="cpu",
                    config=LensConfig("xx", index=0, batch=3, source=DEMO_MGSM, answer_tokens=2), forward="stream")

@@ -1,7 +1,7 @@
 import pytest
 
 from layerswap import Plan, Sources, UserError
-from layerswap.plans import default_plan
+from layerswap.recipe.plans import default_plan
 
 
 def test_paper_default_on_32_layers():

@@ -1,4 +1,4 @@
-"""layerswap.plots: the analysis heatmaps (panels on shared scales, normalisations, plan overlay), profile, export."""
+"""layerswap.analysis.plots: the analysis heatmaps (panels on shared scales, normalisations, plan overlay), profile, export."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from layerswap import Checkpoint, Plan, UserError
 from layerswap.analysis import analyze
-from layerswap.plots import analysis_heatmaps, layer_profile, normalise, plan_cell_weights, save_figure
+from layerswap.analysis.plots import analysis_heatmaps, layer_profile, normalise, plan_cell_weights, save_figure
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_figure_errors(setup):
 
 
 def test_reverted_layers_on_the_strip_and_the_overlay(setup):
-    from layerswap.plots import BASE_COLOR, layer_strip
+    from layerswap.analysis.plots import BASE_COLOR, layer_strip
 
     an = setup[1]
     plan = Plan(b=1, u=1, tb=1, tu=0, revert=(3,))

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from layerswap import Checkpoint, Plan, UserError, export_merge
-from layerswap.publish import git_blob_id, plan_push, sha256
+from layerswap.merge.publish import git_blob_id, plan_push, sha256
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def _push_in_subprocess(export, hub: FakeHub, call: str) -> subprocess.Completed
     """`publish.push` in a fresh process whose Hub is `hub` and whose own login is the owner's token."""
     import os
 
-    code = ("import sys; from layerswap.publish import push; from layerswap.errors import UserError\n"
+    code = ("import sys; from layerswap.merge.publish import push; from layerswap.core.errors import UserError\n"
             f"try:\n    r = push({str(export)!r}, 'me/merge', {call})\n    print('PUSHED', r.uploaded)\n"
             "except UserError as e:\n    print('REFUSED', e); sys.exit(2)\n")
     env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_owner_secret", "HF_HUB_DISABLE_XET": "1"}
@@ -178,8 +178,8 @@ def test_no_token_is_refused_before_any_request(export, fake_hub, call):
 
 @pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "http://127.0.0.1:9"}])
 def test_a_visitor_push_offline_is_refused_at_once(export, monkeypatch, env):
-    from layerswap.hub import hub_reachable
-    from layerswap.publish import push
+    from layerswap.models.hub import hub_reachable
+    from layerswap.merge.publish import push
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     for k, v in env.items():

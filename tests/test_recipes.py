@@ -53,7 +53,7 @@ def test_hand_written_files(tmp_path):
     ("method: {name: soup, weight: 2}\n", "weight must lie in"),
     ("plan: [1, 2]\n", "plan is a mapping"),
     ("method: soup\n  bad: : indent\n", "not valid YAML"),
-    # every value is read by its field in the recipe-field table (layerswap.fields), bounds first
+    # every value is read by its field in the recipe-field table (layerswap.recipe.fields), bounds first
     ("plan: {b: 1, revert: 0-2000000000}\n", "Layer 2000000000 is outside"),
     ("plan: {b: 1, transition_weight: 2}\n", "transition weight must lie in"),
     ("plan: {kind: weights, weights: [0.5, 1.5]}\n", "layer weights must lie in"),
@@ -127,7 +127,7 @@ def test_the_base_guard_is_raised_in_one_place():
 
     askers = sorted(str(p.relative_to(REPO)) for p in (REPO / "layerswap").rglob("*.py")
                     if "base_reason()" in p.read_text())
-    assert askers == ["layerswap/recipes.py"]
+    assert askers == ["layerswap/recipe/recipes.py"]
 
 
 @pytest.mark.parametrize("command, flags, said", [

@@ -21,9 +21,9 @@ from safetensors.torch import load_file
 from layerswap import Checkpoint, Plan, Recipe, export_merge, merge_in_memory
 from layerswap.analysis import analyze
 from layerswap.cli import main as cli
-from layerswap.interop import mergekit_config
-from layerswap.plans import KINDS
-from layerswap.plots import analysis_heatmaps, layer_strip
+from layerswap.merge.interop import mergekit_config
+from layerswap.recipe.plans import KINDS
+from layerswap.analysis.plots import analysis_heatmaps, layer_strip
 from layerswap.ui import controls
 from tests.helpers import expected_tensor, read_dir
 from tests.test_analysis_merged import merged_reference
@@ -195,7 +195,7 @@ def test_diff_cli_shows_the_merged_panels(trio_bf16, tmp_path, kind, capsys):
 
 def test_the_workbench_builds_and_analyses_a_revert(trio):
     """The app's path: Build with a revert, then the analysis with the merged panels."""
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     plan = Plan(b=1, u=1, tb=1, tu=0, revert=(3,))
     wb = Workbench(engine="transformers")

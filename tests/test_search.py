@@ -15,9 +15,9 @@ import time
 import pytest
 
 from layerswap.engines import EngineSettings
-from layerswap.errors import UserError
-from layerswap.plans import Plan
-from layerswap.presets import assets_path
+from layerswap.core.errors import UserError
+from layerswap.recipe.plans import Plan
+from layerswap.models.presets import assets_path
 from layerswap.search import SearchConfig, Space, grid_space, priors, race, rungs, search, split_questions, tau_rule
 from layerswap.search.strategy import TPE, Exhaustive, choose
 from layerswap.sweeps import load_results
@@ -160,7 +160,7 @@ def test_a_candidate_clearly_behind_stops_and_one_level_is_promoted():
 @pytest.fixture(scope="module")
 def demo_analysis():
     from layerswap.analysis import analyze
-    from layerswap.checkpoints import Checkpoint
+    from layerswap.models.checkpoints import Checkpoint
 
     cks = {r: Checkpoint.open(ref) for r, ref in DEMO.items()}
     return analyze(cks["base"], cks["math"], cks["lang"])
@@ -222,7 +222,7 @@ def test_search_finds_a_plan_records_every_answer_and_resumes_from_the_file(tmp_
 
 
 def test_a_search_started_from_the_loaded_workbench_leaves_the_plan_built(tmp_path):
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     wb = Workbench.from_settings(ENGINE)
     wb.load(DEMO["math"], DEMO["lang"], DEMO["base"])
@@ -291,8 +291,8 @@ def test_cli_refuses_a_limit_and_bad_budgets(tmp_path):
 
 
 def test_hosted_searches_are_bounded_and_the_panel_sets_every_plan_control():
-    from layerswap.fields import LINK_KEYS
-    from layerswap.hosting import Limits, Policy
+    from layerswap.recipe.fields import LINK_KEYS
+    from layerswap.serving.hosting import Limits, Policy
     from layerswap.ui.tabs.search import plan_values
 
     pol = Policy(hosted=True, limits=Limits(search_plans=10, eval_questions=100))
@@ -346,8 +346,8 @@ def test_models_with_their_own_dev_file_are_searched_on_it_never_on_their_test_s
     its test set; other sets draw the split as before."""
     import shutil
 
-    from layerswap import mgsm
-    from layerswap.demo_results import Results
+    from layerswap.evaluation import mgsm
+    from layerswap.shipped.results import Results
     from layerswap.search import for_models
 
     org = assets_path("assets:demo2/math").parent
@@ -377,8 +377,8 @@ def test_a_shipped_search_moves_on_held_out_and_resumed_whole_starts_no_engine(t
     """Choice on the dev file with the card's 32 tokens, the held-out set from the test set, the models'
     recommended plan as a baseline, progress moving batch by batch on held-out questions; run again, every
     answer is read from the records and no engine starts."""
-    from layerswap import organisms
-    from layerswap.engines.answering import Answering
+    from layerswap.shipped import organisms
+    from layerswap.serving.answering import Answering
 
     starts = []
     real = Answering.start

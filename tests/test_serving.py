@@ -1,4 +1,4 @@
-"""What one vLLM engine needs (`layerswap.engines.serving`): weights, a KV cache sized from the model, overhead;
+"""What one vLLM engine needs (`layerswap.engines.sizing`): weights, a KV cache sized from the model, overhead;
 and the plan's choice among three, two and one engines on the memory there is."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from layerswap import Checkpoint
 from layerswap.engines import VLLMSettings
 from layerswap.engines.planning import plan_engines
-from layerswap.engines.serving import (CPU_ENGINE_OVERHEAD, CPU_PROCESS_OVERHEAD, GiB, estimate, kv_bytes_per_token,
-                                       kv_cache_bytes)
-from layerswap.hardware import flavour
+from layerswap.engines.sizing import (CPU_ENGINE_OVERHEAD, CPU_PROCESS_OVERHEAD, GiB, estimate, kv_bytes_per_token,
+                                      kv_cache_bytes)
+from layerswap.core.hardware import flavour
 
 
 def _cpu(ram: int):
@@ -82,8 +82,8 @@ def test_lora_experts_are_planned_as_adapters_on_one_base_engine(vllm_trio, tmp_
     """LoRA experts of the layers' linear modules: one engine on the base with LoRA (arrangement ``lora_vllm``,
     max_lora_rank the two ranks side by side) when serving is auto; adapters vLLM's LoRA cannot serve, and explicit
     arrangements, are planned as before, with the reason."""
-    from layerswap.adapters import open_expert
-    from layerswap.engines.serving import vllm_lora_rank
+    from layerswap.models.adapters import open_expert
+    from layerswap.engines.sizing import vllm_lora_rank
     from tests.helpers import DEMO, make_adapter
 
     monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))

@@ -5,16 +5,16 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from layerswap import mgsm
+from layerswap.evaluation import mgsm
 from layerswap.engines import check_memory
-from layerswap.errors import UserError
-from layerswap.hosting import Policy
-from layerswap.plans import Plan
-from layerswap.recipes import Recipe
+from layerswap.core.errors import UserError
+from layerswap.serving.hosting import Policy
+from layerswap.recipe.plans import Plan
+from layerswap.recipe.recipes import Recipe
 from layerswap.ui.events import guarded
 from layerswap.ui import session
 from layerswap.ui.session import Shared
-from layerswap.workbench import Workbench
+from layerswap.serving.workbench import Workbench
 from tests.helpers import make_trio
 
 
@@ -161,7 +161,7 @@ def test_served_files_live_in_a_neutral_root_gone_at_exit(monkeypatch, tmp_path)
 
 def test_disk_budgets_refuse_with_the_numbers(tmp_path):
     """Reproduction 5 (budgets): a visitor's folder, and all visitors' folders, within their budgets."""
-    from layerswap.hosting import Limits
+    from layerswap.serving.hosting import Limits
     from layerswap.ui.files import Budget
 
     root, own = tmp_path / "root", tmp_path / "root" / "v"
@@ -196,7 +196,7 @@ def test_start_up_work_behind_the_page_yields_the_cores(trio):
     import os
     import threading
 
-    from layerswap.runtime import BACKGROUND_NICENESS
+    from layerswap.core.runtime import BACKGROUND_NICENESS
 
     def nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())

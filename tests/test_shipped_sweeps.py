@@ -11,9 +11,9 @@ import pytest
 from safetensors import safe_open
 
 from layerswap import Checkpoint, Plan
-from layerswap.adapters import open_expert
-from layerswap.pairing import check_mergeable
-from layerswap.presets import assets_dir
+from layerswap.models.adapters import open_expert
+from layerswap.models.pairing import check_mergeable
+from layerswap.models.presets import assets_dir
 from layerswap.sweeps import load_spec
 
 SWEEPS = sorted((assets_dir() / "sweeps").glob("*.yaml"))

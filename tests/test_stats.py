@@ -1,4 +1,4 @@
-"""layerswap.stats against closed forms and, where installed, SciPy (an independent implementation)."""
+"""layerswap.core.stats against closed forms and, where installed, SciPy (an independent implementation)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from layerswap.stats import binom_cdf, clopper_pearson, mcnemar, paired_difference, paired_mean_se
+from layerswap.core.stats import binom_cdf, clopper_pearson, mcnemar, paired_difference, paired_mean_se
 
 
 def test_clopper_pearson_closed_forms():

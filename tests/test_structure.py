@@ -86,7 +86,7 @@ def unit(module: str) -> str:
 
 def tiers() -> dict[str, int]:
     """docs/architecture.md's tier table: each top-level module or package, and its tier."""
-    rows = re.findall(r"^\|\s*(\d)\s*\|\s*([\w, ]+?)\s*\|$", (REPO / "docs" / "architecture.md").read_text(), re.M)
+    rows = re.findall(r"^\|\s*(\d+)\s*\|\s*([\w, ]+?)\s*\|$", (REPO / "docs" / "architecture.md").read_text(), re.M)
     assert rows, "docs/architecture.md lost its tier table"
     tier: dict[str, int] = {}
     for t, names in rows:
@@ -94,6 +94,14 @@ def tiers() -> dict[str, int]:
             assert name not in tier, f"{name} is in two tiers"
             tier[name] = int(t)
     return tier
+
+
+def test_the_top_level_stays_small():
+    """The library reads as a stack of folders: at most 13 packages at the top, and no loose module beside them."""
+    top = {p.name for p in PKG.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert top - {"__init__.py"} <= {p.name for p in PKG.iterdir() if (p / "__init__.py").exists()}, \
+        f"modules loose at the top of layerswap/: {sorted(n for n in top if n.endswith('.py') and n != '__init__.py')}"
+    assert len(top) - 1 <= 13, f"{len(top) - 1} packages at the top of layerswap/: group them"
 
 
 def test_no_import_goes_up_a_tier():
@@ -140,18 +148,18 @@ def test_scripts_import_no_cycle():
 
 def test_organism_scripts_have_no_second_planner():
     """The organism scripts classify tensors, revert and swap through the library (sources, plans, merging) and read
-    results.json only through layerswap.demo_results: no tensor-name parsing, no copy loop over parameters, no
+    results.json only through layerswap.shipped.results: no tensor-name parsing, no copy loop over parameters, no
     results.json layout of their own."""
     for name in ORGANISM_SCRIPTS:
         src = (SCRIPTS / name).read_text()
         tree = ast.parse(src)
         defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         assert not defined & {"layer_of", "in_range", "classify"}, (name, defined & {"layer_of", "in_range"})
-        assert 'split(".")' not in src, name  # tensor names are classified by layerswap.architectures
+        assert 'split(".")' not in src, name  # tensor names are classified by layerswap.models.architectures
         for key in ("paired_recommended_minus", "recommended_name", "target_language", "max_abs_weight_difference",
                     "dev_grid", "floors_target_language", "questions_per_language"):
             key = f'"{key}"'
-            assert key not in src, (name, key)  # results.json's keys belong to layerswap.demo_results
+            assert key not in src, (name, key)  # results.json's keys belong to layerswap.shipped.results
         assert ".copy_(" not in src or name == "eval_demo.py", name  # eval_demo: the dictionary baseline's rows
     build = (SCRIPTS / "build_demo_experts.py").read_text()
-    assert "from layerswap.sources import Sources" in build and "merge_in_memory" in build
+    assert "from layerswap.recipe.sources import Sources" in build and "merge_in_memory" in build

@@ -16,14 +16,14 @@ import yaml
 
 from layerswap import MethodConfig, Plan, Recipe, UserError
 from layerswap.cli import main as cli
-from layerswap.demo import make_tiny_llama, perturb
-from layerswap.evaluation import EvalConfig
-from layerswap.checkpoints import Checkpoint
+from layerswap.shipped.demo import make_tiny_llama, perturb
+from layerswap.evaluation.run import EvalConfig
+from layerswap.models.checkpoints import Checkpoint
 from layerswap.sweeps import ResultsLog, SweepPoint, load_results, load_spec
 from layerswap.sweeps.report import (accuracy_heatmap, recipe_bars, results_table, stats_table, sweep_curves,
-                                   table_text, write_csv, write_html)
+                                     table_text, write_csv, write_html)
 from layerswap.sweeps import ablation_suite, evaluate_points, run_sweep, swap_grid
-from layerswap.workbench import Workbench
+from layerswap.serving.workbench import Workbench
 from tests.helpers import DEMO_MGSM, REPO
 
 

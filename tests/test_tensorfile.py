@@ -15,8 +15,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from layerswap import UserError
-from layerswap.tensorfile import (Files, ShardWriter, encode_header, pread_into, raw_header, read_header,
-                                  to_float64)
+from layerswap.models.tensorfile import (Files, ShardWriter, encode_header, pread_into, raw_header, read_header,
+                                         to_float64)
 from tests.helpers import REPO
 
 TENSORS = {
@@ -105,7 +105,7 @@ def test_raw_header_is_the_json_bytes(tmp_path):
 
 
 def test_it_is_the_only_safetensors_parser():
-    """Every other module reads and writes weights through layerswap.tensorfile."""
+    """Every other module reads and writes weights through layerswap.models.tensorfile."""
     for path in (REPO / "layerswap").rglob("*.py"):
         if path.name == "tensorfile.py":
             continue
@@ -119,7 +119,7 @@ def test_aligned_reads_give_the_bytes_asked_for(tmp_path, monkeypatch):
     and plain reads where the file system refuses O_DIRECT."""
     import mmap
 
-    from layerswap.tensorfile import ALIGN, Files
+    from layerswap.models.tensorfile import ALIGN, Files
 
     data = bytes(range(256)) * 200 + b"tail"  # 51204 bytes: the end is not block-aligned
     f = tmp_path / "x.bin"

@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from layerswap import Plan, mgsm
+from layerswap import Plan
+from layerswap.evaluation import mgsm
 from layerswap.cli import main as cli
 from layerswap.engines import TransformersEngine, VLLMEngine, open_engine
 from tests.helpers import vllm_or_skip
@@ -89,7 +90,7 @@ def test_workbench_serves_all_three_on_one_engine(engine, vllm_trio, mgsm_dir, t
     ``memory``: the engine runs in this process), answering exactly as the transformers engine on the same merge,
     with nothing written to the scratch folder."""
     from layerswap.engines import TensorWeights
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     eng, _ = engine
     scratch = tmp_path / "scratch"
@@ -167,7 +168,7 @@ def test_engine_failing_to_start_falls_back_with_the_reason(vllm_trio):
 @pytest.mark.slow
 def test_workbench_three_engines_refresh_the_merged_one(vllm_trio, mgsm_dir, tmp_path):
     """Three engines side by side (starts two more engines: not part of CI, run with -m slow)."""
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     vllm_or_skip()
     wb = Workbench(engine="vllm", serving="three")
@@ -191,7 +192,7 @@ def test_lora_experts_are_adapters_on_one_base_engine(vllm_trio, probes, tmp_pat
     transformers engine's on the densified models."""
     from pathlib import Path
 
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
     from tests.helpers import make_adapter
 
     vllm_or_skip()
@@ -222,7 +223,7 @@ def test_lora_experts_are_adapters_on_one_base_engine(vllm_trio, probes, tmp_pat
 def test_two_engines_the_language_expert_and_the_merge_swapped(engine, vllm_trio, mgsm_dir, tmp_path):
     """`two_vllm`: the math expert on the pooled engine, the language expert and the merge swapped on a second one;
     the engine line names what each holds, and the merge answers as transformers does on its export."""
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     from dataclasses import replace
 
@@ -262,7 +263,7 @@ def test_the_page_serves_lora_experts_as_adapters_on_one_vllm_engine(vllm_trio, 
     answer is the one transformers gives on the densified models."""
     from gradio_client import Client
 
-    from layerswap.workbench import Workbench
+    from layerswap.serving.workbench import Workbench
     from tests.helpers import launch_app, make_adapter
 
     vllm_or_skip()

@@ -66,14 +66,14 @@ Where each part lives (each module imports only those above it; torch is loaded 
 """
 
 
-from .bins import NBINS, Hist, bin_index, bin_lower_value, boundary_bin
-from .merged import MergedStats, MergedTopK
-from .pipeline import analyze
-from .records import DEFAULT_KS, METRICS, PANEL_METRICS, PANELS, RunInfo, TensorMeta, TopK
-from .results import Analysis, format_row, format_value, write_csv
-from .store import CACHE_KEEP, FORMAT_VERSION
-from .stream import CPU_CHUNK, CUDA_CHUNK
-from .suggest import SUGGEST_RULE, PlanSuggestion
+from layerswap.analysis.bins import NBINS, Hist, bin_index, bin_lower_value, boundary_bin
+from layerswap.analysis.merged import MergedStats, MergedTopK
+from layerswap.analysis.pipeline import analyze
+from layerswap.analysis.records import DEFAULT_KS, METRICS, PANEL_METRICS, PANELS, RunInfo, TensorMeta, TopK
+from layerswap.analysis.results import Analysis, format_row, format_value, write_csv
+from layerswap.analysis.store import CACHE_KEEP, FORMAT_VERSION
+from layerswap.analysis.stream import CPU_CHUNK, CUDA_CHUNK
+from layerswap.analysis.suggest import SUGGEST_RULE, PlanSuggestion
 
 __all__ = [
     "CACHE_KEEP", "CPU_CHUNK", "CUDA_CHUNK", "DEFAULT_KS", "FORMAT_VERSION", "METRICS", "NBINS", "PANELS",

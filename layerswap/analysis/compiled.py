@@ -21,11 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import UserError
-from ..merging import CPU_STEP, blend_into
-from ..roles import EXPERTS
-from .bins import NBINS, SUB_BINS, Hist, first_bits
-from .kernels import MainPass, MergedPass, Window, merge_counts
+from layerswap.core.errors import UserError
+from layerswap.merge.merging import CPU_STEP, blend_into
+from layerswap.core.roles import EXPERTS
+from layerswap.analysis.bins import NBINS, SUB_BINS, Hist, first_bits
+from layerswap.analysis.kernels import MainPass, MergedPass, Window, merge_counts
 
 PAIRS_ROOM = 1 << 20  # pair keys held before they are compressed by value
 
@@ -63,7 +63,7 @@ _KERNELS: dict = {}
 def kernels() -> dict:
     """The compiled functions, built on first use (cached on disk by numba)."""
     if not _KERNELS:
-        from ._numba import BLOCK, main_slice, merged_slice
+        from layerswap.analysis._numba import BLOCK, main_slice, merged_slice
 
         _KERNELS.update(main=main_slice, merged=merged_slice, block=BLOCK)
     return _KERNELS

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import UserError
-from ..merging import blend
-from ..roles import EXPERTS
-from .bins import NBINS, SUB_BINS, Hist, bin_index, first_bits
+from layerswap.core.errors import UserError
+from layerswap.merge.merging import blend
+from layerswap.core.roles import EXPERTS
+from layerswap.analysis.bins import NBINS, SUB_BINS, Hist, bin_index, first_bits
 
 
 MAX_WINDOW_BINS = 16  # widest window (the compiled pass counts its entries densely: 1M patterns = 8 MiB)

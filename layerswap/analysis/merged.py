@@ -1,6 +1,6 @@
 """The merged model's statistics: against the base and each expert, reading again only the tensors a plan blends.
 
-Each tensor's source is the planner's (`layerswap.sources`): a copy of an expert reuses that expert's
+Each tensor's source is the planner's (`layerswap.recipe.sources`): a copy of an expert reuses that expert's
 numbers, a copy of the base (a reverted layer) is zero change from the base and the expert's own change
 from each expert, both exactly; only blends are streamed.
 """
@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checkpoints import Checkpoint
-from ..errors import UserError
-from ..plans import Plan
-from ..runtime import Progress, resolve_device
-from ..sources import TensorSource
-from .bins import Hist, boundary_bin
-from .records import pick_k
-from .stream import default_chunk
+from layerswap.models.checkpoints import Checkpoint
+from layerswap.core.errors import UserError
+from layerswap.recipe.plans import Plan
+from layerswap.core.runtime import Progress, resolve_device
+from layerswap.recipe.sources import TensorSource
+from layerswap.analysis.bins import Hist, boundary_bin
+from layerswap.analysis.records import pick_k
+from layerswap.analysis.stream import default_chunk
 
 
 @dataclass
@@ -110,9 +110,9 @@ def merged_stats(an, plan: Plan, sources: list[TensorSource], math_ck: Checkpoin
         elif s.kind != "blend":
             raise UserError(f"Merged-model statistics are computed for layer maps; {s.label()} is not one.")
     if blended:
-        from . import compiled  # torch: loaded when there is something to compute
-        from .kernels import MergedPass
-        from .passes import run_pass
+        from layerswap.analysis import compiled  # torch: loaded when there is something to compute
+        from layerswap.analysis.kernels import MergedPass
+        from layerswap.analysis.passes import run_pass
 
         dev = resolve_device(device, allowed=("cpu", "cuda"))
         chunk = default_chunk(dev)

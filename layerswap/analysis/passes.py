@@ -12,14 +12,14 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..checkpoints import Checkpoint
-from ..roles import EXPERTS
-from ..runtime import Progress, torch_threads
-from . import compiled
-from .bins import NBINS, SUB_BINS, Hist, as_float32, bin_index, boundary_bin, first_bits
-from .kernels import MAX_WINDOW_BINS, CountPass, MainPass, ThresholdPass, Window
-from .records import TensorMeta, TopK
-from .stream import ChunkStream
+from layerswap.models.checkpoints import Checkpoint
+from layerswap.core.roles import EXPERTS
+from layerswap.core.runtime import Progress, torch_threads
+from layerswap.analysis import compiled
+from layerswap.analysis.bins import NBINS, SUB_BINS, Hist, as_float32, bin_index, boundary_bin, first_bits
+from layerswap.analysis.kernels import MAX_WINDOW_BINS, CountPass, MainPass, ThresholdPass, Window
+from layerswap.analysis.records import TensorMeta, TopK
+from layerswap.analysis.stream import ChunkStream
 
 
 @dataclass

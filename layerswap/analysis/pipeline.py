@@ -7,13 +7,13 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ..checkpoints import Checkpoint, check_compatible
-from ..errors import UserError
-from ..runtime import Progress, resolve_device
-from . import store
-from .records import DEFAULT_KS, RunInfo, TensorMeta, same_k
-from .results import Analysis
-from .stream import default_chunk
+from layerswap.models.checkpoints import Checkpoint, check_compatible
+from layerswap.core.errors import UserError
+from layerswap.core.runtime import Progress, resolve_device
+from layerswap.analysis import store
+from layerswap.analysis.records import DEFAULT_KS, RunInfo, TensorMeta, same_k
+from layerswap.analysis.results import Analysis
+from layerswap.analysis.stream import default_chunk
 
 
 def analyze(base: Checkpoint, math: Checkpoint, lang: Checkpoint, *, ks: Sequence[float] = DEFAULT_KS,
@@ -59,7 +59,7 @@ def analyze(base: Checkpoint, math: Checkpoint, lang: Checkpoint, *, ks: Sequenc
     if not infos:
         raise UserError(f"{base.ref} holds no floating-point tensors to compare.")
     tensors = [TensorMeta(i.name, i.layer, i.ptype, tuple(i.shape), i.numel) for i in infos]
-    from .passes import compute  # torch: loaded when there is something to compute
+    from layerswap.analysis.passes import compute  # torch: loaded when there is something to compute
 
     c = compute([base, math, lang], tensors, ks, device, chunk=chunk_elems or default_chunk(device),
                 sample_fraction=sample_fraction, sample_max_entries=sample_max_entries, sample_block=sample_block,

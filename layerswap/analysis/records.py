@@ -8,7 +8,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..errors import UserError
+from layerswap.core.errors import UserError
 
 DEFAULT_KS = (1.0,)
 

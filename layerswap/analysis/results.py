@@ -10,18 +10,18 @@ from typing import Sequence
 
 import numpy as np
 
-from ..architectures import Architecture, architecture
-from ..checkpoints import Checkpoint
-from ..errors import UserError
-from ..plans import Plan
-from ..roles import EXPERTS, ROLE_NAMES
-from ..runtime import Progress
-from ..sources import Sources
-from . import store
-from .bins import Hist
-from .merged import MergedStats, merged_stats
-from .records import PANEL_METRICS, PANELS, RunInfo, TensorMeta, TopK, pick_k
-from .suggest import PlanSuggestion, suggest_plan
+from layerswap.models.architectures import Architecture, architecture
+from layerswap.models.checkpoints import Checkpoint
+from layerswap.core.errors import UserError
+from layerswap.recipe.plans import Plan
+from layerswap.core.roles import EXPERTS, ROLE_NAMES
+from layerswap.core.runtime import Progress
+from layerswap.recipe.sources import Sources
+from layerswap.analysis import store
+from layerswap.analysis.bins import Hist
+from layerswap.analysis.merged import MergedStats, merged_stats
+from layerswap.analysis.records import PANEL_METRICS, PANELS, RunInfo, TensorMeta, TopK, pick_k
+from layerswap.analysis.suggest import PlanSuggestion, suggest_plan
 
 
 def format_value(metric: str, v: float | None) -> str:
@@ -322,7 +322,7 @@ class Analysis:
     def merged(self, plan: Plan, math: Checkpoint, lang: Checkpoint, base: Checkpoint, *, device: str = "cpu",
                progress: Progress | None = None) -> MergedStats:
         """The layer-swapped model (as `export_merge` writes it) against base and both experts; where each
-        tensor comes from is the planner's answer (`layerswap.sources`), reverted layers included."""
+        tensor comes from is the planner's answer (`layerswap.recipe.sources`), reverted layers included."""
         src = Sources(plan, self.num_layers, self.arch).of(t.name for t in self.tensors)
         sources = tuple(src[t.name] for t in self.tensors)
         if sources not in self._merged:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cache import cache_dir, prune
-from ..roles import EXPERTS
-from .bins import Hist
-from .records import RunInfo, TensorMeta, TopK
+from layerswap.models.cache import cache_dir, prune
+from layerswap.core.roles import EXPERTS
+from layerswap.analysis.bins import Hist
+from layerswap.analysis.records import RunInfo, TensorMeta, TopK
 
 FORMAT_VERSION = 2  # 2: the checkpoints' model_type
 CACHE_KEEP = 32  # analyses kept in a cache folder (a few MB each for an 8B model)

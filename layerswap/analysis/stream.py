@@ -23,10 +23,10 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-from ..checkpoints import Checkpoint
-from ..errors import UserError
-from ..runtime import ram_available
-from ..tensorfile import ALIGN, ITEMSIZE, Files, pread_into, torch_dtype
+from layerswap.models.checkpoints import Checkpoint
+from layerswap.core.errors import UserError
+from layerswap.core.runtime import ram_available
+from layerswap.models.tensorfile import ALIGN, ITEMSIZE, Files, pread_into, torch_dtype
 
 if TYPE_CHECKING:
     import torch

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UserError
-from ..plans import Plan
-from ..roles import EXPERTS
-from .records import METRICS
+from layerswap.core.errors import UserError
+from layerswap.recipe.plans import Plan
+from layerswap.core.roles import EXPERTS
+from layerswap.analysis.records import METRICS
 
 SUGGEST_RULE = (
     "per layer, each expert's change is divided by that expert's mean over all layers, so both are on their own "

@@ -16,15 +16,15 @@ import argparse
 import os
 import sys
 
-from ..errors import UserError
-from . import app, ask, diff, eval, export_yaml, inspect, lens, lm_eval, merge, push, search, sweep
-from .options import Parser
+from layerswap.core.errors import UserError
+from layerswap.cli import app, ask, diff, eval, export_yaml, inspect, lens, lm_eval, merge, push, search, sweep
+from layerswap.cli.options import Parser
 
 COMMANDS = (inspect, merge, push, export_yaml, diff, ask, eval, sweep, search, lm_eval, lens, app)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..version import __version__
+    from layerswap.core.version import __version__
 
     p = Parser(prog="layerswap", description="Layer swapping: merge a math expert and a language expert.")
     p.add_argument("--version", action="version", version=f"layerswap {__version__}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..ui.launch import add_arguments
+from layerswap.ui.launch import add_arguments
 
 
 def add_parser(sub) -> None:
@@ -12,6 +12,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..ui import launch
+    from layerswap.ui import launch
 
     return launch.run(args)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import textwrap
 
-from .. import mgsm
-from ..errors import UserError
-from .options import (
-    MGSM_DIR_HELP, engine_options, models, pairing_options, plan_note, print_recipe, recipe_from, recipe_options,
-    test_data, workbench
-)
+from layerswap.evaluation import mgsm
+from layerswap.core.errors import UserError
+from layerswap.cli.options import (MGSM_DIR_HELP, engine_options, models, pairing_options, plan_note, print_recipe,
+                                   recipe_from, recipe_options, test_data, workbench)
 
 
 def add_parser(sub) -> None:

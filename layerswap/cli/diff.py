@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from ..errors import UserError
-from .options import Bar, check_outputs, DEVICE_HELP, models, open_checkpoint, plan_options, recipe_from
+from layerswap.core.errors import UserError
+from layerswap.cli.options import Bar, check_outputs, DEVICE_HELP, models, open_checkpoint, plan_options, recipe_from
 
 
 def add_parser(sub) -> None:
@@ -41,9 +41,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..analysis import METRICS, PANEL_METRICS, PANELS, analyze, format_value, write_csv
-    from ..checkpoints import check_compatible
-    from ..plots import analysis_heatmaps, layer_profile, save_figure
+    from layerswap.analysis import METRICS, PANEL_METRICS, PANELS, analyze, format_value, write_csv
+    from layerswap.models.checkpoints import check_compatible
+    from layerswap.analysis.plots import analysis_heatmaps, layer_profile, save_figure
 
     math, lang, base = open_checkpoint(args.math), open_checkpoint(args.lang), open_checkpoint(args.base)
     check_compatible(math, lang, base).raise_if_bad()

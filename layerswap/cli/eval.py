@@ -8,12 +8,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..errors import UserError
-from ..roles import ANSWERING, ROLE_NAMES
-from .options import (
-    Bar, check_outputs, data_inputs, engine_options, engine_settings, eval_config, eval_options, models, pairing_options,
-    plan_note, print_recipe, recipe_from, recipe_options, test_data, workbench
-)
+from layerswap.core.errors import UserError
+from layerswap.core.roles import ANSWERING, ROLE_NAMES
+from layerswap.cli.options import (Bar, check_outputs, data_inputs, engine_options, engine_settings, eval_config,
+                                   eval_options, models, pairing_options, plan_note, print_recipe, recipe_from,
+                                   recipe_options, test_data, workbench)
 
 
 def add_parser(sub) -> None:
@@ -34,7 +33,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..engines import open_engine
+    from layerswap.engines import open_engine
 
     if args.model and (args.math or args.lang):
         raise UserError("Give either --model M, or --math M --lang L (to evaluate the experts and their merge).")
@@ -58,7 +57,7 @@ def run(args) -> int:
         wb.load(args.math, args.lang, args.base, force=args.force)
         recipe = recipe_from(args, wb.num_layers)
         if prov is not None:
-            from ..card import check_same_merge
+            from layerswap.merge.card import check_same_merge
 
             check_same_merge(prov, args.card, wb.checkpoints, recipe)
         if "merged" in roles:
@@ -76,7 +75,7 @@ def run(args) -> int:
 
 
 def _run_eval(args, cfg, engines: dict, note: str) -> int:
-    from ..evaluation import evaluate
+    from layerswap.evaluation.run import evaluate
 
     print(f"engine: {note}", file=sys.stderr)
     print(f"MGSM {cfg.mode}, {cfg.shots}-shot, greedy, {cfg.max_new_tokens} new tokens; languages "
@@ -90,7 +89,7 @@ def _run_eval(args, cfg, engines: dict, note: str) -> int:
         report.write_jsonl(args.out)
         print(f"wrote {len(report.results)} per-question results to {args.out}", file=sys.stderr)
     if args.card:
-        from ..card import attach_eval
+        from layerswap.merge.card import attach_eval
 
         attach_eval(args.card, report, model=report.models[0] if args.model else ROLE_NAMES["merged"])
         print(f"wrote the MGSM results into the model card of {args.card} (README.md, layerswap.json)",
@@ -114,7 +113,7 @@ def _card_target(args) -> dict | None:
     """The provenance of the export `--card` names, checked before anything loads."""
     if not args.card:
         return None
-    from ..card import read_provenance
+    from layerswap.merge.card import read_provenance
 
     prov = read_provenance(args.card)
     if args.model and Path(args.model).resolve() != Path(args.card).resolve():

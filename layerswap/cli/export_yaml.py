@@ -6,7 +6,7 @@ import sys
 
 from pathlib import Path
 
-from .options import check_outputs, models, open_trio, recipe_from, recipe_options
+from layerswap.cli.options import check_outputs, models, open_trio, recipe_from, recipe_options
 
 
 def add_parser(sub) -> None:
@@ -18,8 +18,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..checkpoints import check_compatible
-    from ..interop import mergekit_yaml
+    from layerswap.models.checkpoints import check_compatible
+    from layerswap.merge.interop import mergekit_yaml
 
     math, lang, base = open_trio(args)
     check_compatible(math, lang, base).raise_if_bad()

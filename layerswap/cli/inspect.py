@@ -7,8 +7,8 @@ For a shipped pair it also says the plan the pair opens on (`organisms.opening_p
 
 from __future__ import annotations
 
-from ..engines import ENGINE_CHOICES, SERVING_CHOICES
-from .options import models, open_trio, pairing_options
+from layerswap.engines import ENGINE_CHOICES, SERVING_CHOICES
+from layerswap.cli.options import models, open_trio, pairing_options
 
 
 def add_parser(sub) -> None:
@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     if args.hardware:
         return hardware(args)
-    from ..pairing import check_mergeable
+    from layerswap.models.pairing import check_mergeable
 
     math, lang, base = open_trio(args)
     check = check_mergeable(math, lang, base, threshold=args.base_distance_threshold)
@@ -41,7 +41,7 @@ def run(args) -> int:
     if check.pairing is not None:
         print(("  warning: " if check.pairing.suspicious else "  ") + check.pairing.message())
     if check.report.ok:
-        from ..organisms import opening_plan, organism
+        from layerswap.shipped.organisms import opening_plan, organism
 
         if organism(args.math) is not None:
             opening = opening_plan((args.base or "", args.math, args.lang), math.num_layers)
@@ -52,10 +52,10 @@ def run(args) -> int:
 def hardware(args) -> int:
     import json
 
-    from ..engines import VLLMSettings
-    from ..engines.planning import hardware_table, table_markdown
-    from ..hardware import FLAVOURS
-    from .options import open_checkpoint
+    from layerswap.engines import VLLMSettings
+    from layerswap.engines.planning import hardware_table, table_markdown
+    from layerswap.core.hardware import FLAVOURS
+    from layerswap.cli.options import open_checkpoint
 
     names = [n.strip() for n in args.hardware.split(",") if n.strip()]
     if names == ["all"]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import UserError
-from ..lens.run import FORWARD_CHOICES
-from . import options as o
+from layerswap.core.errors import UserError
+from layerswap.analysis.lens.run import FORWARD_CHOICES
+from layerswap.cli import options as o
 
 
 def add_parser(sub) -> None:
@@ -47,8 +47,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..lens import ROLES, LensConfig, lens_curves, lens_grid, run_lens, write_report
-    from ..plots import save_figure
+    from layerswap.analysis.lens import ROLES, LensConfig, lens_curves, lens_grid, run_lens, write_report
+    from layerswap.analysis.plots import save_figure
 
     if (args.question is None) == (args.index is None):
         raise UserError("Give either --index N (an MGSM question) or --question \"...\".")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UserError
-from ..recipes import Recipe
-from .options import DEVICE_HELP, models, open_checkpoint, open_trio, print_recipe
+from layerswap.core.errors import UserError
+from layerswap.recipe.recipes import Recipe
+from layerswap.cli.options import DEVICE_HELP, models, open_checkpoint, open_trio, print_recipe
 
 
 def add_parser(sub) -> None:
@@ -30,11 +30,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..lmeval import LmEvalConfig, evaluate_model, evaluate_recipe
-    from ..presets import portable_ref
-    from ..sweeps.records import experts_identity, experts_shown, lm_eval_record
-    from ..sweeps.spec import set_name
-    from ..runtime import resolve_device
+    from layerswap.sweeps.lmeval import LmEvalConfig, evaluate_model, evaluate_recipe
+    from layerswap.models.presets import portable_ref
+    from layerswap.sweeps.records import experts_identity, experts_shown, lm_eval_record
+    from layerswap.sweeps.spec import set_name
+    from layerswap.core.runtime import resolve_device
 
     cfg = LmEvalConfig(tasks=[t.strip() for t in args.tasks.split(",") if t.strip()], include_path=args.include_path,
                        limit=args.limit, num_fewshot=args.num_fewshot, batch_size=args.batch_size,
@@ -67,7 +67,7 @@ def run(args) -> int:
         Path(args.out).write_text(json.dumps(metrics, indent=2))
         print(f"wrote {args.out}")
     if args.sweep_results:
-        from ..sweeps.log import ResultsLog
+        from layerswap.sweeps.log import ResultsLog
 
         with ResultsLog(args.sweep_results) as log:
             log.append(rec)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from ..errors import UserError
-from .options import (
-    Bar, DEVICE_HELP, models, open_trio, pairing_options, parse_size, plan_note, print_recipe, recipe_from,
-    recipe_options
-)
-from .push import push_folder
+from layerswap.core.errors import UserError
+from layerswap.cli.options import (Bar, DEVICE_HELP, models, open_trio, pairing_options, parse_size, plan_note,
+                                   print_recipe, recipe_from, recipe_options)
+from layerswap.cli.push import push_folder
 
 
 def add_parser(sub) -> None:
@@ -31,11 +29,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..merging import export_adapter_merge, export_merge, exports_as_adapter
+    from layerswap.merge.merging import export_adapter_merge, export_merge, exports_as_adapter
 
     if args.push_to:  # a bad repo id or no network is said before a long merge, not after
-        from ..hub import hub_reachable
-        from ..publish import check_repo_id
+        from layerswap.models.hub import hub_reachable
+        from layerswap.merge.publish import check_repo_id
 
         check_repo_id(args.push_to)
         if not hub_reachable():

@@ -8,13 +8,13 @@ import re
 import sys
 import textwrap
 
-from ..pairing import BASE_DISTANCE_THRESHOLD
-from ..engines import ENGINE_CHOICES, SERVING_CHOICES, EngineSettings
-from ..errors import UserError
-from ..fields import FIELDS
-from ..plans import parse_layers
-from ..recipes import Recipe
-from ..sources import Sources
+from layerswap.models.pairing import BASE_DISTANCE_THRESHOLD
+from layerswap.engines import ENGINE_CHOICES, SERVING_CHOICES, EngineSettings
+from layerswap.core.errors import UserError
+from layerswap.recipe.fields import FIELDS
+from layerswap.recipe.plans import parse_layers
+from layerswap.recipe.recipes import Recipe
+from layerswap.recipe.sources import Sources
 
 DEVICE_HELP = "cpu, cuda or auto (default auto: cuda when torch sees a GPU)"
 
@@ -60,7 +60,7 @@ _TYPES = {"int": int, "float": float}
 
 
 def _field_options(p: argparse.ArgumentParser, *groups: str) -> None:
-    """The recipe-field table's flags of these groups (`layerswap.fields`); values are read and bounded by
+    """The recipe-field table's flags of these groups (`layerswap.recipe.fields`); values are read and bounded by
     `Recipe.from_values`, so argparse only converts numbers."""
     for group in groups:
         g = p.add_argument_group(GROUPS[group])
@@ -81,7 +81,7 @@ def method_options(p: argparse.ArgumentParser) -> None:
 def recipe_options(p: argparse.ArgumentParser) -> None:
     """A merge recipe: a recipe file, or the layer map (plan) and the method as flags."""
     p.add_argument("--recipe", metavar="FILE",
-                   help="the whole recipe from a YAML/JSON file (layerswap.recipes); replaces the plan and method flags")
+                   help="the whole recipe from a YAML/JSON file (layerswap.recipe.recipes); replaces the plan and method flags")
     plan_options(p)
     method_options(p)
 
@@ -109,7 +109,7 @@ def eval_options(p: argparse.ArgumentParser) -> None:
 
 def shipped_sizes() -> str:
     """How many questions per language the shipped MGSM sets hold, counted from their files (for --limit's help)."""
-    from ..presets import assets_dir
+    from layerswap.models.presets import assets_dir
 
     sizes = {}
     for tsv in sorted(assets_dir().glob("*/mgsm/mgsm_*.tsv")):
@@ -163,7 +163,7 @@ def recipe_from(args, num_layers: int) -> Recipe:
 
 def opening(args, num_layers: int):
     """The plan the models open on (`organisms.opening_plan`) and why."""
-    from ..organisms import opening_plan
+    from layerswap.shipped.organisms import opening_plan
 
     return opening_plan((args.base or "", args.math or "", args.lang or ""), num_layers)
 
@@ -178,8 +178,8 @@ def plan_note(args, num_layers: int) -> str | None:
 def test_data(args, *refs: str | None) -> None:
     """Fill in the MGSM set the command uses (--mgsm-dir, else the set the models bring: `organisms.test_set`)
     and, for --langs left out, that set's target languages (every language but English) or the paper's."""
-    from .. import mgsm
-    from ..organisms import test_set
+    from layerswap.evaluation import mgsm
+    from layerswap.shipped.organisms import test_set
 
     if not getattr(args, "mgsm_dir", None):
         own = test_set(*refs)
@@ -192,21 +192,21 @@ def test_data(args, *refs: str | None) -> None:
 
 def data_inputs(args) -> tuple[str, ...]:
     """The MGSM folder a command reads, as an input no output may land in (none for the Hub)."""
-    from ..mgsm import folder
+    from layerswap.evaluation.mgsm import folder
 
     source = folder(getattr(args, "mgsm_dir", None))
     return (str(source),) if source is not None and source.is_dir() else ()
 
 
 def open_checkpoint(ref: str | None):
-    from ..checkpoints import Checkpoint
+    from layerswap.models.checkpoints import Checkpoint
 
     return Checkpoint.open(ref) if ref else None
 
 
 def open_trio(args):
     """--math, --lang, --base opened (base first, so adapters given as experts merge into it)."""
-    from ..adapters import open_expert
+    from layerswap.models.adapters import open_expert
 
     base = open_checkpoint(args.base)
     return open_expert(args.math, args.base), open_expert(args.lang, args.base), base
@@ -214,7 +214,7 @@ def open_trio(args):
 
 def check_outputs(outs, *checkpoints, extra=()) -> None:
     """Refuse file outputs that are, or sit inside, an input, before any long work starts."""
-    from ..outputs import check_output_file, input_paths
+    from layerswap.merge.outputs import check_output_file, input_paths
 
     inputs = input_paths(*checkpoints, extra=extra)
     for out in outs:
@@ -243,14 +243,14 @@ def engine_settings(args, chat_template: bool | None = False) -> EngineSettings:
 
 def workbench(args, chat_template: bool | None = False):
     """The session behind ask and eval, from the engine options (`Workbench.from_settings`)."""
-    from ..workbench import Workbench
+    from layerswap.serving.workbench import Workbench
 
     return Workbench.from_settings(engine_settings(args, chat_template))
 
 
 def eval_config(args):
     """The evaluation settings, with every data problem (missing TSV, exemplars) raised before any model loads."""
-    from ..evaluation import EvalConfig, build_prompts
+    from layerswap.evaluation.run import EvalConfig, build_prompts
 
     cfg = EvalConfig(langs=[c.strip() for c in args.langs.split(",") if c.strip()], limit=args.limit,
                      shots=args.shots, mode=args.mode, max_new_tokens=args.max_new_tokens, source=args.mgsm_dir)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .options import Bar
+from layerswap.cli.options import Bar
 
 
 def add_parser(sub) -> None:
@@ -23,7 +23,7 @@ def run(args) -> int:
 
 
 def push_folder(folder, repo_id: str, *, private: bool, revision: str | None, overwrite: bool, quiet: bool) -> None:
-    from ..publish import push
+    from layerswap.merge.publish import push
 
     bar = Bar(enabled=not quiet)
     r = push(folder, repo_id, token=None, allow_ambient_token=True, private=private, revision=revision,

@@ -8,8 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from ..errors import UserError
-from .options import Bar, check_outputs, data_inputs, engine_options, engine_settings, eval_options, models, test_data
+from layerswap.core.errors import UserError
+from layerswap.cli.options import (Bar, check_outputs, data_inputs, engine_options, engine_settings, eval_options,
+                                   models, test_data)
 
 
 def add_parser(sub) -> None:
@@ -58,8 +59,8 @@ def _words(text: str) -> tuple[str, ...]:
 
 
 def run(args) -> int:
-    from ..presets import portable_ref
-    from ..search import SearchConfig, default_results, for_models, search
+    from layerswap.models.presets import portable_ref
+    from layerswap.search import SearchConfig, default_results, for_models, search
 
     if args.limit is not None:
         raise UserError("A search splits the set itself: use --dev N and --test N instead of --limit.")

@@ -6,11 +6,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from ..errors import UserError
-from .options import (
-    Bar, check_outputs, engine_options, engine_settings, eval_config, eval_options, int_list, models, pairing_options,
-    plan_options, recipe_from, test_data
-)
+from layerswap.core.errors import UserError
+from layerswap.cli.options import (Bar, check_outputs, engine_options, engine_settings, eval_config, eval_options,
+                                   int_list, models, pairing_options, plan_options, recipe_from, test_data)
 
 
 def add_parser(sub) -> None:
@@ -44,8 +42,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..sweeps import load_spec, run_sweep, with_eval
-    from ..sweeps.report import stats_table, sweep_figures, table_text, write_csv, write_html
+    from layerswap.sweeps import load_spec, run_sweep, with_eval
+    from layerswap.sweeps.report import stats_table, sweep_figures, table_text, write_csv, write_html
 
     if args.file:
         given = [f for f in ("math", "lang", "base") if getattr(args, f)]
@@ -73,7 +71,7 @@ def run(args) -> int:
     bar = Bar(enabled=not args.quiet)
     try:
         if args.ray:
-            from ..sweeps.ray import run_sweep_ray
+            from layerswap.sweeps.ray import run_sweep_ray
 
             if not out:
                 raise UserError("--ray writes to a results file: add -o RESULTS.jsonl.")
@@ -92,7 +90,7 @@ def run(args) -> int:
         print("  " + ", ".join(f"{k}: {v}" for k, v in row.items()))
     merges = [r for r in run.rows if r["kind"] == "merge"]
     if merges:
-        from ..sweeps.report import scores
+        from layerswap.sweeps.report import scores
 
         best = max(merges, key=lambda r: scores(r)["average"])
         print(f"\nbest merge (average flexible accuracy; best of {len(merges)}, so optimistic): {best['name']}")
@@ -103,7 +101,7 @@ def run(args) -> int:
         write_html(run.rows, args.html, title=spec.name)
         print(f"wrote {args.html}")
     if args.plot:
-        from ..plots import save_figure
+        from layerswap.analysis.plots import save_figure
 
         figs = dict(sweep_figures(run.rows))
         for path in args.plot:
@@ -117,9 +115,9 @@ def run(args) -> int:
 
 def _sweep_spec(args):
     """The sweep of the flag form (`--math --lang` plus a grid or the ablation suite), as a SweepSpec."""
-    from ..adapters import open_expert
-    from ..sweeps import ExpertSet, SweepSpec, TestSet, ablation_suite, swap_grid
-    from ..sweeps.spec import set_name
+    from layerswap.models.adapters import open_expert
+    from layerswap.sweeps import ExpertSet, SweepSpec, TestSet, ablation_suite, swap_grid
+    from layerswap.sweeps.spec import set_name
 
     if not (args.math and args.lang):
         raise UserError("Give a sweep file (layerswap sweep SWEEP.yaml), or --math M --lang L for a grid or the "

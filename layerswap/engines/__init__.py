@@ -4,26 +4,26 @@
 - `transformers_engine`: `TransformersEngine` (a loaded transformers model, weights swappable in place).
 - `vllm_engine`: `VLLMEngine` (pooled per process, live weight refresh from a folder or `TensorWeights`),
   `VLLMSettings`, `SwappedEngine`.
-- `serving`: what one vLLM engine needs (weights, KV cache sized from the model, overhead), `check_memory`.
+- `sizing`: what one vLLM engine needs (weights, KV cache sized from the model, overhead), `check_memory`.
 - `planning`: the engine plan (`plan_engines`, `EnginePlan`): the arrangement, its sizes and costs, on the hardware.
-- `answering`: `Answering`, the engines of one trio started from its plan; the arrangements registered by name.
 - `choice`: `EngineSettings`, and `try_vllm`, the one place that tries vLLM and falls back to transformers
-  (`open_engine` for one model folder, the workbench for three models).
+  (`open_engine` for one model folder, `serving.answering` for three models).
 """
 
 from __future__ import annotations
 
-from .base import Engine, OnBatch, TokenizingEngine, chat_template_choice, load_tokenizer, truncate_at_stop
-from .serving import check_memory, vllm_lora_rank
-from .planning import SERVING_CHOICES, EnginePlan, Releasing, plan_engines
-from .transformers_engine import TransformersEngine, load_model, model_from_state_dict
-from .vllm_engine import (VLLM_INSTALL_HINT, EngineStartError, LoRAEngine, SwappedEngine, TensorWeights, VLLMEngine,
-                          VLLMSettings, preflight, vllm_device, vllm_status)
-from .choice import ENGINE_CHOICES, EngineSettings, open_engine, resolve_engine_choice, try_vllm
-from .answering import ARRANGEMENTS, Answering, Merges, Trio, releasing
+from layerswap.engines.base import (Engine, OnBatch, TokenizingEngine, chat_template_choice, load_tokenizer,
+                                    truncate_at_stop)
+from layerswap.engines.sizing import check_memory, vllm_lora_rank
+from layerswap.engines.planning import SERVING_CHOICES, EnginePlan, Releasing, plan_engines
+from layerswap.engines.transformers_engine import TransformersEngine, load_model, model_from_state_dict
+from layerswap.engines.vllm_engine import (VLLM_INSTALL_HINT, EngineStartError, LoRAEngine, SwappedEngine,
+                                           TensorWeights, VLLMEngine, VLLMSettings, preflight, vllm_device,
+                                           vllm_status)
+from layerswap.engines.choice import ENGINE_CHOICES, EngineSettings, open_engine, resolve_engine_choice, try_vllm
 
 __all__ = [
-    "ARRANGEMENTS", "Answering", "EnginePlan", "Merges", "Releasing", "Trio", "check_memory", "plan_engines", "releasing",
+    "EnginePlan", "Releasing", "check_memory", "plan_engines",
     "ENGINE_CHOICES", "SERVING_CHOICES", "VLLM_INSTALL_HINT", "Engine", "EngineSettings", "EngineStartError", "OnBatch",
     "LoRAEngine", "SwappedEngine", "TensorWeights", "TokenizingEngine", "TransformersEngine", "VLLMEngine", "VLLMSettings",
     "chat_template_choice", "load_model", "load_tokenizer", "model_from_state_dict", "open_engine",

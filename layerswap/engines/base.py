@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
-from ..tokenizer_files import check_tokenizer_folder
-from ..errors import UserError
-from .chat import render_chat
+from layerswap.models.tokenizer_files import check_tokenizer_folder
+from layerswap.core.errors import UserError
+from layerswap.engines.chat import render_chat
 
 # on_batch(indices into the prompts, their answers): called after each finished batch
 OnBatch = Callable[[list[int], list[str]], None]
@@ -27,7 +27,7 @@ OnBatch = Callable[[list[int], list[str]], None]
 
 @runtime_checkable
 class Engine(Protocol):
-    """What `layerswap.evaluation` and the workbench need of an engine (third-party engines included).
+    """What `layerswap.evaluation.run` and the workbench need of an engine (third-party engines included).
 
     An engine that does not batch calls ``on_batch(list(range(len(prompts))), outputs)`` once.
     """

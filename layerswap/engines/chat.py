@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..bounds import MAX_TEMPLATE_CHARS, MAX_TEMPLATE_SECONDS, MAX_TEMPLATE_SOURCE, MAX_TEMPLATE_STEPS
-from ..errors import UserError
+from layerswap.core.bounds import MAX_TEMPLATE_CHARS, MAX_TEMPLATE_SECONDS, MAX_TEMPLATE_SOURCE, MAX_TEMPLATE_STEPS
+from layerswap.core.errors import UserError
 
 # a format width (or precision) of a million or more, or one taken from an argument: %-style and {}-style
 _WIDE = re.compile(r"%[-#0 +]*(\d{7,}|\*)|%[-#0 +]*\d*\.(\d{7,}|\*)|\{[^{}]*:[^{}]*(\d{7,}|\{)")

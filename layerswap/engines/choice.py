@@ -13,11 +13,11 @@ import os
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
-from ..checkpoints import Checkpoint
-from ..errors import UserError
-from .base import Engine
-from .transformers_engine import TransformersEngine
-from .vllm_engine import EngineStartError, VLLMEngine, VLLMSettings, vllm_status
+from layerswap.models.checkpoints import Checkpoint
+from layerswap.core.errors import UserError
+from layerswap.engines.base import Engine
+from layerswap.engines.transformers_engine import TransformersEngine
+from layerswap.engines.vllm_engine import EngineStartError, VLLMEngine, VLLMSettings, vllm_status
 
 ENGINE_CHOICES = ("auto", "vllm", "transformers")
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """Before any engine starts: how the three models will answer on this hardware, and what it costs. The plan is binding:
-`engines.answering.Answering` starts exactly what it says, and the page shows it.
+`serving.answering.Answering` starts exactly what it says, and the page shows it.
 
-`plan_engines` decides, from headers and the hardware (`layerswap.hardware`, fakeable) only, once:
+`plan_engines` decides, from headers and the hardware (`layerswap.core.hardware`, fakeable) only, once:
 
 - the **arrangement** (`ARRANGEMENTS`): three vLLM engines side by side; two (the math expert on one, the language
   expert and the merge swapped on the other); one vLLM engine with weights swapped per model; one vLLM engine on
@@ -37,11 +37,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, replace
 
-from ..checkpoints import Checkpoint
-from ..hardware import FLAVOURS, GiB, Hardware, current
-from .serving import DTYPE_BYTES, GPU_ACTIVATIONS, USABLE_FRACTION, MemoryEstimate, estimate, vllm_lora_rank
-from .transformers_engine import size_problem
-from .vllm_engine import VLLMSettings, vllm_device, vllm_status
+from layerswap.models.checkpoints import Checkpoint
+from layerswap.core.hardware import FLAVOURS, GiB, Hardware, current
+from layerswap.engines.sizing import (DTYPE_BYTES, GPU_ACTIVATIONS, USABLE_FRACTION, MemoryEstimate, estimate,
+                                      vllm_lora_rank)
+from layerswap.engines.transformers_engine import size_problem
+from layerswap.engines.vllm_engine import VLLMSettings, vllm_device, vllm_status
 
 ARRANGEMENTS = ("lora_vllm", "three_vllm", "two_vllm", "one_vllm_swapped", "transformers", "none")
 VLLM_ENGINES = {"lora_vllm": 1, "three_vllm": 3, "two_vllm": 2, "one_vllm_swapped": 1}
@@ -276,7 +277,7 @@ def plan_engines(cks: dict[str, Checkpoint], *, engine: str = "auto", serving: s
 
     `engine`: auto, vllm or transformers; `serving`: auto or a forced vLLM arrangement (three, two, one); `device`:
     the transformers engine's (default: the hardware's); `releasing`: engines released before starting."""
-    from ..errors import UserError
+    from layerswap.core.errors import UserError
 
     if serving not in SERVING_CHOICES:
         raise UserError(f"Unknown serving mode {serving!r}; use one of: {', '.join(SERVING_CHOICES)}.")
@@ -453,7 +454,7 @@ def _with_alternatives(plan: EnginePlan, cks: dict[str, Checkpoint], engine: str
 def hardware_table(cks: dict[str, Checkpoint], names: list[str], engine: str = "auto", serving: str = "auto",
                    settings: VLLMSettings | None = None) -> list[dict]:
     """One `EnginePlan.row` per hardware name (a Spaces flavour, or ``this``): what would serve these models where."""
-    from ..hardware import flavour
+    from layerswap.core.hardware import flavour
 
     rows = []
     for name in names:

@@ -10,10 +10,10 @@ import functools
 import os
 from typing import TYPE_CHECKING, Mapping
 
-from ..checkpoints import Checkpoint, text_config
-from ..errors import UserError
-from ..runtime import resolve_device
-from .base import OnBatch, TokenizingEngine, chat_template_choice, generate_in_batches, load_tokenizer
+from layerswap.models.checkpoints import Checkpoint, text_config
+from layerswap.core.errors import UserError
+from layerswap.core.runtime import resolve_device
+from layerswap.engines.base import OnBatch, TokenizingEngine, chat_template_choice, generate_in_batches, load_tokenizer
 
 if TYPE_CHECKING:  # imported where used, so the CLI starts (and merges copy) without loading torch
     import torch
@@ -29,7 +29,7 @@ def size_problem(config: dict, tensor_numel: int) -> str:
     to the engines."""
     import json
 
-    from ..architectures import ARCHITECTURES
+    from layerswap.models.architectures import ARCHITECTURES
 
     if text_config(config).get("model_type") not in ARCHITECTURES:
         return ""

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Union
 
-from ..cache import content_hash, fingerprint
-from ..checkpoints import TOKENIZER_FILES, text_config
-from ..errors import UserError
-from ..hardware import HELD
-from .base import OnBatch, TokenizingEngine, chat_template_choice, generate_in_batches, load_tokenizer
+from layerswap.models.cache import content_hash, fingerprint
+from layerswap.models.checkpoints import TOKENIZER_FILES, text_config
+from layerswap.core.errors import UserError
+from layerswap.core.hardware import HELD
+from layerswap.engines.base import OnBatch, TokenizingEngine, chat_template_choice, generate_in_batches, load_tokenizer
 
 
 class EngineStartError(UserError):
@@ -41,7 +41,7 @@ VLLM_INSTALL_HINT = ("pip install 'layerswap[vllm]' on a CUDA machine, or 'layer
 
 @dataclass
 class VLLMSettings:
-    """How a vLLM engine is started. Sizes left as None are filled in by `layerswap.engines.serving`."""
+    """How a vLLM engine is started. Sizes left as None are filled in by `layerswap.engines.sizing`."""
 
     max_model_len: int | None = None  # prompt + answer tokens; default min(model's positions, 4096)
     dtype: str = "auto"  # auto: the checkpoint's dtype (float16 becomes bfloat16 on CPU)

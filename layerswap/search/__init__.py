@@ -17,12 +17,12 @@ Where each part lives (each module imports only those above it):
     run       the driver (`search`; `for_models`: the dev file and answer length the models bring)
 """
 
-from .prior import Prior, priors, tau_rule
-from .race import race, rungs
-from .report import SearchResult, Trial
-from .run import SearchConfig, default_results, for_models, search
-from .space import Space, grid_space
-from .split import Split, split_questions
+from layerswap.search.prior import Prior, priors, tau_rule
+from layerswap.search.race import race, rungs
+from layerswap.search.report import SearchResult, Trial
+from layerswap.search.run import SearchConfig, default_results, for_models, search
+from layerswap.search.space import Space, grid_space
+from layerswap.search.split import Split, split_questions
 
 __all__ = ["Prior", "SearchConfig", "SearchResult", "Space", "Split", "Trial", "default_results", "for_models",
            "grid_space", "priors", "race", "rungs", "search", "split_questions", "tau_rule"]

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plans import Plan, default_plan
-from .space import Space, canonical
+from layerswap.recipe.plans import Plan, default_plan
+from layerswap.search.space import Space, canonical
 
 TAUS = (0.5, 1.0, 2.0)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..errors import UserError
-from ..stats import paired_difference
+from layerswap.core.errors import UserError
+from layerswap.core.stats import paired_difference
 
 Z = 2.0
 

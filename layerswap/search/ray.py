@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UserError
-from .store import Tally, race_plan
+from layerswap.core.errors import UserError
+from layerswap.search.store import Tally, race_plan
 
 
 class SearchWorker:
@@ -22,7 +22,7 @@ class SearchWorker:
             import torch
 
             torch.set_num_threads(threads)
-        from ..workbench import Workbench
+        from layerswap.serving.workbench import Workbench
 
         math, lang, base, force = refs
         self.wb = Workbench.from_settings(settings)

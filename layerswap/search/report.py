@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..plans import Plan
-from ..stats import clopper_pearson, mcnemar, paired_difference
-from .prior import Prior
-from .race import Race
-from .space import Space
-from .split import Split
+from layerswap.recipe.plans import Plan
+from layerswap.core.stats import clopper_pearson, mcnemar, paired_difference
+from layerswap.search.prior import Prior
+from layerswap.search.race import Race
+from layerswap.search.space import Space
+from layerswap.search.split import Split
 
 
 @dataclass

@@ -24,22 +24,23 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import mgsm, organisms
-from ..bounds import MAX_LAYERS
-from ..cache import cache_dir
-from ..engines import EngineSettings
-from ..errors import UserError
-from ..plans import NON_LAYER_OPTIONS, Plan
-from ..recipes import Recipe
-from ..runtime import Progress, no_progress
-from ..sweeps.log import ResultsLog
-from .prior import priors as prior_plans
-from .race import Z, Race, rungs
-from .report import SearchResult, Trial, accuracy, compare
-from .space import TRANSITIONS, Space
-from .split import split_questions
-from .store import Answers, Identity, Tally, model_of, race_plan, scorer
-from .strategy import choose
+from layerswap.evaluation import mgsm
+from layerswap.shipped import organisms
+from layerswap.core.bounds import MAX_LAYERS
+from layerswap.models.cache import cache_dir
+from layerswap.engines import EngineSettings
+from layerswap.core.errors import UserError
+from layerswap.recipe.plans import NON_LAYER_OPTIONS, Plan
+from layerswap.recipe.recipes import Recipe
+from layerswap.core.runtime import Progress, no_progress
+from layerswap.sweeps.log import ResultsLog
+from layerswap.search.prior import priors as prior_plans
+from layerswap.search.race import Z, Race, rungs
+from layerswap.search.report import SearchResult, Trial, accuracy, compare
+from layerswap.search.space import TRANSITIONS, Space
+from layerswap.search.split import split_questions
+from layerswap.search.store import Answers, Identity, Tally, model_of, race_plan, scorer
+from layerswap.search.strategy import choose
 
 MAX_BUDGET = 10_000
 
@@ -134,13 +135,13 @@ def search(math: str, lang: str, base: str | None = None, config: SearchConfig |
     p = progress or no_progress
     t0 = time.perf_counter()
     split = split_questions(cfg.langs, cfg.source, cfg.seed, cfg.dev, cfg.test, cfg.dev_source)
-    from ..evaluation import EvalConfig
+    from layerswap.evaluation.run import EvalConfig
 
     EvalConfig(langs=list(cfg.langs), ids=split.dev[:1], source=cfg.dev_source or cfg.source, **cfg.evals()).validate()
     settings = engine or EngineSettings()
     own = workbench is None
     if own:
-        from ..workbench import Workbench
+        from layerswap.serving.workbench import Workbench
 
         workbench = Workbench.from_settings(settings)
     wb = workbench
@@ -165,7 +166,7 @@ def search(math: str, lang: str, base: str | None = None, config: SearchConfig |
             sizes = rungs(len(split.dev), cfg.first_rung) if cfg.halving else [len(split.dev)]
             runner = None
             if workers:
-                from .ray import RayRunner
+                from layerswap.search.ray import RayRunner
 
                 runner = RayRunner(workers, settings, (math, lang, base, force), address)
             try:

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from ..errors import UserError
-from ..plans import MODULES, NON_LAYER_OPTIONS, Plan
+from layerswap.core.errors import UserError
+from layerswap.recipe.plans import MODULES, NON_LAYER_OPTIONS, Plan
 
 TRANSITIONS = ("flat:0.25", "flat:0.5", "flat:0.75", "ramp")
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .. import mgsm
-from ..errors import UserError
-from ..presets import portable_ref
+from layerswap.evaluation import mgsm
+from layerswap.core.errors import UserError
+from layerswap.models.presets import portable_ref
 
 DEV_SHARE = 0.4  # of the set, when `dev` is not given
 DEV_MAX = 400

@@ -13,15 +13,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .. import mgsm
-from ..cache import content_hash
-from ..evaluation import EvalConfig
-from ..presets import portable_ref
-from ..recipes import Recipe
-from ..roles import ROLE_NAMES
-from ..sweeps.log import point_key
-from ..sweeps.records import experts_identity, experts_shown
-from .race import Race, race
+from layerswap.evaluation import mgsm
+from layerswap.models.cache import content_hash
+from layerswap.evaluation.run import EvalConfig
+from layerswap.models.presets import portable_ref
+from layerswap.recipe.recipes import Recipe
+from layerswap.core.roles import ROLE_NAMES
+from layerswap.sweeps.log import point_key
+from layerswap.sweeps.records import experts_identity, experts_shown
+from layerswap.search.race import Race, race
 
 KIND = "search"
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import warnings
 from typing import Iterator
 
-from ..errors import UserError
-from .prior import Prior
-from .race import Race
-from .space import Space
+from layerswap.core.errors import UserError
+from layerswap.search.prior import Prior
+from layerswap.search.race import Race
+from layerswap.search.space import Space
 
 STRATEGIES = ("auto", "exhaustive", "tpe")
 

@@ -16,11 +16,11 @@ Where each part lives (each module imports only those above it):
     report    tables with standard errors, figures, CSV and HTML, from the records (imports plotly)
 """
 
-from .inmemory import SweepResult, SweepRow, evaluate_points
-from .log import ResultsLog, load_results, point_key
-from .points import ablation_suite, swap_grid
-from .run import SweepRun, run_sweep, sweep_results
-from .spec import ExpertSet, SweepPoint, SweepSpec, TestSet, load_spec, with_eval
+from layerswap.sweeps.inmemory import SweepResult, SweepRow, evaluate_points
+from layerswap.sweeps.log import ResultsLog, load_results, point_key
+from layerswap.sweeps.points import ablation_suite, swap_grid
+from layerswap.sweeps.run import SweepRun, run_sweep, sweep_results
+from layerswap.sweeps.spec import ExpertSet, SweepPoint, SweepSpec, TestSet, load_spec, with_eval
 
 __all__ = [
     "ExpertSet", "ResultsLog", "SweepPoint", "SweepResult", "SweepRow", "SweepRun", "SweepSpec", "TestSet",

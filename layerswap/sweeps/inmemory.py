@@ -11,11 +11,11 @@ import math
 import threading
 from dataclasses import dataclass, field
 
-from ..errors import UserError
-from ..evaluation import EvalConfig, EvalReport
-from ..roles import EXPERTS, ROLE_NAMES
-from ..runtime import Progress, no_progress
-from .spec import SweepPoint
+from layerswap.core.errors import UserError
+from layerswap.evaluation.run import EvalConfig, EvalReport
+from layerswap.core.roles import EXPERTS, ROLE_NAMES
+from layerswap.core.runtime import Progress, no_progress
+from layerswap.sweeps.spec import SweepPoint
 
 
 @dataclass

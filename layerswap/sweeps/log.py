@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from layerswap.core.errors import UserError
 
 FORMAT = 1
 

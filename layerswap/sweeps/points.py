@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..errors import UserError
-from ..methods import MethodConfig
-from ..plans import Plan, default_plan
-from ..recipes import Recipe
-from .spec import SweepPoint
+from layerswap.core.errors import UserError
+from layerswap.recipe.methods import MethodConfig
+from layerswap.recipe.plans import Plan, default_plan
+from layerswap.recipe.recipes import Recipe
+from layerswap.sweeps.spec import SweepPoint
 
 
 def swap_grid(num_layers: int, b: Iterable[int], u: Iterable[int], t: Iterable[int] = (0, 1),

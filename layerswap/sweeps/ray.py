@@ -17,12 +17,12 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from ..errors import UserError
-from ..runtime import Progress, no_progress
-from .log import ResultsLog
-from .records import layout, ordered, refusal_reason, refused_record
-from .run import SweepRun, execute, workbench_for
-from .spec import SweepSpec, load_spec
+from layerswap.core.errors import UserError
+from layerswap.core.runtime import Progress, no_progress
+from layerswap.sweeps.log import ResultsLog
+from layerswap.sweeps.records import layout, ordered, refusal_reason, refused_record
+from layerswap.sweeps.run import SweepRun, execute, workbench_for
+from layerswap.sweeps.spec import SweepSpec, load_spec
 
 
 class SweepWorker:

@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache import content_hash
-from ..evaluation import EvalReport
-from ..presets import portable_ref
-from ..roles import EXPERTS, ROLE_NAMES
-from .log import point_key
-from .spec import ExpertSet, SweepPoint, SweepSpec, TestSet, fit_points
+from layerswap.models.cache import content_hash
+from layerswap.evaluation.run import EvalReport
+from layerswap.models.presets import portable_ref
+from layerswap.core.roles import EXPERTS, ROLE_NAMES
+from layerswap.sweeps.log import point_key
+from layerswap.sweeps.spec import ExpertSet, SweepPoint, SweepSpec, TestSet, fit_points
 
 
 @dataclass
@@ -50,8 +50,8 @@ def experts_shown(cks: dict, identity: dict) -> dict:
 
 
 def open_set(s: ExpertSet) -> dict:
-    from ..adapters import open_expert
-    from ..checkpoints import Checkpoint
+    from layerswap.models.adapters import open_expert
+    from layerswap.models.checkpoints import Checkpoint
 
     cks = {"math": open_expert(s.math, s.base), "lang": open_expert(s.lang, s.base)}
     if s.base:
@@ -113,7 +113,7 @@ def evaluation_fields(report: EvalReport, model: str) -> dict:
 
 def refusal_reason(s: ExpertSet, cks: dict) -> str | None:
     """Why this expert set cannot be merged (`checkpoints.check_mergeable`, as `Workbench.load` checks), or None."""
-    from ..pairing import check_mergeable
+    from layerswap.models.pairing import check_mergeable
 
     return check_mergeable(cks["math"], cks["lang"], cks.get("base"), force=s.force).problem()
 
@@ -149,7 +149,7 @@ def ordered(plan: list, refusal: dict[str, str], rows: dict[str, dict]) -> list[
 def lm_eval_record(experts: dict, recipe: dict | None, name: str, settings: dict, metrics: dict,
                    force: bool = False, set_name: str = "") -> dict:
     """A results-file record (kind ``lm-eval``) of lm-evaluation-harness `metrics` ({task: {metric: value}},
-    `layerswap.lmeval`) for a merge (`recipe`) or a model (`recipe` None); `settings`: what changes the
+    `layerswap.sweeps.lmeval`) for a merge (`recipe`) or a model (`recipe` None); `settings`: what changes the
     numbers (`LmEvalConfig.settings`); `experts` as `experts_shown` gives them (only their fingerprints key it);
     `set_name`: the expert set it belongs to (`spec.set_name`)."""
     ident = {"experts": {r: {"fingerprint": e["fingerprint"]} for r, e in experts.items()}, "force": force,

@@ -4,7 +4,7 @@ sweeps; paired comparisons of two points; CSV and a self-contained HTML page. Ev
 results file (`layerswap.sweeps.log.load_results`, or `SweepRun.rows`).
 
 Each language's accuracy comes with its binomial standard error and its exact 95 % interval (Clopper-Pearson,
-`layerswap.stats`), which stays honest at 0/n and n/n. The average over languages gets the standard error of
+`layerswap.core.stats`), which stays honest at 0/n and n/n. The average over languages gets the standard error of
 the per-question mean when the record holds per-question results of equal length (MGSM's languages are
 translations of the same questions, so a model's outcomes are correlated across them), else
 ``sqrt(sum se_i^2) / k``. The max over languages is reported without one (it is a selection).
@@ -23,9 +23,9 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from ..errors import UserError
-from ..plots import LANG_COLOR, MATH_COLOR
-from ..stats import clopper_pearson, mcnemar, paired_difference, paired_mean_se
+from layerswap.core.errors import UserError
+from layerswap.analysis.plots import LANG_COLOR, MATH_COLOR
+from layerswap.core.stats import clopper_pearson, mcnemar, paired_difference, paired_mean_se
 
 EXPERT_COLORS = {"math": MATH_COLOR, "lang": LANG_COLOR}
 MERGE_COLOR = "#7570b3"
@@ -82,7 +82,7 @@ def _join_key(r: dict) -> str:
 
 def results_table(rows: Sequence[dict], metric: str = "flexible") -> list[dict]:
     """One row per evaluated point: set, recipe, test set, then per language accuracy and ±, average ±, max, n;
-    lm-eval records (`layerswap.lmeval`) add their metrics to the row of the same experts and recipe (or a row
+    lm-eval records (`layerswap.sweeps.lmeval`) add their metrics to the row of the same experts and recipe (or a row
     of their own)."""
     if metric not in ("flexible", "strict"):
         raise UserError(f"metric is flexible or strict, not {metric!r}.")

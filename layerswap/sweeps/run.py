@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..errors import UserError
-from ..roles import EXPERTS, ROLE_NAMES
-from ..runtime import Progress, no_progress
-from .log import ResultsLog, load_results
-from .records import NOT_RUN, Unit, evaluation_fields, layout, ordered, record, refusal_reason, refused_record
-from .spec import ExpertSet, SweepSpec, load_spec
+from layerswap.core.errors import UserError
+from layerswap.core.roles import EXPERTS, ROLE_NAMES
+from layerswap.core.runtime import Progress, no_progress
+from layerswap.sweeps.log import ResultsLog, load_results
+from layerswap.sweeps.records import (NOT_RUN, Unit, evaluation_fields, layout, ordered, record, refusal_reason,
+                                      refused_record)
+from layerswap.sweeps.spec import ExpertSet, SweepSpec, load_spec
 
 
 @dataclass
@@ -46,8 +47,8 @@ class SweepRun:
 
 def workbench_for(spec: SweepSpec):
     """The workbench of the sweep's ``engine:`` settings (`Workbench.from_settings`)."""
-    from ..engines import EngineSettings
-    from ..workbench import Workbench
+    from layerswap.engines import EngineSettings
+    from layerswap.serving.workbench import Workbench
 
     return Workbench.from_settings(EngineSettings.from_dict(spec.engine))
 

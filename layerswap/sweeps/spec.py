@@ -2,7 +2,7 @@
 
     name: transition zone
     experts: {math: ../demo/math, lang: ../demo/lang, base: ../demo/base}   # or expert_sets: [{name, ...}]
-    recipes:                                                # a list of named recipes (layerswap.recipes)
+    recipes:                                                # a list of named recipes (layerswap.recipe.recipes)
       - {name: none, plan: {b: 2, u: 1, tb: 0, tu: 0}}
       - {name: soup, method: {name: soup, weight: 0.5}}
     grid:                                                   # and/or grids (one mapping or a list of them)
@@ -29,14 +29,14 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ..engines import EngineSettings
-from ..errors import UserError
-from ..evaluation import EvalConfig
-from ..fields import PLAN_FILE_KEYS
-from ..hub import looks_like_hub_id
-from ..methods import METHODS
-from ..presets import ASSETS_PREFIX, assets_dir, portable_ref
-from ..recipes import Recipe, read_data_file, refuse_unknown
+from layerswap.engines import EngineSettings
+from layerswap.core.errors import UserError
+from layerswap.evaluation.run import EvalConfig
+from layerswap.recipe.fields import PLAN_FILE_KEYS
+from layerswap.models.hub import looks_like_hub_id
+from layerswap.recipe.methods import METHODS
+from layerswap.models.presets import ASSETS_PREFIX, assets_dir, portable_ref
+from layerswap.recipe.recipes import Recipe, read_data_file, refuse_unknown
 
 TOP_KEYS = ("name", "experts", "expert_sets", "recipes", "grid", "test_sets", "langs", "eval", "engine",
             "include_experts", "stats", "build")

@@ -4,7 +4,7 @@ Every part only calls the library through the shared `Context` (`ui.context`): e
 visitor's own plan controls, and identity comes from the server's session (`ui.events`). Models are shared between
 visitors who use the same trio and run one job at a time (`session.Shared`). The page is served at once; the
 default models load behind a visible status, and the current plan is built whenever a tab needs it. In hosted
-mode (`layerswap.hosting`) visitors name models by Hub id or preset only, exports go to the visitor's own folder,
+mode (`layerswap.serving.hosting`) visitors name models by Hub id or preset only, exports go to the visitor's own folder,
 and no server path is shown.
 """
 
@@ -14,10 +14,10 @@ import os
 
 import gradio as gr
 
-from ..demo import card_markdown
-from .context import AppDefaults, Context, Page
-from .session import Shared
-from .tabs import analysis, build, evaluate, models, sweeps
+from layerswap.shipped.demo import card_markdown
+from layerswap.ui.context import AppDefaults, Context, Page
+from layerswap.ui.session import Shared
+from layerswap.ui.tabs import analysis, build, evaluate, models, sweeps
 
 __all__ = ["AppDefaults", "Context", "create_app"]
 

@@ -13,24 +13,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import mgsm
-from ..engines import EngineSettings
-from ..errors import UserError
-from ..hosting import Policy, fetch_models, prune_hub_cache
-from ..hub import hub_id_of
-from ..markup import code
-from ..organisms import describe, opening_plan, showcase, test_set
-from ..plans import Plan
-from ..presets import Preset, portable_ref, presets
-from ..recipes import Recipe
-from ..workbench import Workbench
-from ..fields import LINK_KEYS
-from .controls import plan_md, recipe, strip_figure
-from .events import Job, event, page_words
-from .lane import Lane
-from .files import neutral_root
-from .session import Shared
-from .visitors import MAX_VISITORS
+from layerswap.evaluation import mgsm
+from layerswap.engines import EngineSettings
+from layerswap.core.errors import UserError
+from layerswap.serving.hosting import Policy, fetch_models, prune_hub_cache
+from layerswap.models.hub import hub_id_of
+from layerswap.core.markup import code
+from layerswap.shipped.organisms import describe, opening_plan, showcase, test_set
+from layerswap.recipe.plans import Plan
+from layerswap.models.presets import Preset, portable_ref, presets
+from layerswap.recipe.recipes import Recipe
+from layerswap.serving.workbench import Workbench
+from layerswap.recipe.fields import LINK_KEYS
+from layerswap.ui.controls import plan_md, recipe, strip_figure
+from layerswap.ui.events import Job, event, page_words
+from layerswap.ui.lane import Lane
+from layerswap.ui.files import neutral_root
+from layerswap.ui.session import Shared
+from layerswap.ui.visitors import MAX_VISITORS
 
 
 @dataclass
@@ -134,7 +134,7 @@ class Context:
     def _opening_plan(self) -> Plan:
         """The sliders' first values (`organisms.opening_plan`); a Hub model is not downloaded for them (the page is
         served first)."""
-        from ..checkpoints import Checkpoint
+        from layerswap.models.checkpoints import Checkpoint
 
         try:
             return opening_plan(self.key, Checkpoint.open(self.d.math).num_layers).plan \
@@ -182,8 +182,8 @@ class Context:
                 md += (" Until they have started (about a minute the first time), transformers answers: **Engine now** "
                        "below says which engines answer.")
         if wb.engine_plan is not None and {"math", "lang"} <= set(wb.checkpoints):
-            from ..engines.planning import hardware_table, table_markdown
-            from ..hardware import FLAVOURS
+            from layerswap.engines.planning import hardware_table, table_markdown
+            from layerswap.core.hardware import FLAVOURS
 
             rows = hardware_table(wb.checkpoints, list(FLAVOURS), engine=wb.engine_choice, settings=wb.vllm_settings)
             md += ("\n\n<details><summary>What would serve these models (Hugging Face Spaces hardware)</summary>\n\n"
@@ -280,9 +280,9 @@ class Context:
 
 def _local_kind(ref: str) -> str | None:
     """The PEFT kind of a local (or shipped) adapter folder, from its adapter_config.json; None for anything else."""
-    from ..adapters import read_adapter
-    from ..checkpoints import is_adapter
-    from ..presets import ASSETS_PREFIX, assets_path
+    from layerswap.models.adapters import read_adapter
+    from layerswap.models.checkpoints import is_adapter
+    from layerswap.models.presets import ASSETS_PREFIX, assets_path
 
     try:
         path = assets_path(ref) if ref.startswith(ASSETS_PREFIX) else Path(ref).expanduser()

@@ -1,7 +1,7 @@
 """The plan controls: their values as a recipe, as a shareable query string, and back.
 
 The page sends the same plan values with every event, in the order of the recipe-field table's share-link
-keys (`layerswap.fields.LINK_KEYS`), so each visitor's events use that visitor's plan. `plan_inputs` puts
+keys (`layerswap.recipe.fields.LINK_KEYS`), so each visitor's events use that visitor's plan. `plan_inputs` puts
 the page's controls in that order; `query_string` writes their values (with the models and tab) for a
 link; `restore` reads such a link back into control updates, each value read and bounded by its field.
 """
@@ -12,12 +12,12 @@ from urllib.parse import urlencode
 
 import gradio as gr
 
-from ..errors import UserError
-from ..fields import FIELDS, LINK_KEYS
-from ..plans import Plan, format_layers
-from ..plots import layer_strip
-from ..recipes import Recipe
-from ..sources import Sources
+from layerswap.core.errors import UserError
+from layerswap.recipe.fields import FIELDS, LINK_KEYS
+from layerswap.recipe.plans import Plan, format_layers
+from layerswap.analysis.plots import layer_strip
+from layerswap.recipe.recipes import Recipe
+from layerswap.recipe.sources import Sources
 
 TABS = ("build", "analysis", "evaluate", "sweeps")
 _BY_KEY = {f.key: f for f in FIELDS}

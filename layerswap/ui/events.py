@@ -23,12 +23,12 @@ from typing import Callable
 
 import gradio as gr
 
-from ..errors import UserError
-from ..hosting import Policy
-from ..markup import html_text
-from ..runtime import Progress
-from .lane import Lane, time_limit, timed_out
-from .session import Visitor
+from layerswap.core.errors import UserError
+from layerswap.serving.hosting import Policy
+from layerswap.core.markup import html_text
+from layerswap.core.runtime import Progress
+from layerswap.ui.lane import Lane, time_limit, timed_out
+from layerswap.ui.session import Visitor
 
 STOPPED = "Stopped. Nothing was changed; the models stay loaded."
 # the library's messages name the CLI's flags; the page says its own controls instead (`page_words`)

@@ -16,9 +16,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import scratch
-from ..errors import UserError
-from ..hosting import Limits
+from layerswap.core import scratch
+from layerswap.core.errors import UserError
+from layerswap.serving.hosting import Limits
 
 _GB = 1e9
 

@@ -20,8 +20,8 @@ from typing import Callable
 
 import gradio as gr
 
-from ..errors import UserError
-from ..hosting import DEFAULT_JOB_SECONDS, JOB_SECONDS
+from layerswap.core.errors import UserError
+from layerswap.serving.hosting import DEFAULT_JOB_SECONDS, JOB_SECONDS
 
 BUSY = "You already have a job running: Stop it or wait for it to finish, then try again."
 GRACE = 10.0  # seconds an admitted event may take to appear in Gradio's queue

@@ -7,8 +7,8 @@ import os
 import signal
 import sys
 
-from ..engines import ENGINE_CHOICES, SERVING_CHOICES
-from ..hosting import Limits
+from layerswap.engines import ENGINE_CHOICES, SERVING_CHOICES
+from layerswap.serving.hosting import Limits
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,17 +43,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve the page at once on the given models (or the shipped demo organism); they load behind it."""
-    from ..demo import demo_refs
-    from ..hosting import Policy, forbid_implicit_token, gpu_mode
-    from .app import AppDefaults, create_app
-    from .lane import queue_size
+    from layerswap.shipped.demo import demo_refs
+    from layerswap.serving.hosting import Policy, forbid_implicit_token, gpu_mode
+    from layerswap.ui.app import AppDefaults, create_app
+    from layerswap.ui.lane import queue_size
 
-    from ..scratch import clean_stale
+    from layerswap.core.scratch import clean_stale
 
-    from .files import files_base
+    from layerswap.ui.files import files_base
 
-    from ..engines.vllm_engine import fix_start_method
-    from ..hardware import startup_report
+    from layerswap.engines.vllm_engine import fix_start_method
+    from layerswap.core.hardware import startup_report
 
     fix_start_method()  # before anything can touch CUDA: engines are spawned, whatever ran first
 
@@ -98,13 +98,13 @@ def run(args: argparse.Namespace) -> int:
 def zero_gpu_refusal(math: str, lang: str) -> str:
     """Why the app answers nothing on ZeroGPU, and which Spaces hardware serves these models instead (the engine
     plan over the Hub's flavours, from the headers of local or shipped models; the literature's 8B trio otherwise)."""
-    from ..engines.planning import zero_gpu_problem, would_serve_text
-    from ..hub import hub_id_of
+    from layerswap.engines.planning import zero_gpu_problem, would_serve_text
+    from layerswap.models.hub import hub_id_of
 
     pick = ("`a100-large` (three vLLM engines) or `l40sx1` (two) for 8B experts; `layerswap inspect --math M --lang L "
             "--hardware all` says which serves yours")
     if not (hub_id_of(math) or hub_id_of(lang)):
-        from ..checkpoints import Checkpoint
+        from layerswap.models.checkpoints import Checkpoint
 
         try:
             pick = would_serve_text({"math": Checkpoint.open(math), "lang": Checkpoint.open(lang)})

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import scratch
-from ..engines import releasing
-from ..errors import UserError
-from ..recipes import Recipe
-from ..runtime import Progress, background_priority, no_progress
-from ..workbench import Workbench
-from .visitors import MAX_VISITORS, Key, Visitor, Visitors
+from layerswap.core import scratch
+from layerswap.serving.answering import releasing
+from layerswap.core.errors import UserError
+from layerswap.recipe.recipes import Recipe
+from layerswap.core.runtime import Progress, background_priority, no_progress
+from layerswap.serving.workbench import Workbench
+from layerswap.ui.visitors import MAX_VISITORS, Key, Visitor, Visitors
 
 
 @dataclass

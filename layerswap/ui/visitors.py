@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import UserError
-from ..hosting import Limits
+from layerswap.core.errors import UserError
+from layerswap.serving.hosting import Limits
 
 Key = tuple[str, str, str]  # base, math, lang references
 MAX_VISITORS = Limits.visitors  # sessions remembered at once (`hosting.Limits`: the hosted numbers, in one table)

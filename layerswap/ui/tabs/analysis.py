@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ...analysis import PANELS, format_row, write_csv
-from ...errors import UserError
-from ...plots import analysis_heatmaps, layer_profile
-from ..context import Context, Page
-from ..controls import recipe
-from ..events import Job
-from . import lens
+from layerswap.analysis import PANELS, format_row, write_csv
+from layerswap.core.errors import UserError
+from layerswap.analysis.plots import analysis_heatmaps, layer_profile
+from layerswap.ui.context import Context, Page
+from layerswap.ui.controls import recipe
+from layerswap.ui.events import Job
+from layerswap.ui.tabs import lens
 
 K_CHOICES = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0]
 DEFAULT_PANELS = ["math", "lang", "overlap", "merged"]

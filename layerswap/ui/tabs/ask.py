@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ... import mgsm
-from ...errors import UserError
-from ...markup import block, code, text
-from ...workbench import ROLE_NAMES, Answer
-from ..context import Context, Page
-from ..controls import plan_md
-from ..events import Job
+from layerswap.evaluation import mgsm
+from layerswap.core.errors import UserError
+from layerswap.core.markup import block, code, text
+from layerswap.serving.workbench import ROLE_NAMES, Answer
+from layerswap.ui.context import Context, Page
+from layerswap.ui.controls import plan_md
+from layerswap.ui.events import Job
 
 ROLES = ("math", "lang", "merged")
 

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import gradio as gr
 
-from ...card import attach_eval
-from ...errors import UserError
-from ...interop import mergekit_yaml
-from ...methods import METHODS
-from ...plans import KINDS, MODULES, NON_LAYER_OPTIONS
-from ..context import Context, Page
-from ..controls import plan_inputs, query_string, recipe
-from ..events import Job
-from ..files import Budget
-from ..session import same_recipe
-from . import ask, push, search
+from layerswap.merge.card import attach_eval
+from layerswap.core.errors import UserError
+from layerswap.merge.interop import mergekit_yaml
+from layerswap.recipe.methods import METHODS
+from layerswap.recipe.plans import KINDS, MODULES, NON_LAYER_OPTIONS
+from layerswap.ui.context import Context, Page
+from layerswap.ui.controls import plan_inputs, query_string, recipe
+from layerswap.ui.events import Job
+from layerswap.ui.files import Budget
+from layerswap.ui.session import same_recipe
+from layerswap.ui.tabs import ask, push, search
 
 MAX_SLIDER = 64
 EXPORT_NAME = "layerswap-merge"

@@ -11,20 +11,20 @@ import time
 
 import gradio as gr
 
-from ... import mgsm
-from ...errors import UserError, whole_number
-from ...markup import block, code, text
-from ...plots import eval_bars
-from ...roles import ANSWERING, ROLE_NAMES
-from ..context import Context, Page
-from ..events import Job
-from .models import stop
+from layerswap.evaluation import mgsm
+from layerswap.core.errors import UserError, whole_number
+from layerswap.core.markup import block, code, text
+from layerswap.analysis.plots import eval_bars
+from layerswap.core.roles import ANSWERING, ROLE_NAMES
+from layerswap.ui.context import Context, Page
+from layerswap.ui.events import Job
+from layerswap.ui.tabs.models import stop
 
 EVAL_ROLES = [(ROLE_NAMES[r], r) for r in ANSWERING]
 
 
 def evaluate(ctx: Context, job: Job, langs, roles, limit, shots, mode, max_new, *plan_values):
-    from ...evaluation import EvalConfig
+    from layerswap.evaluation.run import EvalConfig
 
     v = job.visitor
     order = [r for _, r in EVAL_ROLES if r in (roles or [])]

@@ -1,6 +1,6 @@
 """The lens panel of the analysis tab: what each layer of each model does with one question.
 
-It only calls `layerswap.lens` (`lens_workbench`, `lens_curves`, `lens_grid`): the logit lens (top tokens and the
+It only calls `layerswap.analysis.lens` (`lens_workbench`, `lens_curves`, `lens_grid`): the logit lens (top tokens and the
 probability on target-language, English and digit tokens by layer) and the alignment of the question's states with
 its English twin, for math expert, language expert, the visitor's merged plan and the base. The layer axis is the
 heatmaps' and the plan's swapped layers are outlined. The class rule is shown with the figures. Stop ends the run
@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ...errors import whole_number
-from ...markup import code, text
-from ..context import Context, Page
-from ..controls import recipe
-from ..events import Job
+from layerswap.core.errors import whole_number
+from layerswap.core.markup import code, text
+from layerswap.ui.context import Context, Page
+from layerswap.ui.controls import recipe
+from layerswap.ui.events import Job
 
 
 def run(ctx: Context, job: Job, lang: str, index, question: str, twin: str, batch, answer_tokens, *plan_values):
-    from ...lens import LensConfig, lens_curves, lens_grid, lens_workbench
+    from layerswap.analysis.lens import LensConfig, lens_curves, lens_grid, lens_workbench
 
     question = ctx.policy.check_text(str(question or ""), "question").strip()
     twin = ctx.policy.check_text(str(twin or ""), "English twin").strip()

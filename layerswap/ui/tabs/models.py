@@ -16,14 +16,14 @@ import time
 
 import gradio as gr
 
-from ...errors import UserError
-from ...fields import FIELDS
-from ...markup import text
-from ...organisms import opening_plan, preset_of
-from ..context import Context, Page
-from ..controls import TABS, plan_values, query_string, recipe, restore
-from ..events import Job, page_models
-from ..session import same_recipe
+from layerswap.core.errors import UserError
+from layerswap.recipe.fields import FIELDS
+from layerswap.core.markup import text
+from layerswap.shipped.organisms import opening_plan, preset_of
+from layerswap.ui.context import Context, Page
+from layerswap.ui.controls import TABS, plan_values, query_string, recipe, restore
+from layerswap.ui.events import Job, page_models
+from layerswap.ui.session import same_recipe
 
 
 def pick_preset(ctx: Context, job: Job, name: str):

@@ -1,6 +1,6 @@
 """The Push to Hub section of the Build tab: keep a merge by uploading the visitor's export to the visitor's repo.
 
-It only calls `layerswap.publish.push`. The token is always the visitor's own: on a Space, the page's Hugging
+It only calls `layerswap.merge.publish.push`. The token is always the visitor's own: on a Space, the page's Hugging
 Face login (`gr.LoginButton`, OAuth); on another hosted server, a token field the visitor fills (empty is
 refused); locally, the token field or, empty, this machine's login (the user's own). The server's token is
 never used for a visitor (off Spaces, Gradio's login button would stand in the server's own login, so it is
@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ...errors import UserError
-from ...hosting import on_space
-from ...publish import LOGIN_FIRST
-from ..context import Context, Page
-from ..events import Job
+from layerswap.core.errors import UserError
+from layerswap.serving.hosting import on_space
+from layerswap.merge.publish import LOGIN_FIRST
+from layerswap.ui.context import Context, Page
+from layerswap.ui.events import Job
 
 
 def push(ctx: Context, job: Job, repo_id: str, private: bool, token_text: str = "",
          oauth_token: gr.OAuthToken | None = None) -> str:
-    from ...publish import push as push_folder
+    from layerswap.merge.publish import push as push_folder
 
     v = job.visitor
     if not v.last_export:

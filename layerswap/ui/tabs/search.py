@@ -16,12 +16,12 @@ from dataclasses import replace
 
 import gradio as gr
 
-from ...errors import UserError, whole_number
-from ...fields import FIELDS
-from ..context import Context, Page
-from ..controls import plan_values
-from ..events import Job
-from .models import stop
+from layerswap.core.errors import UserError, whole_number
+from layerswap.recipe.fields import FIELDS
+from layerswap.ui.context import Context, Page
+from layerswap.ui.controls import plan_values
+from layerswap.ui.events import Job
+from layerswap.ui.tabs.models import stop
 
 INTRO = ("### Find a plan\nTries plans against MGSM questions: each candidate is merged in memory and answers a few "
          "dev questions, and only those not clearly behind the best so far get more. The plan found is scored on "
@@ -31,7 +31,7 @@ INTRO = ("### Find a plan\nTries plans against MGSM questions: each candidate is
 
 
 def find_plan(ctx: Context, job: Job, langs, budget, seed, dev, test=0):
-    from ...search import SearchConfig, default_results, for_models, search
+    from layerswap.search import SearchConfig, default_results, for_models, search
 
     v = job.visitor
     langs = list(langs or [])

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import gradio as gr
 
-from ...errors import UserError, whole_number
-from ...presets import assets_dir
-from ..context import Context, Page
-from ..events import Job
-from .models import stop
+from layerswap.core.errors import UserError, whole_number
+from layerswap.models.presets import assets_dir
+from layerswap.ui.context import Context, Page
+from layerswap.ui.events import Job
+from layerswap.ui.tabs.models import stop
 
 
 def shipped_sweeps() -> dict[str, Path]:
@@ -28,7 +28,7 @@ def shipped_sweeps() -> dict[str, Path]:
 
 def _spec(ctx: Context, job: Job, name: str, custom: str, results: str, limit):
     """The sweep file (with the question limit), and the results file: the visitor's own unless a local path."""
-    from ...sweeps import load_spec, with_eval
+    from layerswap.sweeps import load_spec, with_eval
 
     custom = str(custom or "").strip()
     if custom:
@@ -51,8 +51,8 @@ def _spec(ctx: Context, job: Job, name: str, custom: str, results: str, limit):
 
 
 def run_sweep(ctx: Context, job: Job, name, custom, results, limit):
-    from ...outputs import check_output_file, input_paths
-    from ...sweeps import run_sweep as run
+    from layerswap.merge.outputs import check_output_file, input_paths
+    from layerswap.sweeps import run_sweep as run
 
     spec, out = _spec(ctx, job, name, custom, results, limit)
     ctx.policy.check_sweep(len(spec.points), spec.eval.get("limit"))
@@ -65,7 +65,7 @@ def run_sweep(ctx: Context, job: Job, name, custom, results, limit):
 
 def show_sweep(ctx: Context, job: Job, name, custom, results, limit):
     """The results file as it is now (a running sweep's or an earlier run's), without running anything."""
-    from ...sweeps import sweep_results
+    from layerswap.sweeps import sweep_results
 
     spec, out = _spec(ctx, job, name, custom, results, limit)
     return _view(sweep_results(spec, out) if out.exists() else [], spec.name, out, None, 0)
@@ -74,7 +74,7 @@ def show_sweep(ctx: Context, job: Job, name, custom, results, limit):
 def _view(rows, title: str, out: Path, cancelled, ran: int):
     import pandas as pd
 
-    from ...sweeps.report import results_table, sweep_figures, write_csv, write_html
+    from layerswap.sweeps.report import results_table, sweep_figures, write_csv, write_html
 
     table = results_table(rows)
     state = "stopped (Run again resumes)" if cancelled else "finished" if cancelled is not None else "so far"

@@ -453,8 +453,8 @@ def test_the_worst_accepted_patterns_match_in_milliseconds():
     assert pattern_routes(SAFE[-1]) == 2 and pattern_routes(SAFE[0]) == 1
     for worst in (".*" + "(a|aa)" * 6, ".*" + "(.|..)" * 6 + "b", ".*(" + "|".join(["."] * 64) + ")c"):
         assert pattern_routes(check_pattern(worst, "target_modules")) == 64
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for i in range(100):
             name = "a" * (59 - i % 3) + "b"
             re.fullmatch(worst, name + "x"), re.match(rf"(.*\.)?({worst})$", name + "x")
-        assert time.perf_counter() - t0 < 0.5
+        assert time.process_time() - t0 < 0.5

@@ -24,8 +24,9 @@ from layerswap.engines.choice import (ENGINE_CHOICES, ENGINE_FLAGS, EngineChoice
                                      open_engine, resolve_engine_choice)
 
 __all__ = [
-    "EnginePlan", "Releasing", "check_memory", "plan_engines",
-    "ENGINE_CHOICES", "ENGINE_FLAGS", "EngineChoice", "choose_engines", "SERVING_CHOICES", "VLLM_INSTALL_HINT", "Engine", "EngineSettings", "EngineStartError", "OnBatch",
+    "EngineChoice", "EnginePlan", "Releasing", "check_memory", "choose_engines", "plan_engines",
+    "ENGINE_CHOICES", "ENGINE_FLAGS", "SERVING_CHOICES", "VLLM_INSTALL_HINT", "Engine", "EngineSettings",
+    "EngineStartError", "OnBatch",
     "LoRAEngine", "SwappedEngine", "TensorWeights", "TokenizingEngine", "TransformersEngine", "VLLMEngine", "VLLMSettings",
     "chat_template_choice", "load_model", "load_tokenizer", "model_from_state_dict", "open_engine",
     "preflight", "resolve_engine_choice", "truncate_at_stop", "vllm_device", "vllm_lora_rank", "vllm_status",

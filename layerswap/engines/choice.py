@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 
 from layerswap.core.errors import UserError
 from layerswap.core.hardware import Hardware, current
@@ -147,7 +147,10 @@ def choose_engines(settings: EngineSettings, models: dict[str, Checkpoint], *, v
         return EngineChoice(plan.engine, plan.device, plan.analysis_device, plan.why or plan.problem, plan)
     why = "chosen"
     if choice != "transformers":
-        ok, why, vdev = vllm_availability(models, hardware or current())
+        hw = hardware or current()
+        if hardware is None and hw.played:  # played hardware plans trios; one model starts here, on this vLLM
+            hw = replace(hw, vllm=None)
+        ok, why, vdev = vllm_availability(models, hw)
         if ok:
             return EngineChoice("vllm", vdev, vdev, why)
         if choice == "vllm":
@@ -169,7 +172,8 @@ def open_engine(path: str | os.PathLike, *, engine: str | None = "auto", device:
     why = c.why
     if c.engine == "vllm":
         try:
-            return VLLMEngine.acquire(ck.path, settings, use_chat_template=use_chat_template), f"answered by vLLM ({why})"
+            eng = VLLMEngine.acquire(ck.path, settings, use_chat_template=use_chat_template)
+            return eng, f"answered by vLLM ({why})"
         except EngineStartError as e:
             if resolve_engine_choice(engine) == "vllm":
                 raise

@@ -23,6 +23,7 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from layerswap.core.errors import UserError
+from layerswap.engines import EngineSettings
 from layerswap.serving.hosting import Limits, Policy
 from tests.helpers import APPS, JsonHandler, free_port, launch_app, serve
 
@@ -149,8 +150,8 @@ def served(tmp_path_factory):
     refs, label, summary, plan = demo_refs()
     policy = Policy(hosted=True, limits=Limits(eval_questions=400))
     demo, app = create_app(AppDefaults(math=refs["math"], lang=refs["lang"], base=refs["base"], label=label,
-                                       plan=plan, mgsm_dir=str(demo_mgsm_dir()), device="cpu",
-                                       engine="transformers", policy=policy))
+                                       plan=plan, mgsm_dir=str(demo_mgsm_dir()),
+                                       engine=EngineSettings(engine="transformers", device="cpu"), policy=policy))
     port = free_port()
     demo.queue(default_concurrency_limit=1).launch(server_port=port, prevent_thread_lock=True, quiet=True, show_error=True)
     app.start_loading()

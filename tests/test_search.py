@@ -435,7 +435,8 @@ def test_cli_json_is_stdout_and_the_pages_find_a_plan_reads_the_clis_records(tmp
     assert (cache / "search" / "results.jsonl").is_file()
     monkeypatch.setenv("LAYERSWAP_CACHE", str(cache))
     monkeypatch.setenv("LAYERSWAP_ENGINE", "transformers")
-    ctx = Context(AppDefaults(math=DEMO2[0], lang=DEMO2[1], base=DEMO2[2], engine="transformers"))
+    ctx = Context(AppDefaults(math=DEMO2[0], lang=DEMO2[1], base=DEMO2[2],
+                                  engine=EngineSettings(engine="transformers", device="cpu")))
     v = Visitor(refs=REFS2)
     ctx.start_loading()  # as the served page does
     try:

@@ -7,7 +7,7 @@ For a shipped pair it also says the plan the pair opens on (`organisms.opening_p
 
 from __future__ import annotations
 
-from layerswap.engines import ENGINE_CHOICES, SERVING_CHOICES
+from layerswap.engines import EngineSettings
 from layerswap.cli.options import models, open_trio, pairing_options
 
 
@@ -22,11 +22,8 @@ def add_parser(sub) -> None:
                         "every flavour and this machine")
     s.add_argument("--json", action="store_true", help="with --hardware: one JSON object per hardware, as a list")
     g = s.add_argument_group("engine plan (with --hardware)")
-    g.add_argument("--engine", choices=ENGINE_CHOICES, default="auto", help="auto (default), vllm or transformers")
-    g.add_argument("--serving", choices=SERVING_CHOICES, default="auto", help="a vLLM arrangement to force (auto: "
-                   "the first of three, two, one that fits)")
-    g.add_argument("--max-model-len", type=int, help="vLLM context length (default: model's, at most 4096)")
-    g.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N", help="GPUs per vLLM engine")
+    EngineSettings.add_arguments(g, only=("engine", "serving", "max_model_len", "tensor_parallel_size"),
+                                 defaults={"engine": "auto"}, env=False)  # what would serve there, whatever is set here
     s.set_defaults(fn=run)
 
 
@@ -52,7 +49,7 @@ def run(args) -> int:
 def hardware(args) -> int:
     import json
 
-    from layerswap.engines import VLLMSettings
+    from layerswap.engines import resolve_engine_choice
     from layerswap.engines.planning import hardware_table, table_markdown
     from layerswap.core.hardware import FLAVOURS
     from layerswap.cli.options import open_checkpoint
@@ -61,7 +58,7 @@ def hardware(args) -> int:
     if names == ["all"]:
         names = [*FLAVOURS, "this"]
     cks = {"math": open_checkpoint(args.math), "lang": open_checkpoint(args.lang)}
-    settings = VLLMSettings(max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size)
-    rows = hardware_table(cks, names, engine=args.engine, serving=args.serving, settings=settings)
+    s = EngineSettings.from_args(args)
+    rows = hardware_table(cks, names, engine=resolve_engine_choice(s.engine), serving=s.serving, settings=s.vllm())
     print(json.dumps(rows, indent=1) if args.json else table_markdown(rows))
     return 0

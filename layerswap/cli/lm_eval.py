@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from layerswap.core.errors import UserError
+from layerswap.engines.choice import EngineSettings
 from layerswap.recipe.recipes import Recipe
-from layerswap.cli.options import DEVICE_HELP, models, open_checkpoint, open_trio, print_recipe
+from layerswap.cli.options import models, open_checkpoint, open_trio, print_recipe
+
+BACKEND_ENGINES = {"hf": "transformers", "vllm": "vllm"}  # --backend, lm-eval's words for --engine
 
 
 def add_parser(sub) -> None:
@@ -18,8 +21,10 @@ def add_parser(sub) -> None:
     s.add_argument("--limit", type=int, help="documents per task (default: all)")
     s.add_argument("--num-fewshot", type=int, help="few-shot examples (default: the task's)")
     s.add_argument("--batch-size", type=int, default=8)
-    s.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="lm-eval's model backend (default hf)")
-    s.add_argument("--device", default="auto", help=DEVICE_HELP)
+    # the engine flags of every command; lm-eval's hf backend (transformers) unless --engine or $LAYERSWAP_ENGINE
+    EngineSettings.add_arguments(s, only=("engine", "device"), defaults={"engine": "transformers"})
+    s.add_argument("--backend", choices=tuple(BACKEND_ENGINES), help="lm-eval's name for --engine: hf (transformers) "
+                   "or vllm")
     models(s, optional="with a recipe file: ")
     s.add_argument("--force", action="store_true", help="recipe: merge experts that seem not to share the base")
     s.add_argument("--keep", metavar="DIR", help="recipe: keep the exported merge in DIR (default: a temporary folder)")
@@ -30,21 +35,25 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from layerswap.sweeps.lmeval import LmEvalConfig, evaluate_model, evaluate_recipe
+    from dataclasses import replace
+
+    from layerswap.sweeps.lmeval import LmEvalConfig, backend_for, evaluate_model, evaluate_recipe
     from layerswap.models.presets import portable_ref
     from layerswap.sweeps.records import experts_identity, experts_shown, lm_eval_record
     from layerswap.sweeps.spec import set_name
-    from layerswap.core.runtime import resolve_device
 
     cfg = LmEvalConfig(tasks=[t.strip() for t in args.tasks.split(",") if t.strip()], include_path=args.include_path,
-                       limit=args.limit, num_fewshot=args.num_fewshot, batch_size=args.batch_size,
-                       backend=args.backend, device=resolve_device(args.device, ("cpu", "cuda")))
+                       limit=args.limit, num_fewshot=args.num_fewshot, batch_size=args.batch_size)
     cfg.validate()
+    settings = EngineSettings.from_args(args)
+    if args.backend:
+        settings = replace(settings, engine=BACKEND_ENGINES[args.backend])
     target = Path(args.target)
     if target.suffix.lower() in (".yaml", ".yml", ".json") and target.is_file():
         if not (args.math and args.lang):
             raise UserError(f"{args.target} is a recipe: give --math and --lang (and --base) to merge it first.")
         math, lang, base = open_trio(args)
+        cfg.backend, cfg.device = backend_for(math, settings)
         recipe = Recipe.load(target)
         recipe.validate(math.num_layers)
         print_recipe(recipe, math.num_layers)
@@ -55,8 +64,9 @@ def run(args) -> int:
     else:
         if args.math or args.lang:
             raise UserError(f"{args.target} is a model; --math/--lang are for a recipe file.")
-        metrics = evaluate_model(args.target, cfg)
         cks = {"model": open_checkpoint(args.target)}
+        cfg.backend, cfg.device = backend_for(cks["model"], settings)
+        metrics = evaluate_model(args.target, cfg)
         rec = lm_eval_record(experts_shown(cks, experts_identity(cks)), None, args.name or target.name,
                              cfg.settings(), metrics, set_name=portable_ref(args.target))
     for task, ms in metrics.items():

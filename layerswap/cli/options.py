@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 from layerswap.models.pairing import BASE_DISTANCE_THRESHOLD
-from layerswap.engines import ENGINE_CHOICES, SERVING_CHOICES, EngineSettings
+from layerswap.engines import EngineSettings
 from layerswap.core.errors import UserError
 from layerswap.recipe.fields import FIELDS
 from layerswap.recipe.plans import parse_layers
@@ -129,18 +129,8 @@ MGSM_DIR_HELP = ("folder of mgsm_XX.tsv files, or a shipped set (assets:demo/mgs
 
 
 def engine_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument("--engine", choices=ENGINE_CHOICES, default=None,
-                   help="auto (default; $LAYERSWAP_ENGINE): vLLM when installed, else transformers")
-    g.add_argument("--serving", choices=SERVING_CHOICES, default="auto",
-                   help="with --math/--lang on vLLM: three engines, two (the language expert and the merge "
-                        "swapped on one), or one engine with weights swapped per model (auto: the first that fits)")
-    g.add_argument("--max-model-len", type=int, help="vLLM context length (default: model's, at most 4096)")
-    g.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
-                   help="vLLM on GPUs: split each engine over N GPUs, for experts that do not fit on one (default 1)")
-    g.add_argument("--device", default="auto", help=f"transformers engine and merges: {DEVICE_HELP}")
-    g.add_argument("--chat-template", action="store_true",
-                   help="wrap prompts in the tokenizer's chat template (default: plain prompts, as lm-eval)")
+    """The engine flags, declared once for every command and the app (`EngineSettings.add_arguments`)."""
+    EngineSettings.add_arguments(p.add_argument_group("engine"))
 
 
 # ---- library objects from options -----------------------------------------------------------------
@@ -234,11 +224,9 @@ def print_recipe(recipe: Recipe, num_layers: int, why: str | None = None, file=N
 
 
 def engine_settings(args, chat_template: bool | None = False) -> EngineSettings:
-    """The engine options as `EngineSettings` (`chat_template`: the default when --chat-template is not
-    given; a model's template is rendered only when asked for, `engines.base.chat_template_choice`)."""
-    return EngineSettings(engine=args.engine, device=args.device, serving=args.serving,
-                          chat_template=True if args.chat_template else chat_template,
-                          max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size)
+    """The engine options as `EngineSettings` (`EngineSettings.from_args`; `chat_template`: the default when
+    --chat-template is not given)."""
+    return EngineSettings.from_args(args, chat_template)
 
 
 def workbench(args, chat_template: bool | None = False):

@@ -6,8 +6,8 @@
   `VLLMSettings`, `SwappedEngine`.
 - `sizing`: what one vLLM engine needs (weights, KV cache sized from the model, overhead), `check_memory`.
 - `planning`: the engine plan (`plan_engines`, `EnginePlan`): the arrangement, its sizes and costs, on the hardware.
-- `choice`: `EngineSettings`, and `try_vllm`, the one place that tries vLLM and falls back to transformers
-  (`open_engine` for one model folder, `serving.answering` for three models).
+- `choice`: `choose_engines`, the one decision of which engine runs for every caller (a trio's plan, or one
+  model's engine), `EngineSettings` (its flags declared once: `ENGINE_FLAGS`) and `open_engine` for one model.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from layerswap.engines.transformers_engine import TransformersEngine, load_model
 from layerswap.engines.vllm_engine import (VLLM_INSTALL_HINT, EngineStartError, LoRAEngine, SwappedEngine,
                                            TensorWeights, VLLMEngine, VLLMSettings, preflight, vllm_device,
                                            vllm_status)
-from layerswap.engines.choice import ENGINE_CHOICES, EngineSettings, open_engine, resolve_engine_choice, try_vllm
+from layerswap.engines.choice import (ENGINE_CHOICES, ENGINE_FLAGS, EngineChoice, EngineSettings, choose_engines,
+                                     open_engine, resolve_engine_choice)
 
 __all__ = [
-    "EnginePlan", "Releasing", "check_memory", "plan_engines",
-    "ENGINE_CHOICES", "SERVING_CHOICES", "VLLM_INSTALL_HINT", "Engine", "EngineSettings", "EngineStartError", "OnBatch",
+    "EngineChoice", "EnginePlan", "Releasing", "check_memory", "choose_engines", "plan_engines",
+    "ENGINE_CHOICES", "ENGINE_FLAGS", "SERVING_CHOICES", "VLLM_INSTALL_HINT", "Engine", "EngineSettings",
+    "EngineStartError", "OnBatch",
     "LoRAEngine", "SwappedEngine", "TensorWeights", "TokenizingEngine", "TransformersEngine", "VLLMEngine", "VLLMSettings",
     "chat_template_choice", "load_model", "load_tokenizer", "model_from_state_dict", "open_engine",
-    "preflight", "resolve_engine_choice", "truncate_at_stop", "try_vllm", "vllm_device", "vllm_lora_rank", "vllm_status",
+    "preflight", "resolve_engine_choice", "truncate_at_stop", "vllm_device", "vllm_lora_rank", "vllm_status",
 ]

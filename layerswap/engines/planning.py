@@ -293,11 +293,7 @@ def plan_engines(cks: dict[str, Checkpoint], *, engine: str = "auto", serving: s
                               question_seconds=None, why="the config does not match the weights", **base)
     if hw.zero_gpu:
         return _zero_gpu(cks, hw, base, alternatives)
-    vllm_ok, why_not = (vllm_status() if hw.vllm is None else
-                        (hw.vllm, "" if hw.vllm else f"vLLM does not run on {hw.name} (not installed there)"))
-    if any(ck.adapter_kind == "prefix" for ck in cks.values()):
-        vllm_ok, why_not = False, "vLLM serves no prefix-tuning adapters; transformers runs the prefixes (peft)"
-    vdev = (vllm_device() if hw.vllm is None else hw.device) if vllm_ok else hw.device
+    vllm_ok, why_not, vdev = vllm_availability(cks, hw)
     vllm_problem = ""
     if engine != "transformers" and vllm_ok:
         plan = _plan_vllm(cks, serving, settings, vdev, hw, releasing, base, engine == "auto")
@@ -319,6 +315,16 @@ def plan_engines(cks: dict[str, Checkpoint], *, engine: str = "auto", serving: s
                       analysis_device=_analysis_device(tdev, have - need), why=why,
                       refresh_why=refresh_mode("transformers", tdev)[1], **base)
     return plan if plan.fits or not alternatives else _with_alternatives(plan, cks, engine, settings)
+
+
+def vllm_availability(cks: dict[str, Checkpoint], hw: Hardware) -> tuple[bool, str, str]:
+    """Whether vLLM can serve these models on `hw` (installed there, no prefix adapters), why (or why not), and
+    the device it runs on."""
+    ok, why = (vllm_status() if hw.vllm is None else
+               (hw.vllm, "" if hw.vllm else f"vLLM does not run on {hw.name} (not installed there)"))
+    if any(ck.adapter_kind == "prefix" for ck in cks.values()):
+        ok, why = False, "vLLM serves no prefix-tuning adapters; transformers runs the prefixes (peft)"
+    return ok, why, (vllm_device() if hw.vllm is None else hw.device) if ok else hw.device
 
 
 def _plan_vllm(cks: dict[str, Checkpoint], serving: str, settings: VLLMSettings, dev: str, hw: Hardware,

@@ -138,7 +138,7 @@ def search(math: str, lang: str, base: str | None = None, config: SearchConfig |
     from layerswap.evaluation.run import EvalConfig
 
     EvalConfig(langs=list(cfg.langs), ids=split.dev[:1], source=cfg.dev_source or cfg.source, **cfg.evals()).validate()
-    settings = engine or EngineSettings()
+    settings = engine or EngineSettings()  # a workbench's (and each Ray actor's): its check asks `choose_engines`
     own = workbench is None
     if own:
         from layerswap.serving.workbench import Workbench

@@ -9,8 +9,9 @@ The experts are loaded once. A build merges in memory: layers with weight 0 or 1
 experts' tensors, only blended layers take new memory, and the merged engine's weights are
 swapped in place, so re-merging with another plan is cheap.
 
-How the three models answer is decided once, before anything loads, by the engine plan (`engines.planning`:
-three, two or one vLLM engines, or transformers, sized on the hardware of `layerswap.core.hardware`), and served by
+How the three models answer is decided once, before anything loads, by the one engine decision
+(`engines.choice.choose_engines`, which makes the engine plan of `engines.planning`: three, two or one vLLM engines,
+or transformers, sized on the hardware of `layerswap.core.hardware`), and served by
 the one object built from it (`serving.answering.Answering`): `check` reads headers only (seconds at any size)
 and makes `engine_plan`; `start` starts what it says; `build` loads the merge into those engines; `engine_note`
 is derived from the engines running. The analysis, export and card need no engine.
@@ -29,7 +30,8 @@ from layerswap.analysis import Analysis, MergedStats, analyze
 from layerswap.models.checkpoints import Checkpoint, CompatReport
 from layerswap.models.pairing import Pairing, check_mergeable
 from layerswap.serving.answering import Answering, Merges, Trio
-from layerswap.engines import EngineSettings, Releasing, VLLMSettings, plan_engines, resolve_engine_choice
+from layerswap.engines import EngineSettings, Releasing, VLLMSettings, resolve_engine_choice
+from layerswap.engines import choice  # `choice.choose_engines`: the one engine decision
 from layerswap.engines.planning import EnginePlan
 from layerswap.core.errors import UserError
 from layerswap.merge.merging import (MergeSummary, adapter_pair, export_adapter_merge, export_merge,
@@ -67,6 +69,8 @@ class Workbench:
         self.serving = serving
         self.vllm_settings = vllm or VLLMSettings()
         self.chat_template = chat_template  # True: the chat template (bounded); None or False: plain prompts
+        self.settings = EngineSettings(engine, self.device, serving, batch_size, chat_template,  # what it asks with
+                                       self.vllm_settings.max_model_len, self.vllm_settings.tensor_parallel_size)
         self.checkpoints: dict[str, Checkpoint] = {}
         self.answering_engines: Answering | None = None  # started by `start`, from `engine_plan`
         self.report: CompatReport | None = None
@@ -77,7 +81,8 @@ class Workbench:
 
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> "Workbench":
-        """The one way the CLI, the app and sweeps make a workbench: from their engine settings."""
+        """The one way the CLI (`ask`, `eval`), the app, `search` and sweeps make a workbench: from their engine
+        settings; `check` asks the one engine decision (`engines.choice.choose_engines`) with them."""
         s = settings
         return cls(device=s.device, batch_size=s.batch_size, engine=s.engine, serving=s.serving, vllm=s.vllm(),
                    chat_template=s.chat_template)
@@ -110,8 +115,7 @@ class Workbench:
         self.report = report = check.report
         check.raise_if_bad()
         pairing = check.pairing
-        plan = plan_engines(cks, engine=self.engine_choice, serving=self.serving, settings=self.vllm_settings,
-                            device=self.device, releasing=releasing)
+        plan = choice.choose_engines(self.settings, cks, vllm=self.vllm_settings, releasing=releasing).plan
         self.close()
         self.checkpoints, self.report, self.pairing, self.engine_plan = cks, report, pairing, plan
         return report

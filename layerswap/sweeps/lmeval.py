@@ -9,6 +9,9 @@ the same recipe's MGSM row.
 
 Local tasks (a YAML task file on a data file, as lm-eval defines them) are found through
 ``include_path``. Needs ``pip install lm-eval``.
+
+Which backend runs is the one engine decision (`engines.choice.choose_engines`, for the one model lm-eval loads)
+in lm-eval's words (`backend_for`: transformers is its ``hf``, vLLM its ``vllm``).
 """
 
 from __future__ import annotations
@@ -18,11 +21,24 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from layerswap.models.checkpoints import Checkpoint
 from layerswap.core.errors import UserError
+from layerswap.core.runtime import resolve_device
+from layerswap.engines import choice
+from layerswap.engines.vllm_engine import EngineStartError
+from layerswap.models.checkpoints import Checkpoint
 from layerswap.recipe.recipes import Recipe
 
-BACKENDS = ("hf", "vllm")
+LM_EVAL_BACKENDS = {"transformers": "hf", "vllm": "vllm"}  # the engine choice's words -> lm-eval's
+BACKENDS = tuple(LM_EVAL_BACKENDS.values())
+
+
+def backend_for(model: Checkpoint, settings: choice.EngineSettings) -> tuple[str, str]:
+    """lm-eval's backend and device for `model` (a recipe's: its math expert, the export's shape): what the one
+    engine decision says for it."""
+    c = choice.choose_engines(settings, {"model": model})
+    if c.engine == "none":
+        raise EngineStartError(c.why)
+    return LM_EVAL_BACKENDS[c.engine], resolve_device(c.device, ("cpu", "cuda"))
 
 
 @dataclass

@@ -46,7 +46,8 @@ class SweepRun:
 
 
 def workbench_for(spec: SweepSpec):
-    """The workbench of the sweep's ``engine:`` settings (`Workbench.from_settings`)."""
+    """The workbench of the sweep's ``engine:`` settings (`Workbench.from_settings`), here and on Ray workers: its
+    `check` asks the one engine decision (`engines.choice.choose_engines`)."""
     from layerswap.engines import EngineSettings
     from layerswap.serving.workbench import Workbench
 

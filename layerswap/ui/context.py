@@ -40,15 +40,12 @@ class AppDefaults:
     base: str = ""
     label: str = ""
     mgsm_dir: str | None = None
-    device: str = "cpu"
     default_lang: str | None = None
-    engine: str | None = None  # auto (vLLM when installed), vllm, transformers; None: $LAYERSWAP_ENGINE
-    serving: str = "auto"  # vLLM: three engines, or one with weights swapped (auto: by memory)
+    engine: EngineSettings = field(default_factory=lambda: EngineSettings(device="cpu"))  # the app's engine flags
     plan: Plan | None = None  # the plan the page opens on (default: `organisms.opening_plan`)
     policy: Policy = field(default_factory=Policy)
     capacity: int = 1  # model trios held at once
     gpu: str = "cpu"  # cpu or dedicated (`hosting.gpu_mode`; on ZeroGPU answers are off)
-    tensor_parallel_size: int = 1  # vLLM: GPUs per engine
     max_visitors: int = MAX_VISITORS  # sessions remembered at once (`ui.visitors`)
 
 
@@ -102,9 +99,7 @@ class Context:
     def __init__(self, defaults: AppDefaults, shared: Shared | None = None):
         self.d = defaults
         self.policy = defaults.policy
-        settings = EngineSettings(defaults.engine, defaults.device, defaults.serving,
-                                  tensor_parallel_size=defaults.tensor_parallel_size)
-        self.shared = shared or Shared(lambda: Workbench.from_settings(settings), defaults.capacity,
+        self.shared = shared or Shared(lambda: Workbench.from_settings(defaults.engine), defaults.capacity,
                                        defaults.max_visitors, neutral_root() if self.policy.hosted else None)
         self.presets: dict[str, Preset] = presets()
         self.key = (defaults.base, defaults.math, defaults.lang)

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from layerswap.engines import ENGINE_CHOICES, SERVING_CHOICES
+from layerswap.engines import EngineSettings
 from layerswap.serving.hosting import Limits
 
 
@@ -20,14 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mgsm-dir", default=env("LAYERSWAP_MGSM_DIR"),
                    help="folder of mgsm_XX.tsv files for models that bring no test set of their own (the shipped "
                         "organisms use theirs; default: the Hub)")
-    p.add_argument("--device", default=env("LAYERSWAP_DEVICE", "auto"),
-                   help="transformers engine and merges: cpu, cuda or auto (default auto: cuda when torch sees a GPU)")
-    p.add_argument("--engine", default=env("LAYERSWAP_ENGINE"), choices=ENGINE_CHOICES,
-                   help="auto (default): vLLM when installed, else transformers")
-    p.add_argument("--serving", default=env("LAYERSWAP_SERVING", "auto"), choices=SERVING_CHOICES,
-                   help="vLLM: three engines, or one engine with weights swapped per model (auto: by memory)")
-    p.add_argument("--tensor-parallel-size", type=int, default=int(env("LAYERSWAP_TENSOR_PARALLEL_SIZE", "1")),
-                   metavar="N", help="vLLM on GPUs: split each engine over N GPUs, for experts too big for one")
+    EngineSettings.add_arguments(p.add_argument_group("engine"))  # the CLI commands' engine flags
     p.add_argument("--host", default=env("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env("GRADIO_SERVER_PORT", "7860")))
     p.add_argument("--share", action="store_true", help="public gradio.live link (needs internet)")
@@ -45,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     """Serve the page at once on the given models (or the shipped demo organism); they load behind it."""
     from layerswap.shipped.demo import demo_refs
     from layerswap.serving.hosting import Policy, forbid_implicit_token, gpu_mode
-    from layerswap.ui.app import AppDefaults, create_app
+    from layerswap.ui.app import create_app
     from layerswap.ui.lane import queue_size
 
     from layerswap.core.scratch import clean_stale
@@ -73,11 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if gpu == "zerogpu":  # the page is served, answers off with the hardware to pick (the engine plan says it too)
         print(zero_gpu_refusal(args.math, args.lang), file=sys.stderr, flush=True)
         args.device = "cpu"  # the main process has no GPU there: merges, analysis and lens run on the CPU
-    defaults = AppDefaults(math=args.math, lang=args.lang, base=args.base or "", label=label, mgsm_dir=args.mgsm_dir,
-                           device=args.device, engine=args.engine,
-                           serving=args.serving, policy=policy, capacity=args.max_models, gpu=gpu,
-                           tensor_parallel_size=args.tensor_parallel_size, max_visitors=args.max_visitors)
-    demo, app = create_app(defaults)
+    demo, app = create_app(app_defaults(args, label=label, policy=policy, gpu=gpu))
     print(f"serving the page now; {'hosted mode, ' if policy.hosted else ''}GPU mode: {gpu}; models load in the "
           "background", flush=True)
     # vLLM engines run in child processes: on SIGTERM exit normally so that they are shut down too
@@ -93,6 +82,16 @@ def run(args: argparse.Namespace) -> int:
     finally:
         app.shared.close()
     return 0
+
+
+def app_defaults(args: argparse.Namespace, *, label: str = "", policy=None, gpu: str = "cpu"):
+    """What the page starts with, from the app's flags (the engine flags as `EngineSettings.from_args`)."""
+    from layerswap.serving.hosting import Policy
+    from layerswap.ui.app import AppDefaults
+
+    return AppDefaults(math=args.math, lang=args.lang, base=args.base or "", label=label, mgsm_dir=args.mgsm_dir,
+                       engine=EngineSettings.from_args(args, chat_template=None), policy=policy or Policy(),
+                       capacity=args.max_models, gpu=gpu, max_visitors=args.max_visitors)
 
 
 def zero_gpu_refusal(math: str, lang: str) -> str:

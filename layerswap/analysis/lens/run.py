@@ -11,9 +11,10 @@ state at its last position (decoded by the logit lens) and every row's mean-pool
 (cosine with the twin, linear CKA over the batch). With ``answer_tokens`` the model then answers
 the focus prompt greedily (KV cache), and every position of its answer is decoded too.
 
-Models run in memory when both experts fit in the device's free memory (always on a GPU that
-holds them), else streamed block by block from their files (`forward`); ``forward="stream"`` or
-``"memory"`` forces one.
+The lens runs where the one engine decision says the analysis runs (`engines.choice.choose_engines`: on its own,
+transformers models on the device asked for; beside a workbench's engines, the plan's `analysis_device`). Models
+run in memory when both experts fit in that device's free memory (`core.hardware.current`), else streamed block by
+block from their files (`forward`); ``forward="stream"`` or ``"memory"`` forces one.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from layerswap.core.errors import UserError
 from layerswap.recipe.plans import Plan
 from layerswap.recipe.recipes import Recipe, as_recipe
 from layerswap.core.roles import ROLE_NAMES
-from layerswap.core.runtime import Progress, no_progress, resolve_device
+from layerswap.core.runtime import Progress, no_progress
 from layerswap.recipe.sources import Sources, TensorSource
 from layerswap.analysis.lens.forward import MergedSource, Stack, WeightSource
 from layerswap.analysis.lens.inputs import LensConfig, Prepared, prepare
@@ -259,14 +260,15 @@ def lens_stacks(stacks: dict[str, StackFactory], tokenizer, config: LensConfig, 
 def choose_forward(forward: str, device: str, *checkpoints: Checkpoint) -> str:
     """``memory`` or ``stream``: auto keeps the models in memory when the experts fit in 80 % of the device's free
     memory (the merged model shares their tensors), and streams them otherwise."""
-    from layerswap.engines.sizing import available_memory
+    from layerswap.core.hardware import current
 
     if forward not in FORWARD_CHOICES:
         raise UserError(f"Unknown forward mode {forward!r}; use {', '.join(FORWARD_CHOICES)}.")
     if forward != "auto":
         return forward
     need = sum(ck.nbytes for ck in checkpoints[:2]) + max((ck.nbytes for ck in checkpoints), default=0) // 2
-    return "memory" if need <= 0.8 * available_memory("cuda" if device.startswith("cuda") else "cpu") else "stream"
+    have = current().memory_available("cuda" if device.startswith("cuda") else "cpu")
+    return "memory" if need <= 0.8 * have else "stream"
 
 
 def run_lens(math: Checkpoint | str, lang: Checkpoint | str, recipe: Recipe | Plan | None = None, *,
@@ -275,8 +277,10 @@ def run_lens(math: Checkpoint | str, lang: Checkpoint | str, recipe: Recipe | Pl
              cancel: threading.Event | None = None) -> LensResult:
     """The lens of math expert, language expert, their merge (`recipe`; default: `default_plan` for the
     depth) and the base (when given) on `config`'s prompt. Models are folders / Hub ids or Checkpoints;
-    PEFT adapters as experts are merged into their base first. `progress(fraction, text)` follows the
+    PEFT adapters as experts are merged into their base first. `device`: asked of the one engine decision
+    (`engines.choice.choose_engines`, for transformers models). `progress(fraction, text)` follows the
     layers; setting `cancel` stops before the next block (UserError)."""
+    from layerswap.engines import choice
     from layerswap.models.adapters import open_expert
 
     base_ck = base if isinstance(base, Checkpoint) or base is None else Checkpoint.open(base)
@@ -289,7 +293,8 @@ def run_lens(math: Checkpoint | str, lang: Checkpoint | str, recipe: Recipe | Pl
     if "merged" in roles:
         recipe.require_base(base_ck is not None)
     config.validate()
-    device = resolve_device(device)
+    asked = choice.EngineSettings(engine="transformers", device=device)
+    device = choice.choose_engines(asked, {"model": math_ck}).analysis_device
     mode = choose_forward(forward, device, math_ck, lang_ck, *([base_ck] if base_ck else []))
     tokenizer = load_tokenizer(math_ck.path)
     cks = {"math": math_ck, "lang": lang_ck, "base": base_ck}
@@ -355,7 +360,8 @@ def lens_workbench(wb, config: LensConfig, *, recipe: Recipe | None = None, prog
                    cancel: threading.Event | None = None) -> LensResult:
     """The lens of a `Workbench`'s models for `recipe` (default: the built one): the transformers models it has
     loaded as they are (the merged one when it holds `recipe`); everything else (models served by vLLM, models
-    not loaded at all, the base) streamed from the files, so it needs no engine."""
+    not loaded at all, the base) streamed from the files on the workbench's analysis device (its engine plan's
+    `analysis_device`: the CPU when the GPU's headroom beside the engines is short), so it needs no engine."""
     from layerswap.engines import TransformersEngine
 
     if "math" not in wb.checkpoints:
@@ -364,7 +370,7 @@ def lens_workbench(wb, config: LensConfig, *, recipe: Recipe | None = None, prog
     if recipe is None:
         raise UserError("Give a plan: the lens compares the merged model with the experts.")
     built = wb.recipe is not None and wb.recipe.to_dict() == recipe.to_dict()
-    cks, device = wb.checkpoints, wb.device
+    cks, device = wb.checkpoints, wb.analysis_device
     stacks: dict[str, StackFactory] = {}
     streamed: dict[str, bool] = {}
     for role in ROLES:

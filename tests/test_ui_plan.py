@@ -97,7 +97,7 @@ def test_a_build_reads_the_controls_once_and_merges_that_recipe(ctx, seen):
 
 
 def test_every_plan_event_reads_the_controls_once(ctx, seen):
-    from layerswap.ui.tabs import ask, build, models
+    from layerswap.ui.tabs import analysis, ask, build, evaluate, models
 
     events = {  # name: (handler, its other inputs before the plan, does it take the page's models)
         "preview": (build.preview, [], False),
@@ -105,8 +105,11 @@ def test_every_plan_event_reads_the_controls_once(ctx, seen):
         "yaml_written": (build.yaml_written, [], False),
         "first_view": (models.first_view, [], True),
         "share_link": (models.share_link, ["analysis"], False),
+        "heatmap": (analysis.view, [["math", "lang", "merged"], "relative", "cosine", 1.0, "raw"], True),
+        "evaluate": (evaluate.evaluate, [["xx"], ["merged"], 1, 0, "native_cot", 16], True),
         "ask": (ask.ask, ["xx", 0, "", 16], True),
     }
+    done = {}
     for name, (fn, before, takes_models) in events.items():
         seen["read"].clear()
         seen["sources"].clear()
@@ -115,9 +118,13 @@ def test_every_plan_event_reads_the_controls_once(ctx, seen):
         if inspect.isgenerator(out):
             out = list(out)[-1]
         assert len(seen["read"]) == 1, name
-        assert all(r is seen["read"][0] for r in seen["sources"]), name
+        if name != "heatmap":  # the analysis is given the recipe's plan (its statistics and overlay are of a Plan)
+            assert all(r is seen["read"][0] for r in seen["sources"]), name
         if name in ("preview", "first_view", "share_link", "yaml_written"):  # nothing merged: at most the page's
             assert len(seen["sources"]) <= 1, name
+        done[name] = out
+    assert done["evaluate"][0].startswith("**Done:** 1 answers") and "u=2" in done["heatmap"][1]
+    assert "u=2" in done["share_link"] and "tab=analysis" in done["share_link"]
     assert "swap b=2 u=2 tb=1 tu=1 (ramp)" in ctx.shared.loaded(ctx.key).recipe.title()  # Ask built the plan
 
 

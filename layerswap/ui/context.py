@@ -3,8 +3,9 @@
 `Context.job(handler)` is how a tab wires a handler ``handler(ctx, job, *values)``: Gradio fills in the
 request, the caller's visitor comes from the server's session, its Stop flag is cleared, `job.progress`
 is cancellable, errors become readable dialogs (`ui.events`). With ``plan=True`` the handler's last parameter
-is the plan controls read once (`controls.PlanControls`: the event's one `Recipe`), never their raw values. `Context.lane` is the one queue lane that
-model-touching events share. `Page` holds the components that more than one part of the page uses.
+is the plan controls read once (`controls.PlanControls`: the event's one `Recipe`), never their raw values.
+`Context.lane` is the one queue lane that model-touching events share. `Page` holds the components that more
+than one part of the page uses.
 """
 
 from __future__ import annotations

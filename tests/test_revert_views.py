@@ -23,6 +23,7 @@ from layerswap.analysis import analyze
 from layerswap.cli import main as cli
 from layerswap.merge.interop import mergekit_config
 from layerswap.recipe.plans import KINDS
+from layerswap.recipe.sources import Sources
 from layerswap.analysis.plots import analysis_heatmaps, layer_strip
 from layerswap.ui import controls
 from tests.helpers import expected_tensor, read_dir
@@ -143,7 +144,7 @@ def test_export_memory_yaml_and_card(trio_bf16, cks, exported, tmp_path, kind):
 def test_strip_analysis_and_share_link(trio_bf16, cks, an, tmp_path, kind):
     plan, mapw = CASES[kind]
     # the strip: blue B on reverted layers, the map's weight elsewhere
-    for fig in (layer_strip(plan, L), controls.strip_figure(Recipe(plan=plan), L)):
+    for fig in (layer_strip(plan, L), controls.strip_figure(Sources(Recipe(plan=plan), L))):
         z, marks = fig.data[0].z[0], fig.data[1].text[0]
         assert [z[i] is None for i in range(L)] == [i in plan.revert for i in range(L)]
         assert [z[i] for i in range(L) if i not in plan.revert] == [mapw[i] for i in range(L) if i not in plan.revert]
@@ -173,7 +174,7 @@ def test_strip_analysis_and_share_link(trio_bf16, cks, an, tmp_path, kind):
     assert tab == "analysis"
     restored = [u.get("value", v) for u, v in zip(updates, values)]  # a link leaves out empty values (kept as they are)
     assert restored == [v for v in values] and "revert=" in q
-    assert controls.recipe(*restored).to_dict() == Recipe(plan=plan).to_dict()
+    assert controls.read_plan(restored).recipe.to_dict() == Recipe(plan=plan).to_dict()  # as the page's events read it
 
 
 @pytest.mark.parametrize("kind", list(CASES))

@@ -25,11 +25,11 @@ def _z(values: np.ndarray) -> list[list[float | None]]:
     return [[None if np.isnan(v) else float(v) for v in row] for row in np.asarray(values, dtype=float)]
 
 
-def layer_strip(recipe: Recipe | Plan, num_layers: int, height: int = 190) -> go.Figure:
+def layer_strip(recipe: Recipe | Plan | Sources, num_layers: int, height: int = 190) -> go.Figure:
     """One cell per layer coloured from math expert (green) to language expert (orange), as the planner
-    (`layerswap.recipe.sources`) says; layers taken from the base model in blue, marked B. Methods without a layer
-    map touch every layer alike (shown mid-scale)."""
-    src = Sources(recipe, num_layers)
+    (`layerswap.recipe.sources`; given, or made for `recipe`) says; layers taken from the base model in blue, marked B.
+    Methods without a layer map touch every layer alike (shown mid-scale)."""
+    src = recipe if isinstance(recipe, Sources) else Sources(recipe, num_layers)
     layers = src.layers()
     x = list(range(num_layers))
     w = [[None if s.from_base else 0.5 if s.w_lang is None else s.w_lang for s in layers]]

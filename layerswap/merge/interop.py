@@ -75,7 +75,7 @@ def mergekit_config(math: Checkpoint, lang: Checkpoint, recipe: Recipe | Plan, b
             "mergekit equivalent; use mergekit's own method config for it."
         )
     arch = math.arch
-    src = Sources(plan, L, arch)
+    src = Sources(recipe if plan is recipe.plan else plan, L, arch)  # a soup: its weights as a plan
     recipe.require_base(base is not None, f"the mergekit config takes those layers from the base model, so {GIVE_BASE}")
 
     def layer_key(i: int) -> tuple:  # attention, MLP, anything else in the layer; or the base

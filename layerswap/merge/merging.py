@@ -75,12 +75,14 @@ def blend_into(out: "torch.Tensor", math: "torch.Tensor", lang: "torch.Tensor", 
 
 
 def merge_in_memory(math: Mapping[str, "torch.Tensor"], lang: Mapping[str, "torch.Tensor"], num_layers: int,
-                    recipe: Recipe | Plan, base: Callable[[str], "torch.Tensor"] | None = None,
+                    recipe: Recipe | Plan | Sources, base: Callable[[str], "torch.Tensor"] | None = None,
                     progress: Progress | None = None, arch: Architecture | None = None) -> dict[str, "torch.Tensor"]:
-    """Merge loaded state dicts with any recipe; `base(name)` supplies base tensors when needed."""
-    recipe = as_recipe(recipe)
+    """Merge loaded state dicts with any recipe; `base(name)` supplies base tensors when needed. The recipe's
+    planner may be given made (`Sources` of `num_layers` layers and `arch`: the caller's, not made again)."""
+    sources = recipe if isinstance(recipe, Sources) else Sources(as_recipe(recipe), num_layers, arch)
+    recipe = sources.recipe
     method = recipe.method
-    recipes = Sources(recipe, num_layers, arch).of(math)
+    recipes = sources.of(math)
     recipe.require_base(base is not None, "load the base model as well")
     out = {}
     for i, (name, r) in enumerate(recipes.items()):

@@ -123,13 +123,14 @@ class TransformersPair(Arrangement):
         # prefix-tuning experts: the merged prefix, from the adapters (refused, with the reason, before merging)
         prefix = self.trio.merges.adapter(ck, self.trio.checkpoints["lang"], recipe, self.trio.checkpoints.get("base")).prefix \
             if ck.adapter_kind == "prefix" else None
-        sources = Sources(recipe, L, ck.arch).of(ck.tensors)
+        planner = Sources(recipe, L, ck.arch)  # made once: the memory check and the merge read it
+        sources = planner.of(ck.tensors)
         new = sum(t.nbytes for n, t in ck.tensors.items()  # copies of an expert share its tensors
                   if sources[n].kind != "copy" or sources[n].from_base)
         check_memory(new, self.trio.device, f"the merged model ({recipe.method.spec.title})")
         progress(0.1, "merging")
         base = self.trio.checkpoints.get("base")
-        merged = self.trio.merges.in_memory(self.engines["math"].state_dict(), self.engines["lang"].state_dict(), L, recipe,
+        merged = self.trio.merges.in_memory(self.engines["math"].state_dict(), self.engines["lang"].state_dict(), L, planner,
                                  base=(lambda n: base.get(n)) if base is not None else None,
                                  progress=lambda f, d: progress(0.1 + 0.6 * f, d), arch=ck.arch)
         progress(0.7, "refreshing the merged model")

@@ -2,8 +2,10 @@
 
 `Context.job(handler)` is how a tab wires a handler ``handler(ctx, job, *values)``: Gradio fills in the
 request, the caller's visitor comes from the server's session, its Stop flag is cleared, `job.progress`
-is cancellable, errors become readable dialogs (`ui.events`). `Context.lane` is the one queue lane that
-model-touching events share. `Page` holds the components that more than one part of the page uses.
+is cancellable, errors become readable dialogs (`ui.events`). With ``plan=True`` the handler's last parameter
+is the plan controls read once (`controls.PlanControls`: the event's one `Recipe`), never their raw values.
+`Context.lane` is the one queue lane that model-touching events share. `Page` holds the components that more
+than one part of the page uses.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from layerswap.models.presets import Preset, portable_ref, presets
 from layerswap.recipe.recipes import Recipe
 from layerswap.serving.workbench import Workbench
 from layerswap.recipe.fields import LINK_KEYS
-from layerswap.ui.controls import plan_md, recipe, strip_figure
+from layerswap.ui.controls import PlanControls, plan_md, read_plan, strip_figure
 from layerswap.ui.events import Job, event, page_words
 from layerswap.ui.lane import Lane
 from layerswap.ui.files import neutral_root
@@ -118,12 +120,13 @@ class Context:
             models: bool | str = False) -> Callable:
         """`handler(ctx, job, *values)` as a Gradio event (see the module's docstring). `clear_stop`: False for the
         Stop buttons and quick reads (the others are heavy: they run in the lane, `Context.lane`, one per visitor in
-        hosted mode); `plan`: its ``*values`` are the plan controls (named after `fields.LINK_KEYS` in the API);
+        hosted mode); `plan`: its last parameter takes the plan controls (named after `fields.LINK_KEYS` in the API),
+        read once into `PlanControls` (`controls.read_plan`);
         `models`: its last input is `Page.models` (the models the page shows), and the job is refused when they are
         not the visitor's (``"redraw"``: a redraw chained after another event, dropped without a dialog: it was
         queued before a Load changed the models, and the Load redraws for the new ones)."""
         return event(functools.partial(handler, self), lambda session: self.shared.visitor(session, self.key),
-                     self.policy, clear_stop=clear_stop, rest=LINK_KEYS if plan else (),
+                     self.policy, clear_stop=clear_stop, rest=LINK_KEYS if plan else (), read=read_plan,
                      lane=self.fair if clear_stop else None, release=self.shared.visitors.release, models=models)
 
     def _opening_plan(self) -> Plan:
@@ -156,11 +159,11 @@ class Context:
             raise UserError(f"The default models did not load ({self.shared.start_error}); load others above.")
         return self.shared.workbench(v.refs, v.force, job.progress)
 
-    def built(self, job: Job, values) -> tuple[Workbench, Recipe]:
-        """The visitor's models answering, with the visitor's plan built into the merged model."""
+    def built(self, job: Job, controls: PlanControls) -> tuple[Workbench, Recipe]:
+        """The visitor's models answering, with the event's recipe (`controls.recipe`) built into the merged model."""
         wb = self.workbench(job)
-        r = recipe(*values)
-        r.validate(wb.num_layers)  # against the model, before any work
+        r = controls.recipe
+        controls.sources(wb.num_layers)  # against the model, before any work (the page's views reuse it)
         self.shared.engines(job.visitor.refs, job.progress)
         self.shared.ensure_built(wb, r, job.progress)
         return wb, r
@@ -185,9 +188,10 @@ class Context:
                    + table_markdown(rows) + "\n\n</details>")
         return md
 
-    def strip_and_md(self, wb: Workbench, r: Recipe, built: bool):
-        L = wb.num_layers
-        return strip_figure(r, L), plan_md(r, L, built)
+    def strip_and_md(self, wb: Workbench, controls: PlanControls, built: bool):
+        """The strip and the plan text of the event's recipe, from its one `Sources` (validated against the model)."""
+        src = controls.sources(wb.num_layers)
+        return strip_figure(src), plan_md(src, built)
 
     def start_loading(self) -> None:
         """Load the default models (and build the opening plan) behind the served page."""

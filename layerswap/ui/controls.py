@@ -2,12 +2,15 @@
 
 The page sends the same plan values with every event, in the order of the recipe-field table's share-link
 keys (`layerswap.recipe.fields.LINK_KEYS`), so each visitor's events use that visitor's plan. `plan_inputs` puts
-the page's controls in that order; `query_string` writes their values (with the models and tab) for a
-link; `restore` reads such a link back into control updates, each value read and bounded by its field.
+the page's controls in that order. `read_plan` reads them once per event (`Context.job(plan=True)`) into
+`PlanControls`: the one `Recipe` every handler and library call of the event is given, and its `Sources` for the
+visitor's model, made once. `query_string` writes the values (with the models and tab) for a link; `restore`
+reads such a link back into control updates, each value read and bounded by its field.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
 import gradio as gr
@@ -38,12 +41,49 @@ def recipe(*values, **by_key) -> Recipe:
     return Recipe.from_values(**{_BY_KEY[k].name: v for k, v in given.items()})
 
 
-def strip_figure(r: Recipe, num_layers: int):
-    """The layer-source strip of the recipe (reverted layers marked)."""
-    return layer_strip(r, num_layers)
+@dataclass(eq=False)
+class PlanControls:
+    """One event's plan controls, read once (`read_plan`): their `values` (`LINK_KEYS` order: what a share link
+    writes back, every control kept) and the `Recipe` read from them, or the mistake that refused them (raised
+    where the recipe is asked for, so a handler says it as it always did)."""
+
+    values: tuple
+    _recipe: Recipe | None = None
+    _error: str = ""
+    _sources: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def recipe(self) -> Recipe:
+        """The recipe of the controls (the same object all through the event); UserError when they were refused."""
+        if self._recipe is None:
+            raise UserError(self._error)
+        return self._recipe
+
+    def sources(self, num_layers: int) -> Sources:
+        """The planner of the recipe for a model of `num_layers` layers, made once per event: validated against
+        the model (the check before a build), it draws the strip and writes the plan text."""
+        if num_layers not in self._sources:
+            self._sources[num_layers] = Sources(self.recipe, num_layers)
+        return self._sources[num_layers]
 
 
-def plan_md(r: Recipe, num_layers: int, built: bool, short: bool = False) -> str:
+def read_plan(values) -> PlanControls:
+    """The controls' values (`LINK_KEYS` order) read into one recipe (`recipe`), or the mistake kept for the handler."""
+    values = tuple(values)
+    try:
+        return PlanControls(values, recipe(*values))
+    except UserError as e:
+        return PlanControls(values, _error=str(e))
+
+
+def strip_figure(src: Sources):
+    """The layer-source strip of the planner's recipe (reverted layers marked)."""
+    return layer_strip(src, src.num_layers)
+
+
+def plan_md(src: Sources, built: bool, short: bool = False) -> str:
+    """The plan in words: its title, whether the merged model holds it, and (unless `short`) where each layer is from."""
+    r, num_layers = src.recipe, src.num_layers
     title = r.title() if r.plan is not None else f"{r.method.describe()} on every tensor"
     if short:
         return f"{title}, {num_layers} layers"
@@ -51,7 +91,7 @@ def plan_md(r: Recipe, num_layers: int, built: bool, short: bool = False) -> str
         "*Preview: built automatically when you ask, evaluate or analyse.*"
     if r.plan is None:
         return f"{state} {title} ({num_layers} layers). {r.method.spec.description}"
-    lines = Sources(r, num_layers).describe().replace("\n", "  \n")
+    lines = src.describe().replace("\n", "  \n")
     return f"{state} {title} ({num_layers} layers)  \n{lines}"
 
 

@@ -4,6 +4,8 @@
 request, and the caller's `Visitor` comes from the server's session (`Shared.visitor`), never from an
 argument, so two API clients never share an identity, a Stop flag, a folder or an export. The `Job`
 gives the handler its visitor and a progress callback that ends the job once the visitor pressed Stop.
+Values that arrive as many inputs but mean one thing (the plan controls) are read once, by `read`, into the
+one argument the handler takes for them.
 
 A library error (`UserError`) becomes a dialog with its fix; an unexpected one (out of memory, a
 disk error) a readable dialog too, never a bare "Error". In hosted mode, server paths are removed
@@ -94,7 +96,7 @@ class Job:
 
 
 def event(fn: Callable, visitor_of: Callable[[str | None], Visitor], policy: Policy | None = None, *,
-          clear_stop: bool = True, rest: tuple[str, ...] = (),
+          clear_stop: bool = True, rest: tuple[str, ...] = (), read: Callable[[tuple], object] = tuple,
           lane: Lane | None = None, release: Callable[[Visitor], None] | None = None,
           models: bool | str = False) -> Callable:
     """A Gradio handler for `fn(job, *values)`: the visitor of the request's session (a fresh one for a caller
@@ -105,11 +107,12 @@ def event(fn: Callable, visitor_of: Callable[[str | None], Visitor], policy: Pol
     page shows (`page_models`), refused unless they are the visitor's (`check_models`; ``"redraw"``: a chained
     redraw that a Load overtook is dropped without a dialog). The handler
     keeps `fn`'s parameter names, so the API's argument names and order are `fn`'s; `rest` names the values
-    that `fn` takes as ``*values`` (the plan controls), so API clients see those names too."""
+    that `fn`'s last parameter stands for (the plan controls), so API clients see those names too, and `read`
+    makes that one argument of them, once per event (`controls.read_plan`: the event's `Recipe`)."""
     pos = inspect.Parameter.POSITIONAL_OR_KEYWORD
     params = list(inspect.signature(fn).parameters.values())[1:]
-    if rest and params and params[-1].kind == inspect.Parameter.VAR_POSITIONAL:
-        taken = {q.name for q in params}
+    if rest:
+        taken = {q.name for q in params[:-1]}
         params = params[:-1] + [inspect.Parameter(f"plan_{n}" if n in taken else n, pos) for n in rest]
     if models:
         params.append(inspect.Parameter("page_models", pos, default="", annotation=str))
@@ -144,6 +147,13 @@ def event(fn: Callable, visitor_of: Callable[[str | None], Visitor], policy: Pol
                 timer.start()
         return job, timer, tuple(values)
 
+    def args(values: tuple) -> tuple:
+        """`fn`'s arguments: the values, the last `len(rest)` of them read into one (`read`)."""
+        if not rest:
+            return values
+        cut = max(0, len(values) - len(rest))
+        return (*values[:cut], read(values[cut:]))
+
     def end(job: Job, timer: threading.Timer | None) -> None:
         if timer is not None:
             timer.cancel()
@@ -157,14 +167,14 @@ def event(fn: Callable, visitor_of: Callable[[str | None], Visitor], policy: Pol
         def handler(request: gr.Request, progress=gr.Progress(), *values):
             job, timer, values = start(request, progress, values)
             try:
-                yield from fn(job, *values)
+                yield from fn(job, *args(values))
             finally:
                 end(job, timer)
     else:
         def handler(request: gr.Request, progress=gr.Progress(), *values):
             job, timer, values = start(request, progress, values)
             try:
-                return fn(job, *values)
+                return fn(job, *args(values))
             finally:
                 end(job, timer)
 

@@ -12,7 +12,7 @@ from layerswap.analysis import PANELS, format_row, write_csv
 from layerswap.core.errors import UserError
 from layerswap.analysis.plots import analysis_heatmaps, layer_profile
 from layerswap.ui.context import Context, Page
-from layerswap.ui.controls import recipe
+from layerswap.ui.controls import PlanControls
 from layerswap.ui.events import Job
 from layerswap.ui.tabs import lens
 
@@ -34,19 +34,19 @@ def _table(rows: list[dict]) -> dict:
     return {"headers": headers, "data": [[r.get(h, "") for h in headers] for r in rows]}
 
 
-def view(ctx: Context, job: Job, panels, metric, overlap_metric, k, norm, *plan_values):
+def view(ctx: Context, job: Job, panels, metric, overlap_metric, k, norm, controls: PlanControls):
     """Everything in the tab for the controls and the visitor's plan (no overlay for methods without one)."""
     wb = ctx.workbench(job)
     if "base" not in wb.checkpoints:
         return [gr.update(visible=False), NO_BASE] + [gr.update(visible=False)] * 4
-    plan = recipe(*plan_values).plan  # None for methods without a layer map: no overlay
+    plan = controls.recipe.plan  # None for methods without a layer map: no overlay
     k = float(k) if k not in (None, "") else 1.0
     with ctx.shared.lock:
         an = wb.analysis(k, progress=job.part(0, 0.9))
         note = ""
         if plan is not None:
             try:
-                plan.layer_weights(an.num_layers)
+                controls.sources(an.num_layers)  # the plan against the model
             except UserError as e:
                 plan, note = None, f"**No plan overlay:** {e}\n\n"
         merged = wb.merged_stats(plan) if plan is not None else None

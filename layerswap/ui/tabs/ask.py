@@ -14,7 +14,7 @@ from layerswap.core.errors import UserError
 from layerswap.core.markup import block, code, text
 from layerswap.serving.workbench import ROLE_NAMES, Answer
 from layerswap.ui.context import Context, Page
-from layerswap.ui.controls import plan_md
+from layerswap.ui.controls import PlanControls, plan_md
 from layerswap.ui.events import Job
 
 ROLES = ("math", "lang", "merged")
@@ -41,7 +41,7 @@ def menus(ctx: Context, refs) -> list[dict]:
     return [dict(choices=ctx.langs(refs), value=lang), question_menu(ctx, lang, refs)]
 
 
-def ask(ctx: Context, job: Job, lang: str, index, free_text: str, max_new_tokens, *values):
+def ask(ctx: Context, job: Job, lang: str, index, free_text: str, max_new_tokens, controls: PlanControls):
     if not lang:
         raise UserError("Choose a language.")
     free_text = ctx.policy.check_text(free_text or "", "question").strip()
@@ -50,9 +50,10 @@ def ask(ctx: Context, job: Job, lang: str, index, free_text: str, max_new_tokens
         raise UserError("Pick a question, or type your own.")
     p = mgsm.prompt_for(lang, question=free_text or None, index=None if free_text else index,
                         source=ctx.data(job.visitor.refs))
-    wb, r = ctx.built(job, values)
-    strip, pmd = ctx.strip_and_md(wb, r, built=True)
-    head = f"**Prompt** (greedy, MGSM native CoT; answers from {plan_md(r, wb.num_layers, True, short=True)})"
+    wb, r = ctx.built(job, controls)
+    strip, pmd = ctx.strip_and_md(wb, controls, built=True)
+    title = plan_md(controls.sources(wb.num_layers), True, short=True)
+    head = f"**Prompt** (greedy, MGSM native CoT; answers from {title})"
     head += f"\n\n{block(p.prompt)}" + (f"\n\n**Gold answer: {text(p.gold)}**" if p.gold is not None else "")
     cols = [f"**{ROLE_NAMES[role]}** · answering…" for role in ROLES]
     yield [head, *cols, strip, pmd]

@@ -1,7 +1,8 @@
 """The "Build & ask" tab: the plan controls and strip, Build, then the Ask, Export and Push sections.
 
-Every event sends the visitor's own plan controls (`Page.plan`), so Ask, Export, Evaluate and the analysis
-always use that visitor's plan; the shared merged model is rebuilt when it holds another one. The strip
+Every event sends the visitor's own plan controls (`Page.plan`), read once into the event's `Recipe`
+(`controls.PlanControls`, the handlers' last argument), so Ask, Export, Evaluate and the analysis always use that
+visitor's plan; the shared merged model is rebuilt when it holds another one. The strip
 previews the plan as the controls move (no merge); Build merges it at once.
 """
 
@@ -19,7 +20,7 @@ from layerswap.merge.interop import mergekit_yaml
 from layerswap.recipe.methods import METHODS
 from layerswap.recipe.plans import KINDS, MODULES, NON_LAYER_OPTIONS
 from layerswap.ui.context import Context, Page
-from layerswap.ui.controls import plan_inputs, query_string, recipe
+from layerswap.ui.controls import PlanControls, plan_inputs, query_string
 from layerswap.ui.events import Job
 from layerswap.ui.files import Budget
 from layerswap.ui.session import same_recipe
@@ -29,33 +30,32 @@ MAX_SLIDER = 64
 EXPORT_NAME = "layerswap-merge"
 
 
-def preview(ctx: Context, job: Job, *values):
+def preview(ctx: Context, job: Job, controls: PlanControls):
     """Plan strip for the current controls (no merge); says whether the merged model holds it."""
     wb = ctx.shared.loaded(job.visitor.refs)
     if wb is None or "math" not in wb.checkpoints:
         return gr.update(), "Loading the models…"
     try:
-        r = recipe(*values)
-        return ctx.strip_and_md(wb, r, built=same_recipe(wb, r))
+        return ctx.strip_and_md(wb, controls, built=same_recipe(wb, controls.recipe))
     except UserError as e:
         return None, f"**Invalid plan:** {e}"
 
 
-def build(ctx: Context, job: Job, *values):
-    wb, r = ctx.built(job, values)
-    return [*ctx.strip_and_md(wb, r, built=True), query_string(job.visitor.refs, values)]
+def build(ctx: Context, job: Job, controls: PlanControls):
+    wb, _ = ctx.built(job, controls)
+    return [*ctx.strip_and_md(wb, controls, built=True), query_string(job.visitor.refs, controls.values)]
 
 
-def export(ctx: Context, job: Job, out_dir: str, overwrite: bool, *values):
-    return _export(ctx, job, out_dir, overwrite, values, adapter=False)
+def export(ctx: Context, job: Job, out_dir: str, overwrite: bool, controls: PlanControls):
+    return _export(ctx, job, out_dir, overwrite, controls, adapter=False)
 
 
-def export_adapter(ctx: Context, job: Job, out_dir: str, overwrite: bool, *values):
+def export_adapter(ctx: Context, job: Job, out_dir: str, overwrite: bool, controls: PlanControls):
     """The swap of two PEFT adapters of one kind, written as an adapter of that kind (`Workbench.export`)."""
-    return _export(ctx, job, out_dir, overwrite, values, adapter=True)
+    return _export(ctx, job, out_dir, overwrite, controls, adapter=True)
 
 
-def _export(ctx: Context, job: Job, out_dir: str, overwrite: bool, values, adapter: bool):
+def _export(ctx: Context, job: Job, out_dir: str, overwrite: bool, controls: PlanControls, adapter: bool):
     v = job.visitor
     wb = ctx.workbench(job)
     kind = ctx.adapter_kind(v.refs)
@@ -65,7 +65,7 @@ def _export(ctx: Context, job: Job, out_dir: str, overwrite: bool, values, adapt
     if not adapter and kind == "prefix":
         raise UserError("Prefix-tuning experts change no weight, so there is no full merged model to write: use "
                         "Export as PEFT adapter.")
-    r = recipe(*values)
+    r = controls.recipe
     if ctx.policy.hosted:  # the visitor's own folder, replaced by each export, within the disk budgets
         own = ctx.shared.folder(v)
         for old in (EXPORT_NAME, "download"):
@@ -109,20 +109,20 @@ def _export(ctx: Context, job: Job, out_dir: str, overwrite: bool, values, adapt
     return msg, gr.update(value=zip_path, visible=zip_path is not None), gr.update(visible=True)
 
 
-def export_yaml(ctx: Context, job: Job, *values):
+def export_yaml(ctx: Context, job: Job, controls: PlanControls):
     wb = ctx.workbench(job)
-    text = ctx.policy.scrub(mergekit_yaml(wb.checkpoints["math"], wb.checkpoints["lang"], recipe(*values),
+    text = ctx.policy.scrub(mergekit_yaml(wb.checkpoints["math"], wb.checkpoints["lang"], controls.recipe,
                                           wb.checkpoints.get("base")))
     path = ctx.shared.folder(job.visitor) / "layerswap-mergekit.yml"
     path.write_text(text)
     return gr.update(value=str(path), visible=True)
 
 
-def yaml_written(ctx: Context, job: Job, *values) -> str:
+def yaml_written(ctx: Context, job: Job, controls: PlanControls) -> str:
     """The export status after the mergekit YAML: which plan it holds (the YAML button has its own file)."""
     wb = ctx.shared.loaded(job.visitor.refs)
     L = wb.num_layers if wb is not None else None
-    title = recipe(*values).title() + (f", {L} layers" if L else "")
+    title = controls.recipe.title() + (f", {L} layers" if L else "")
     return (f"Wrote the mergekit YAML of {title}: **Download mergekit YAML** below. `mergekit-yaml` builds the same "
             "merge from it (experts named as loaded here).")
 

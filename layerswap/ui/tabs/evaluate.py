@@ -17,13 +17,14 @@ from layerswap.core.markup import block, code, text
 from layerswap.analysis.plots import eval_bars
 from layerswap.core.roles import ANSWERING, ROLE_NAMES
 from layerswap.ui.context import Context, Page
+from layerswap.ui.controls import PlanControls
 from layerswap.ui.events import Job
 from layerswap.ui.tabs.models import stop
 
 EVAL_ROLES = [(ROLE_NAMES[r], r) for r in ANSWERING]
 
 
-def evaluate(ctx: Context, job: Job, langs, roles, limit, shots, mode, max_new, *plan_values):
+def evaluate(ctx: Context, job: Job, langs, roles, limit, shots, mode, max_new, controls: PlanControls):
     from layerswap.evaluation.run import EvalConfig
 
     v = job.visitor
@@ -38,7 +39,7 @@ def evaluate(ctx: Context, job: Job, langs, roles, limit, shots, mode, max_new, 
     ctx.policy.check_eval(cfg.limit, max((ctx.counts(v.refs).get(c, 0) for c in cfg.langs), default=0) if whole else 0)
     job.progress(0, "starting")
     if "merged" in order:
-        wb, r = ctx.built(job, plan_values)
+        wb, r = ctx.built(job, controls)
     else:
         ctx.workbench(job)
         wb, r = ctx.shared.engines(v.refs, job.progress), None

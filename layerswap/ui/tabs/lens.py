@@ -14,11 +14,12 @@ import gradio as gr
 from layerswap.core.errors import whole_number
 from layerswap.core.markup import code, text
 from layerswap.ui.context import Context, Page
-from layerswap.ui.controls import recipe
+from layerswap.ui.controls import PlanControls
 from layerswap.ui.events import Job
 
 
-def run(ctx: Context, job: Job, lang: str, index, question: str, twin: str, batch, answer_tokens, *plan_values):
+def run(ctx: Context, job: Job, lang: str, index, question: str, twin: str, batch, answer_tokens,
+        controls: PlanControls):
     from layerswap.analysis.lens import LensConfig, lens_curves, lens_grid, lens_workbench
 
     question = ctx.policy.check_text(str(question or ""), "question").strip()
@@ -29,8 +30,8 @@ def run(ctx: Context, job: Job, lang: str, index, question: str, twin: str, batc
                      source=ctx.data(job.visitor.refs))
     cfg.validate()
     wb = ctx.workbench(job)
-    r = recipe(*plan_values)
-    r.validate(wb.num_layers)
+    r = controls.recipe
+    controls.sources(wb.num_layers)  # the plan against the model, before the lens starts
     with ctx.shared.lock:  # the lens hooks the loaded models (or streams them): nobody generates or rebuilds meanwhile
         res = lens_workbench(wb, cfg, recipe=r, progress=job.part(0.05, 0.95), cancel=job.visitor.stop)
     path = res.write_json(ctx.shared.folder(job.visitor) / "lens.json")

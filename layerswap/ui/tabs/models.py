@@ -21,7 +21,7 @@ from layerswap.recipe.fields import FIELDS
 from layerswap.core.markup import text
 from layerswap.shipped.organisms import opening_plan, preset_of
 from layerswap.ui.context import Context, Page
-from layerswap.ui.controls import TABS, plan_values, query_string, recipe, restore
+from layerswap.ui.controls import TABS, PlanControls, plan_values, query_string, restore
 from layerswap.ui.events import Job, page_models
 from layerswap.ui.session import same_recipe
 
@@ -114,7 +114,7 @@ def open_page(ctx: Context, job: Job):
     return [status, *[gr.update(value=r) for r in v.refs], *updates, *moved, page_models(v.refs)]
 
 
-def glance(ctx: Context, page: Page, job: Job, tab: str, values, with_views: bool) -> list:
+def glance(ctx: Context, page: Page, job: Job, tab: str, controls: PlanControls, with_views: bool) -> list:
     """What can be shown at once for the visitor's models, never waiting for them: the report and strip if they
     are loaded (else what the loading is doing), the share link, and (`with_views`, for models other than the
     page was laid out for) what belongs to the models (`views`)."""
@@ -126,14 +126,13 @@ def glance(ctx: Context, page: Page, job: Job, tab: str, values, with_views: boo
                  *[gr.update()] * 4]
     else:
         try:
-            r = recipe(*values)
-            r.validate(wb.num_layers)
-            strip, md = ctx.strip_and_md(wb, r, built=same_recipe(wb, r) and "merged" in wb.engines)
+            built = same_recipe(wb, controls.recipe) and "merged" in wb.engines
+            strip, md = ctx.strip_and_md(wb, controls, built=built)
         except UserError as e:
             strip, md = None, f"**Invalid plan:** {e}"
         shown = [ctx.models_md(wb), strip, md, *[gr.update(maximum=wb.num_layers)] * 4]
     rest = views(ctx, page, v.refs) if with_views and v.refs != ctx.key else [gr.update()] * len(page.view_outputs)
-    return [*shown, share_link(ctx, job, tab, *values), *rest]
+    return [*shown, share_link(ctx, job, tab, controls), *rest]
 
 
 def views(ctx: Context, page: Page, refs: tuple[str, str, str]) -> list:
@@ -141,19 +140,18 @@ def views(ctx: Context, page: Page, refs: tuple[str, str, str]) -> list:
     return [u for _, fn in page.views for u in fn(ctx, refs)]
 
 
-def first_view(ctx: Context, job: Job, *values):
+def first_view(ctx: Context, job: Job, controls: PlanControls):
     """After the page opened: the models' report and the plan's strip once their headers are read (waits for the
     models, beside the lane; no engine needed, the plan is built when answers are asked for)."""
     wb = ctx.workbench(job)
-    r = recipe(*values)
-    r.validate(wb.num_layers)
     sliders = [gr.update(maximum=wb.num_layers)] * 4
-    return [ctx.models_md(wb), *ctx.strip_and_md(wb, r, built=same_recipe(wb, r) and "merged" in wb.engines), *sliders]
+    built = same_recipe(wb, controls.recipe) and "merged" in wb.engines
+    return [ctx.models_md(wb), *ctx.strip_and_md(wb, controls, built=built), *sliders]
 
 
-def share_link(ctx: Context, job: Job, tab: str, *values) -> str:
+def share_link(ctx: Context, job: Job, tab: str, controls: PlanControls) -> str:
     """The share link of the current values: the visitor's models, every plan control, the open tab."""
-    return query_string(job.visitor.refs, values, tab if tab in TABS else "build")
+    return query_string(job.visitor.refs, controls.values, tab if tab in TABS else "build")
 
 
 def unloading(request: gr.Request, session: str) -> bool:
@@ -204,13 +202,13 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
     shown = [page.report, page.strip, page.plan_md, *page.sliders]
     at_once = [*shown, page.share, *page.view_outputs]
 
-    def opened_view(ctx: Context, job: Job, tab: str, *values):
+    def opened_view(ctx: Context, job: Job, tab: str, controls: PlanControls):
         """The page's first view, at once (off the queue, nothing waited for)."""
-        return glance(ctx, page, job, tab, values, with_views=True)
+        return glance(ctx, page, job, tab, controls, with_views=True)
 
-    def loaded_view(ctx: Context, job: Job, tab: str, *values):
+    def loaded_view(ctx: Context, job: Job, tab: str, controls: PlanControls):
         """After a Load: the same (the Load itself set what belongs to the new models)."""
-        return glance(ctx, page, job, tab, values, with_views=False)
+        return glance(ctx, page, job, tab, controls, with_views=False)
 
     def with_views(fn):
         """`fn` (a Load), also setting what belongs to the new models in the same event: an API caller's next Ask

@@ -35,10 +35,11 @@ def no_bar(fraction, desc=""):
 
 @pytest.fixture(scope="module")
 def ctx():
+    from layerswap.engines.choice import EngineSettings
     from layerswap.ui.context import AppDefaults, Context
 
     c = Context(AppDefaults(math="assets:demo/math", lang="assets:demo/lang", base="assets:demo/base",
-                            engine="transformers"))
+                            engine=EngineSettings(engine="transformers", device="cpu")))
     c.start_loading()  # as the served page does: the models load (and the opening plan is built) behind it
     c.shared.wait_ready()
     yield c

@@ -270,3 +270,25 @@ def test_reverted_layers_are_the_base_exactly(trio, tmp_path):
     wb.build(plan)
     for k, v in wb.engines["merged"].model.state_dict().items():
         assert torch.equal(v, got[k]), k
+
+
+def test_the_workbench_is_the_one_answer_to_does_the_merged_model_hold_this_recipe(trio):
+    """`Workbench.holds` answers for the page, the lens and the search (no module compares recipes itself), and
+    `ensure_built` builds only what is not held."""
+    import re
+
+    from layerswap.recipe.recipes import Recipe
+    from layerswap.serving.workbench import Workbench
+    from tests.helpers import REPO
+
+    wb = Workbench()
+    wb.load(str(trio["math"]), str(trio["lang"]))
+    plan, other = PLANS["wide-ramp"], PLANS["none"]
+    assert not wb.holds(plan)
+    assert wb.ensure_built(plan) and wb.holds(plan) and wb.holds(Recipe(plan=plan)) and not wb.holds(other)
+    assert not wb.ensure_built(Recipe(plan=plan))  # held: nothing runs
+    assert wb.ensure_built(other) and wb.holds(other) and not wb.holds(plan)
+    compares = re.compile(r"\.recipe\s*(==|!=)|recipe\.to_dict\(\)\s*==|wb\.recipe\.to_dict")
+    elsewhere = [str(p.relative_to(REPO)) for p in (REPO / "layerswap").rglob("*.py")
+                 if p.name != "workbench.py" and compares.search(p.read_text())]
+    assert not elsewhere, f"these compare a workbench's recipe themselves; ask Workbench.holds: {elsewhere}"

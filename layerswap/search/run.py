@@ -180,8 +180,8 @@ def search(math: str, lang: str, base: str | None = None, config: SearchConfig |
                 p(0.97, "scoring the plan found and the baselines on the held-out questions")
                 test, baselines, cancelled = _held_out(wb, test_ident, split, best.plan, opening, answers, log,
                                                        stats, cancel, p)
-            if best is not None and not own and wb.recipe != Recipe(plan=best.plan):
-                wb.build(best.plan)  # the caller's merged model answers with what was found
+            if best is not None and not own:
+                wb.ensure_built(best.plan)  # the caller's merged model answers with what was found
     finally:
         if own:
             wb.close()

@@ -127,8 +127,8 @@ def scorer(wb, ident: Identity, who: Recipe | str, known: dict, tally: Tally, wr
             t = time.perf_counter()
             if not wb.answering:  # a search whose answers are all recorded never gets here
                 wb.start()
-            if role == "merged" and wb.recipe != who:
-                wb.build(who)
+            if role == "merged":
+                wb.ensure_built(who)
             rep = wb.evaluate(ident.config(need), roles=(role,), progress=progress, cancel=cancel)
             if rep.cancelled:
                 return None

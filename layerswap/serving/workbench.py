@@ -135,6 +135,19 @@ class Workbench:
         """The recipe the merged model holds."""
         return self.answering_engines.recipe if self.answering_engines is not None else None
 
+    def holds(self, recipe: Recipe | Plan) -> bool:
+        """Does the merged model hold `recipe` (built and answering)? The one answer: the page, the lens and the
+        search ask it before they build or read the merged model."""
+        held = self.recipe
+        return held is not None and "merged" in self.engines and held.to_dict() == as_recipe(recipe).to_dict()
+
+    def ensure_built(self, recipe: Recipe | Plan, progress: Progress | None = None) -> bool:
+        """Build `recipe` unless the merged model holds it already; True when a build ran."""
+        if self.holds(recipe):
+            return False
+        self.build(recipe, progress)
+        return True
+
     @property
     def engine_note(self) -> str:
         """Which engines answer now, derived from the running engines (`Answering.now`)."""

@@ -49,11 +49,6 @@ class EngineStart:
     error: str | None = None
 
 
-def same_recipe(wb: Workbench, recipe: Recipe) -> bool:
-    """Does the workbench's merged model hold `recipe`?"""
-    return wb.recipe is not None and wb.recipe.to_dict() == recipe.to_dict()
-
-
 class Shared:
     """Models shared by all visitors, loaded once per trio and used one job at a time."""
 
@@ -182,10 +177,7 @@ class Shared:
     def ensure_built(self, wb: Workbench, recipe: Recipe, progress: Progress = no_progress) -> bool:
         """Build `recipe` unless the merged model already holds it; True when a build ran."""
         with self.lock:
-            if same_recipe(wb, recipe) and "merged" in wb.engines:
-                return False
-            wb.build(recipe, progress=progress)
-            return True
+            return wb.ensure_built(recipe, progress)
 
     def start_background(self, key: Key, after: Callable[[Workbench], None] | None = None) -> threading.Thread:
         """Check `key` in a thread, so the page is served at once; its engines then start behind it when they

@@ -369,7 +369,7 @@ def lens_workbench(wb, config: LensConfig, *, recipe: Recipe | None = None, prog
     recipe = recipe or wb.recipe
     if recipe is None:
         raise UserError("Give a plan: the lens compares the merged model with the experts.")
-    built = wb.recipe is not None and wb.recipe.to_dict() == recipe.to_dict()
+    built = wb.holds(recipe)
     cks, device = wb.checkpoints, wb.analysis_device
     stacks: dict[str, StackFactory] = {}
     streamed: dict[str, bool] = {}

@@ -23,7 +23,6 @@ from layerswap.ui.context import Context, Page
 from layerswap.ui.controls import PlanControls, plan_inputs, query_string
 from layerswap.ui.events import Job
 from layerswap.ui.files import Budget
-from layerswap.ui.session import same_recipe
 from layerswap.ui.tabs import ask, push, search
 
 MAX_SLIDER = 64
@@ -36,7 +35,7 @@ def preview(ctx: Context, job: Job, controls: PlanControls):
     if wb is None or "math" not in wb.checkpoints:
         return gr.update(), "Loading the models…"
     try:
-        return ctx.strip_and_md(wb, controls, built=same_recipe(wb, controls.recipe))
+        return ctx.strip_and_md(wb, controls, built=wb.holds(controls.recipe))
     except UserError as e:
         return None, f"**Invalid plan:** {e}"
 

@@ -23,7 +23,6 @@ from layerswap.shipped.organisms import opening_plan, preset_of
 from layerswap.ui.context import Context, Page
 from layerswap.ui.controls import TABS, PlanControls, plan_values, query_string, restore
 from layerswap.ui.events import Job, page_models
-from layerswap.ui.session import same_recipe
 
 
 def pick_preset(ctx: Context, job: Job, name: str):
@@ -126,7 +125,7 @@ def glance(ctx: Context, page: Page, job: Job, tab: str, controls: PlanControls,
                  *[gr.update()] * 4]
     else:
         try:
-            built = same_recipe(wb, controls.recipe) and "merged" in wb.engines
+            built = wb.holds(controls.recipe)
             strip, md = ctx.strip_and_md(wb, controls, built=built)
         except UserError as e:
             strip, md = None, f"**Invalid plan:** {e}"
@@ -145,7 +144,7 @@ def first_view(ctx: Context, job: Job, controls: PlanControls):
     models, beside the lane; no engine needed, the plan is built when answers are asked for)."""
     wb = ctx.workbench(job)
     sliders = [gr.update(maximum=wb.num_layers)] * 4
-    built = same_recipe(wb, controls.recipe) and "merged" in wb.engines
+    built = wb.holds(controls.recipe)
     return [ctx.models_md(wb), *ctx.strip_and_md(wb, controls, built=built), *sliders]
 
 

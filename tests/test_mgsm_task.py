@@ -62,7 +62,8 @@ def test_every_consumer_asks_the_task(monkeypatch, tmp_path):
     f = tmp_path / "s.yaml"  # a sweep file's eval settings
     f.write_text(yaml.safe_dump({"experts": {"math": "assets:demo/math", "lang": "assets:demo/lang"},
                                  "recipes": [{"name": "soup", "method": "soup"}],
-                                 "test_sets": [{"path": str(DEMO_MGSM), "langs": ["en"]}], "eval": {"shots": 8, "mode": "direct"}}))
+                                 "test_sets": [{"path": str(DEMO_MGSM), "langs": ["en"]}],
+                                 "eval": {"shots": 8, "mode": "direct"}}))
     with pytest.raises(UserError, match="shots must be between 0 and 3"):
         load_spec(f)
     ev = {"limit": 1, "engines": {}, "layerswap_version": "0", "date": "today", "task": "mgsm_direct", "shots": 0,

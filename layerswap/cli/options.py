@@ -109,7 +109,8 @@ def mode_option(g) -> None:
     """--mode: MGSM's prompt modes and default (`mgsm.TASK`)."""
     t = mgsm.TASK
     g.add_argument("--mode", choices=t.mode_names, default=t.mode,
-                   help=f"lm-eval task family: {' or '.join(f'mgsm_{m}' for m in t.mode_names)} (default mgsm_{t.mode})")
+                   help=f"lm-eval task family: {' or '.join(f'mgsm_{m}' for m in t.mode_names)} "
+                        f"(default mgsm_{t.mode})")
 
 
 def eval_options(p: argparse.ArgumentParser) -> None:

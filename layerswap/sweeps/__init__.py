@@ -26,6 +26,6 @@ from layerswap.sweeps.spec import ExpertSet, SweepPoint, SweepSpec, TestSet, loa
 
 __all__ = [
     "ExpertSet", "ResultsLog", "SweepPoint", "SweepResult", "SweepRow", "SweepRun", "SweepSpec", "TestSet",
-    "ablation_suite", "evaluate_points", "load_results", "load_spec", "point_key", "run_sweep", "swap_grid",
+    "ablation_suite", "evaluate_points", "load_results", "load_spec", "loop", "point_key", "run_sweep", "swap_grid",
     "sweep_results", "with_eval",
 ]

@@ -25,8 +25,8 @@ from typing import Callable
 
 from layerswap.core.roles import EXPERTS
 from layerswap.core.runtime import Progress, no_progress
-from layerswap.sweeps.log import ResultsLog, load_results
 from layerswap.sweeps import loop
+from layerswap.sweeps.log import ResultsLog, load_results
 from layerswap.sweeps.records import (NOT_RUN, Unit, evaluation_fields, layout, ordered, record, refusal_reason,
                                       refused_record)
 from layerswap.sweeps.spec import ExpertSet, SweepSpec, load_spec
@@ -87,9 +87,9 @@ def execute(wb, spec: SweepSpec, s: ExpertSet, units: list[Unit], write: Callabl
                           seconds=m.seconds)
 
         try:
-            m = loop.measure(wb, u.point.recipe if u.kind == "merge" else u.role, u.test.config(spec.eval_settings()),
-                        record=fields, write=write, progress=lambda f, d, n=u.name: tell(f, f"{n}: {d}"),
-                        cancel=cancel)
+            m = loop.measure(wb, u.point.recipe if u.kind == "merge" else u.role,
+                             u.test.config(spec.eval_settings()), record=fields, write=write,
+                             progress=lambda f, d, n=u.name: tell(f, f"{n}: {d}"), cancel=cancel)
         except loop.Refused as e:
             write(record(spec, s, u, kind=NOT_RUN, message=str(e), seconds=time.perf_counter() - t))
             continue

@@ -359,7 +359,7 @@ def test_cli_ask_and_lens_take_prefix_experts(cache, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "merged" in out and "gold answer" in out
     js = tmp_path / "lens.json"
-    assert cli(["lens", *experts, "--batch", "4", "--forward", "memory", "--json", str(js), "-o",
+    assert cli(["lens", *experts, "--batch", "4", "--forward", "memory", "--json-out", str(js), "-o",
                 str(tmp_path / "lens.html"), "-q"]) == 0
     assert set(json.loads(js.read_text())["models"]) >= {"math", "lang", "merged"}
 

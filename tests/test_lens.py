@@ -226,14 +226,17 @@ def test_figures_and_report(tiny_lens, tmp_path):
 
 
 def test_cli(tmp_path):
+    """`--json` prints only the numbers on stdout (the rest on stderr) and `--json-out FILE` writes them, as in
+    every command."""
     out, js = tmp_path / "lens.html", tmp_path / "lens.json"
     r = run_cli("lens", "--math", str(DEMO_MODELS["math"]), "--lang", str(DEMO_MODELS["lang"]), "--b", "2", "--u", "0",
                 "--tb", "0", "--tu", "0", "--mgsm-lang", "xx", "--index", "3", "--mgsm-dir", str(DEMO_MGSM),
-                "--batch", "8", "--forward", "stream", "-o", str(out), "--json", str(js), "-q")
+                "--batch", "8", "--forward", "stream", "-o", str(out), "--json", "--json-out", str(js), "-q")
     assert r.returncode == 0, r.stderr
     data = json.loads(js.read_text())
     assert set(data["models"]) == {"math", "lang", "merged"} and out.exists()
-    assert "language expert (streamed" in r.stdout
+    assert json.loads(r.stdout) == data  # stdout holds the JSON and nothing else
+    assert "language expert (streamed" in r.stderr and f"wrote {js}" in r.stderr
     r = cli_in_process("lens", "--math", str(DEMO_MODELS["math"]), "--lang", str(DEMO_MODELS["lang"]), "--mgsm-lang",
                        "xx", "--index", "3", "--question", "q", "--mgsm-dir", str(DEMO_MGSM))  # a refusal: in process
     assert r.returncode == 2 and "either" in r.stderr and "Traceback" not in r.stderr

@@ -7,7 +7,7 @@ import textwrap
 from layerswap.evaluation import mgsm
 from layerswap.core.errors import UserError
 from layerswap.cli.options import (MGSM_DIR_HELP, engine_options, models, pairing_options, plan_note, print_recipe,
-                                   recipe_from, recipe_options, test_data, workbench)
+                                   recipe_from, recipe_options, shots_option, test_data, workbench)
 
 
 def add_parser(sub) -> None:
@@ -19,9 +19,8 @@ def add_parser(sub) -> None:
     s.add_argument("--mgsm-lang", default="en", help="MGSM language code (default en)")
     s.add_argument("--index", type=int, help="MGSM question number (0-based) in --mgsm-lang")
     s.add_argument("--mgsm-dir", help=MGSM_DIR_HELP)
-    s.add_argument("--shots", type=int, default=0, choices=[0, 1, 2, 3, 4, 5, 6, 7, 8],
-                   help="few-shot exemplars from exemplars.json (default 0, as lm-eval)")
-    s.add_argument("--max-new-tokens", type=int, default=256)
+    shots_option(s)
+    s.add_argument("--max-new-tokens", type=int, default=mgsm.TASK.max_new_tokens)
     engine_options(s)
     s.set_defaults(fn=run)
 

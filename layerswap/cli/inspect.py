@@ -8,7 +8,8 @@ For a shipped pair it also says the plan the pair opens on (`organisms.opening_p
 from __future__ import annotations
 
 from layerswap.engines import EngineSettings
-from layerswap.cli.options import models, open_trio, pairing_options
+from layerswap.core.errors import UserError
+from layerswap.cli.options import check_outputs, emit_json, json_options, models, open_trio, pairing_options
 
 
 def add_parser(sub) -> None:
@@ -20,7 +21,7 @@ def add_parser(sub) -> None:
                    help="plan the engines on these Spaces flavours (cpu-basic, cpu-upgrade, t4-small, l4x1, a10g-large, "
                         "l40sx1, a100-large, h100, zero-gpu) or 'this' (this machine), from the headers only; 'all': "
                         "every flavour and this machine")
-    s.add_argument("--json", action="store_true", help="with --hardware: one JSON object per hardware, as a list")
+    json_options(s, "the engine plans of --hardware (a list, one object per hardware)")
     g = s.add_argument_group("engine plan (with --hardware)")
     EngineSettings.add_arguments(g, only=("engine", "serving", "max_model_len", "tensor_parallel_size"),
                                  defaults={"engine": "auto"}, env=False)  # what would serve there, whatever is set here
@@ -30,6 +31,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     if args.hardware:
         return hardware(args)
+    if args.json or args.json_out:
+        raise UserError("--json and --json-out print the engine plans of --hardware: add --hardware NAME[,NAME...].")
     from layerswap.models.pairing import check_mergeable
 
     math, lang, base = open_trio(args)
@@ -47,8 +50,6 @@ def run(args) -> int:
 
 
 def hardware(args) -> int:
-    import json
-
     from layerswap.engines import resolve_engine_choice
     from layerswap.engines.planning import hardware_table, table_markdown
     from layerswap.core.hardware import FLAVOURS
@@ -58,7 +59,10 @@ def hardware(args) -> int:
     if names == ["all"]:
         names = [*FLAVOURS, "this"]
     cks = {"math": open_checkpoint(args.math), "lang": open_checkpoint(args.lang)}
+    check_outputs([args.json_out], *cks.values())
     s = EngineSettings.from_args(args)
     rows = hardware_table(cks, names, engine=resolve_engine_choice(s.engine), serving=s.serving, settings=s.vllm())
-    print(json.dumps(rows, indent=1) if args.json else table_markdown(rows))
+    if not args.json:
+        print(table_markdown(rows))
+    emit_json(args, rows)
     return 0

@@ -7,7 +7,10 @@ import argparse
 import re
 import sys
 import textwrap
+from pathlib import Path
+from typing import TextIO
 
+from layerswap.evaluation import mgsm
 from layerswap.models.pairing import BASE_DISTANCE_THRESHOLD
 from layerswap.engines import EngineSettings
 from layerswap.core.errors import UserError
@@ -94,16 +97,30 @@ def pairing_options(p: argparse.ArgumentParser, force: bool = True) -> None:
         p.add_argument("--force", action="store_true", help="merge even if the experts seem not to share the base")
 
 
+def shots_option(g) -> None:
+    """--shots: MGSM's few-shot range and default (`mgsm.TASK`)."""
+    t = mgsm.TASK
+    g.add_argument("--shots", type=int, default=t.shots, choices=list(t.shot_range),
+                   help=f"few-shot exemplars from exemplars.json (default {t.shots}, as lm-eval; {t.max_shots} for "
+                        f"the {t.max_shots}-shot setup)")
+
+
+def mode_option(g) -> None:
+    """--mode: MGSM's prompt modes and default (`mgsm.TASK`)."""
+    t = mgsm.TASK
+    g.add_argument("--mode", choices=t.mode_names, default=t.mode,
+                   help=f"lm-eval task family: {' or '.join(f'mgsm_{m}' for m in t.mode_names)} "
+                        f"(default mgsm_{t.mode})")
+
+
 def eval_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("MGSM evaluation (lm-eval mgsm_native_cot protocol by default)")
+    g = p.add_argument_group(f"MGSM evaluation (lm-eval mgsm_{mgsm.TASK.mode} protocol by default)")
     g.add_argument("--langs", help="comma list of MGSM language codes (default: the target languages of the models' "
                    "own set, for shipped models; else sw,te,bn,ja)")
     g.add_argument("--limit", type=int, help=f"first N questions per language (default: all of them; {shipped_sizes()})")
-    g.add_argument("--shots", type=int, default=0, choices=[0, 1, 2, 3, 4, 5, 6, 7, 8],
-                   help="few-shot exemplars from exemplars.json (default 0, as lm-eval; 8 for the 8-shot setup)")
-    g.add_argument("--mode", choices=("native_cot", "direct"), default="native_cot",
-                   help="lm-eval task family: mgsm_native_cot (default) or mgsm_direct")
-    g.add_argument("--max-new-tokens", type=int, default=256)
+    shots_option(g)
+    mode_option(g)
+    g.add_argument("--max-new-tokens", type=int, default=mgsm.TASK.max_new_tokens)
     g.add_argument("--mgsm-dir", help=MGSM_DIR_HELP)
 
 
@@ -131,6 +148,41 @@ MGSM_DIR_HELP = ("folder of mgsm_XX.tsv files, or a shipped set (assets:demo/mgs
 def engine_options(p: argparse.ArgumentParser) -> None:
     """The engine flags, declared once for every command and the app (`EngineSettings.add_arguments`)."""
     EngineSettings.add_arguments(p.add_argument_group("engine"))
+
+
+def ray_options(p: argparse.ArgumentParser, what: str) -> None:
+    """The one Ray runner's flags (`sweeps.ray.Pool`): how many workers, their GPUs, which cluster."""
+    g = p.add_argument_group("Ray (pip install ray)")
+    g.add_argument("--ray", type=int, metavar="N", help=f"{what} on N Ray workers")
+    g.add_argument("--ray-gpus", type=float, default=None, metavar="G",
+                   help="GPUs per Ray worker (default: the engine's --tensor-parallel-size when above 1, else 0)")
+    g.add_argument("--ray-address", help="a running Ray cluster's address (default: start a local one)")
+
+
+def json_options(p: argparse.ArgumentParser, what: str) -> None:
+    """--json and --json-out, the same in every command: `--json` prints `what` as JSON on stdout and nothing else
+    there (the rest goes to stderr); `--json-out FILE` writes it to FILE."""
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout (only the JSON there; the "
+                                                       "rest goes to stderr)")
+    p.add_argument("--json-out", metavar="FILE", help=f"write {what} as JSON to FILE")
+
+
+def say(args) -> TextIO:
+    """Where a command's text goes: stderr with --json (stdout holds only the JSON), else stdout."""
+    return sys.stderr if getattr(args, "json", False) else sys.stdout
+
+
+def emit_json(args, data) -> None:
+    """`data` as --json-out and --json ask (`json_options`)."""
+    import json
+
+    text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(text, encoding="utf-8")
+        print(f"wrote {args.json_out}", file=say(args))
+    if args.json:
+        sys.stdout.write(text)
 
 
 # ---- library objects from options -----------------------------------------------------------------

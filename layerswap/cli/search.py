@@ -1,16 +1,13 @@
 """`layerswap search`: find a layer-swap plan with an evaluation in the loop, chosen on dev questions and scored on
 held-out ones (`layerswap.search`); resumable from its results file. `--json` prints the result as JSON on stdout
-(as `inspect --json` does; the summary and progress then go to stderr), `--json-out FILE` writes it to a file."""
+(as every command's `--json` does, `cli.options.json_options`; the summary and progress then go to stderr),
+`--json-out FILE` writes it to a file."""
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
 from layerswap.core.errors import UserError
-from layerswap.cli.options import (Bar, check_outputs, data_inputs, engine_options, engine_settings, eval_options,
-                                   models, test_data)
+from layerswap.cli.options import (Bar, check_outputs, data_inputs, emit_json, engine_options, engine_settings,
+                                   eval_options, json_options, models, ray_options, say, test_data)
 
 
 def add_parser(sub) -> None:
@@ -43,13 +40,10 @@ def add_parser(sub) -> None:
     eval_options(s)
     s.set_defaults(max_new_tokens=None)  # the models' own choice's answer length, else the library's (256)
     engine_options(s)
-    s.add_argument("--json", action="store_true", help="print the result as JSON on stdout (plan, dev, test, "
-                                                       "baselines, evaluated, split); the summary goes to stderr")
-    s.add_argument("--json-out", metavar="FILE", help="write the result as JSON to FILE")
+    json_options(s, "the result (plan, dev, test, baselines, evaluated, split)")
     s.add_argument("-o", "--results", metavar="FILE", help="results file (JSONL; default: one shared by every search "
                                                           "on this machine, in the cache); a rerun resumes it")
-    s.add_argument("--ray", type=int, metavar="N", help="race candidates on N Ray actors (pip install ray)")
-    s.add_argument("--ray-address", help="a running Ray cluster's address (default: start a local one)")
+    ray_options(s, "race candidates")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=run)
 
@@ -76,22 +70,19 @@ def run(args) -> int:
     cfg = for_models(cfg, args.math, args.lang, args.base)
     results = args.results or str(default_results())
     check_outputs([args.json_out, results], extra=(args.math, args.lang, args.base, *data_inputs(args)))
-    say = sys.stderr if args.json else sys.stdout  # stdout holds only the JSON with --json
+    out = say(args)  # stdout holds only the JSON with --json
     print(f"search: {', '.join(cfg.langs)} from {data or 'the MGSM set'}, budget {cfg.budget} plans, seed {cfg.seed}, "
           f"answers of {cfg.evals()['max_new_tokens']} tokens; chosen on "
           + (f"the models' own dev file {portable_ref(cfg.dev_source)}" if cfg.dev_source
              else "questions drawn from the set")
-          + f"; records in {results}", file=say)
+          + f"; records in {results}", file=out)
     bar = Bar(enabled=not args.quiet)
     try:  # plain prompts unless --chat-template, as the page and the organisms' cards answer
         result = search(args.math, args.lang, args.base, cfg, results=results, engine=engine_settings(args, None),
-                        force=args.force, progress=bar, workers=args.ray or 0, address=args.ray_address)
+                        force=args.force, progress=bar, workers=args.ray or 0, address=args.ray_address,
+                        gpus_per_worker=args.ray_gpus)
     finally:
         bar.done()
-    print(result.text(), file=say)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
-        print(f"wrote {args.json_out}", file=say)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=1))
+    print(result.text(), file=out)
+    emit_json(args, result.to_dict())
     return 0

@@ -7,8 +7,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from layerswap.core.errors import UserError
+from layerswap.evaluation import mgsm
 from layerswap.cli.options import (Bar, check_outputs, engine_options, engine_settings, eval_config, eval_options,
-                                   int_list, models, pairing_options, plan_options, recipe_from, test_data)
+                                   int_list, models, pairing_options, plan_options, ray_options, recipe_from,
+                                   test_data)
 
 
 def add_parser(sub) -> None:
@@ -29,10 +31,7 @@ def add_parser(sub) -> None:
     engine_options(s)
     s.add_argument("-o", "--out", help="results file (JSONL: one line per finished point; a rerun resumes it). "
                                       "A .csv name writes the table instead and keeps no results file")
-    s.add_argument("--ray", type=int, metavar="N", help="run points in parallel on N Ray actors (pip install ray); "
-                                                       "needs -o RESULTS.jsonl")
-    s.add_argument("--ray-gpus", type=float, default=None, metavar="G",
-                   help="GPUs per Ray actor (default: the engine's tensor-parallel size when above 1, else 0)")
+    ray_options(s, "run points in parallel (needs -o RESULTS.jsonl)")
     s.add_argument("--csv", action="append", help="the results table as CSV")
     s.add_argument("--html", help="a self-contained HTML page: table, statistics and figures")
     s.add_argument("--plot", action="append", help="figures (.html or .png): heatmap over (b, u), curves, bars; "
@@ -65,8 +64,8 @@ def run(args) -> int:
     check_outputs([out, *csv_out, args.html, *(args.plot or [])], extra=tuple(inputs))  # before any point runs
     n = len(spec.points)
     print(f"{spec.name}: {n} recipe{'s' if n != 1 else ''} x {len(spec.expert_sets)} expert set(s) x "
-          f"{len(spec.test_sets)} test set(s); MGSM {spec.eval.get('mode', 'native_cot')}, "
-          f"{spec.eval.get('shots', 0)}-shot, " + ("first " + str(spec.eval['limit']) if spec.eval.get("limit") else "all")
+          f"{len(spec.test_sets)} test set(s); MGSM {spec.eval.get('mode', mgsm.TASK.mode)}, "
+          f"{spec.eval.get('shots', mgsm.TASK.shots)}-shot, " + ("first " + str(spec.eval['limit']) if spec.eval.get("limit") else "all")
           + " questions" + (f"; results in {out}" if out else ""))
     bar = Bar(enabled=not args.quiet)
     try:
@@ -75,7 +74,8 @@ def run(args) -> int:
 
             if not out:
                 raise UserError("--ray writes to a results file: add -o RESULTS.jsonl.")
-            run = run_sweep_ray(spec, out, actors=args.ray, progress=bar, gpus_per_actor=args.ray_gpus)
+            run = run_sweep_ray(spec, out, actors=args.ray, progress=bar, gpus_per_actor=args.ray_gpus,
+                                address=args.ray_address)
         else:
             run = run_sweep(spec, out, progress=bar)
     finally:

@@ -37,6 +37,52 @@ FLEXIBLE_RE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 
 
 @dataclass(frozen=True)
+class Task:
+    """MGSM as one task object, as lm-eval has: its prompt modes, few-shot range, metrics and defaults, said once.
+    The CLI's flags, the page's controls, sweep files, search, the lens and the card ask `TASK`; the prompts
+    (`prompts`, `prompt_for`) and the scoring (`score`) below follow it."""
+
+    modes: tuple[tuple[str, str], ...] = (("native_cot", "native CoT (mgsm_native_cot)"),
+                                          ("direct", "direct (mgsm_direct)"))  # (name, label); lm-eval's families
+    mode: str = "native_cot"  # the default: lm-eval's mgsm_native_cot
+    max_shots: int = 8  # exemplars.json holds 8 per language (lm-eval's 8-shot setup)
+    shots: int = 0  # the default: 0 shots, as lm-eval
+    metrics: tuple[tuple[str, str], ...] = (("flexible", "flexible extraction (last number)"),
+                                            ("strict", 'strict extraction ("The answer is N")'))  # headline first
+    max_new_tokens: int = MAX_NEW_TOKENS
+
+    @property
+    def mode_names(self) -> tuple[str, ...]:
+        return tuple(m for m, _ in self.modes)
+
+    @property
+    def shot_range(self) -> range:
+        return range(0, self.max_shots + 1)
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return tuple(m for m, _ in self.metrics)
+
+    def check_mode(self, mode: str) -> str:
+        if mode not in self.mode_names:
+            raise UserError(f"Unknown MGSM mode {mode!r}; use {' or '.join(self.mode_names)}.")
+        return mode
+
+    def check_shots(self, shots: int) -> int:
+        if not isinstance(shots, int) or isinstance(shots, bool) or shots not in self.shot_range:
+            raise UserError(f"shots must be between 0 and {self.max_shots}, not {shots!r}.")
+        return shots
+
+    def check_metric(self, metric: str) -> str:
+        if metric not in self.metric_names:
+            raise UserError(f"Unknown MGSM metric {metric!r}; use {' or '.join(self.metric_names)}.")
+        return metric
+
+
+TASK = Task()
+
+
+@dataclass(frozen=True)
 class Language:
     code: str
     name: str
@@ -225,12 +271,11 @@ def load_exemplars(lang: str, source: str | os.PathLike | None = None) -> list[E
 
 # ---- prompts -------------------------------------------------------------------------------
 
-def build_prompt(question: str, lang: Language, *, mode: str = "native_cot",
+def build_prompt(question: str, lang: Language, *, mode: str = TASK.mode,
                  exemplars: list[Exemplar] | None = None, rng: random.Random | None = None,
-                 shots: int = 0) -> str:
+                 shots: int = TASK.shots) -> str:
     """The lm-eval ``mgsm_native_cot`` (or ``mgsm_direct``) prompt for one test question."""
-    if mode not in ("native_cot", "direct"):
-        raise UserError(f"Unknown MGSM mode {mode!r}; use native_cot or direct.")
+    TASK.check_mode(mode)
     cue = lang.answer_cue if mode == "native_cot" else lang.direct_cue
     parts = []
     if shots:
@@ -257,13 +302,13 @@ class Prompt:
     gold: int | None  # None for a free-text question
     index: int | None  # the question's index in its set, None for free text
     question: str = ""
-    mode: str = "native_cot"
+    mode: str = TASK.mode
 
     def score(self, output: str) -> "Scored":
         return score(output, self.gold, self.language, self.mode)
 
 
-def prompts(lang_code: str, *, limit: int | None = None, shots: int = 0, mode: str = "native_cot",
+def prompts(lang_code: str, *, limit: int | None = None, shots: int = TASK.shots, mode: str = TASK.mode,
             source: str | os.PathLike | None = None) -> list[Prompt]:
     """The set's test prompts of `lang_code` in file order (the first `limit`), as lm-eval builds them: one
     exemplar sampler (``random.Random(FEWSHOT_SEED)``) shared across the set's questions. `source`: a
@@ -278,7 +323,7 @@ def prompts(lang_code: str, *, limit: int | None = None, shots: int = 0, mode: s
 
 
 def prompt_for(lang_code: str, *, question: str | None = None, index: int | None = None,
-               source: str | os.PathLike | None = None, shots: int = 0, mode: str = "native_cot") -> Prompt:
+               source: str | os.PathLike | None = None, shots: int = TASK.shots, mode: str = TASK.mode) -> Prompt:
     """The prompt the app, the Workbench and the evaluation send for one question: question `index` of
     `lang_code`'s MGSM set exactly as the evaluation builds it (`prompts`: the few-shot exemplars lm-eval's
     shared sampler draws for that question), with its gold answer; or the free text `question` in that
@@ -342,7 +387,7 @@ class Scored:
         return asdict(self)
 
 
-def score(output: str, gold: int | None, lang: Language, mode: str = "native_cot") -> Scored:
+def score(output: str, gold: int | None, lang: Language, mode: str = TASK.mode) -> Scored:
     """Strict and flexible extraction, scored by exact match.
 
     In ``direct`` mode "strict" is lm-eval's ``remove_whitespace`` filter (the whole output, leading

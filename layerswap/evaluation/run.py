@@ -33,7 +33,7 @@ from layerswap.engines import Engine
 from layerswap.core.errors import UserError
 from layerswap.core.runtime import Progress, no_progress
 
-METRICS = ("strict", "flexible")
+METRICS = mgsm.TASK.metric_names
 
 
 @dataclass
@@ -41,18 +41,16 @@ class EvalConfig:
     langs: list[str] = field(default_factory=lambda: list(mgsm.PAPER_LANGS))
     limit: int | None = None  # first N questions per language (None: all 250)
     ids: tuple[int, ...] | None = None  # these questions of every language instead (MGSM's are parallel)
-    shots: int = 0  # 0 (lm-eval's default) or up to 8 exemplars from exemplars.json
-    mode: str = "native_cot"  # or "direct"
+    shots: int = mgsm.TASK.shots  # 0 (lm-eval's default) up to `TASK.max_shots` exemplars from exemplars.json
+    mode: str = mgsm.TASK.mode  # one of `TASK.modes`
     max_new_tokens: int = mgsm.MAX_NEW_TOKENS
     source: str | None = None  # MGSM folder; None: $LAYERSWAP_MGSM_DIR, else the Hub
 
     def validate(self) -> None:
         if not self.langs:
             raise UserError("Choose at least one MGSM language.")
-        if self.mode not in ("native_cot", "direct"):
-            raise UserError(f"Unknown MGSM mode {self.mode!r}; use native_cot or direct.")
-        if not 0 <= self.shots <= 8:
-            raise UserError(f"shots must be between 0 and 8, not {self.shots}.")
+        mgsm.TASK.check_mode(self.mode)
+        mgsm.TASK.check_shots(self.shots)
         if self.limit is not None and self.limit < 1:
             raise UserError(f"limit must be at least 1 question per language, not {self.limit}.")
         if self.max_new_tokens < 1:
@@ -105,8 +103,7 @@ class EvalReport:
 
     def table(self, metric: str = "flexible") -> list[dict]:
         """One row per language (accuracy in %, per model), then the average and the max over languages."""
-        if metric not in METRICS:
-            raise UserError(f"metric must be strict or flexible, not {metric!r}.")
+        mgsm.TASK.check_metric(metric)
         rows = []
         for lang in self.config.langs:
             row: dict = {"language": lang, "n": max((self.counts(m, lang) for m in self.models), default=0)}

@@ -209,7 +209,7 @@ def attach_eval(folder: str | os.PathLike, report: EvalReport, model: str | None
         "engines": {names[m]: e for m, e in report.engines.items()},
         "cancelled": report.cancelled,
         "accuracy": {metric: [{names.get(k, k): v for k, v in row.items()} for row in report.table(metric)]
-                     for metric in ("flexible", "strict")},
+                     for metric in mgsm.TASK.metric_names},
     }
     prov["languages"] = check_languages([*prov.get("languages", []), *(c for c in cfg.langs if c in mgsm.LANGUAGES)])
     write_card(folder, prov)
@@ -317,8 +317,7 @@ def _evaluation(prov: dict) -> str:
     if ev["cancelled"]:
         head += " The run was cancelled: only the questions answered before that are counted."
     out = [head]
-    for metric, what in (("flexible", "flexible extraction (last number)"),
-                         ("strict", 'strict extraction ("The answer is N")')):
+    for metric, what in mgsm.TASK.metrics:
         cols = ["language", "n", *ev["models"]]
         lines = [f"\nAccuracy (%), {what}:\n", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for row in ev["accuracy"][metric]:

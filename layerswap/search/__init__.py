@@ -10,10 +10,10 @@ Where each part lives (each module imports only those above it):
     split     the dev / test split: the models' own dev file, else drawn (disjoint, the same ids in every language)
     prior     where it starts: the weight-diff prior and the τ rule's plans
     race      successive halving on questions, the paired standard error deciding promotions
-    store     records in a sweeps results file (content keyed: resumable, reused by later searches)
+    store     records in a sweeps results file (content keyed: resumable, reused by later searches), each chunk
+              evaluated through `sweeps.loop.measure`; `race_job`, a candidate raced on a `sweeps.ray.Pool` worker
     strategy  every plan when the space fits the budget, else Optuna's TPE seeded with the priors
     report    the honest result: dev (optimistic), test with its interval, McNemar against the baselines
-    ray       candidates raced on Ray actors
     run       the driver (`search`; `for_models`: the dev file and answer length the models bring)
 """
 

@@ -7,8 +7,8 @@ The experts are loaded once into one workbench (`Workbench.from_settings`); each
 merge and a live refresh of its merged engine (`Workbench.build`), never a new engine. Every chunk of
 questions a model answers is a record in the results file (`store`), appended and fsynced at once, so a
 killed search run again with the same settings replays the same decisions from the file and answers
-nothing twice. With `workers` (Ray actors, `search.ray`) candidates are raced in batches of that size,
-each against the best plan at the start of its batch.
+nothing twice. With `workers` (Ray workers, `sweeps.ray.Pool`, the one runner sweeps use too) candidates are raced
+in batches of that size, each against the best plan at the start of its batch.
 
 Honest by construction (`for_models`): models that bring their own dev questions (a shipped organism's
 ``mgsm/dev``, `organisms.choice`) are searched on those, with the answer length their card chose with, never on
@@ -39,7 +39,7 @@ from layerswap.search.race import Z, Race, rungs
 from layerswap.search.report import SearchResult, Trial, accuracy, compare
 from layerswap.search.space import TRANSITIONS, Space
 from layerswap.search.split import split_questions
-from layerswap.search.store import Answers, Identity, Tally, model_of, race_plan, scorer
+from layerswap.search.store import Answers, Identity, Tally, model_of, race_job, race_plan, scorer
 from layerswap.search.strategy import choose
 
 MAX_BUDGET = 10_000
@@ -60,8 +60,8 @@ class SearchConfig:
     halving: bool = True
     first_rung: int | None = None
     z: float = Z
-    shots: int = 0
-    mode: str = "native_cot"
+    shots: int = mgsm.TASK.shots
+    mode: str = mgsm.TASK.mode
     max_new_tokens: int | None = None  # None: what the models' plan was chosen with, else mgsm.MAX_NEW_TOKENS
     max_b: int | None = None
     max_u: int | None = None
@@ -126,10 +126,11 @@ def _clock(s: float) -> str:
 def search(math: str, lang: str, base: str | None = None, config: SearchConfig | None = None, *,
            results: str | Path | None = None, engine: EngineSettings | None = None, force: bool = False,
            progress: Progress | None = None, cancel: threading.Event | None = None, workbench=None,
-           workers: int = 0, address: str | None = None) -> SearchResult:
+           workers: int = 0, address: str | None = None, gpus_per_worker: float | None = None) -> SearchResult:
     """Search the plan space for `config.langs` (see the module docstring). `workbench`: a loaded one to use (the
-    app's); else one is made from `engine` and closed afterwards. `workers` > 0 races candidates on Ray actors
-    (`address`: a running cluster's). `cancel` stops after the current chunk, keeping what was found."""
+    app's); else one is made from `engine` and closed afterwards. `workers` > 0 races candidates on Ray workers
+    (`sweeps.ray.Pool`, each with the GPUs its engine spans or `gpus_per_worker`; `address`: a running cluster's).
+    `cancel` stops after the current chunk, keeping what was found."""
     cfg = for_models(config or SearchConfig(langs=["sw"]), math, lang, base)
     cfg.validate()
     p = progress or no_progress
@@ -164,16 +165,17 @@ def search(math: str, lang: str, base: str | None = None, config: SearchConfig |
             answers = Answers.from_rows(log.rows.values())
             strat = choose(cfg.strategy, space, pri, cfg.budget, cfg.seed)
             sizes = rungs(len(split.dev), cfg.first_rung) if cfg.halving else [len(split.dev)]
-            runner = None
+            pool = None
             if workers:
-                from layerswap.search.ray import RayRunner
+                from layerswap.sweeps.ray import Pool
 
-                runner = RayRunner(workers, settings, (math, lang, base, force), address)
+                pool = Pool(workers, settings, address=address, gpus_per_actor=gpus_per_worker)
             try:
-                out = _loop(wb, cfg, ident, split, sizes, strat, answers, log, p, cancel, t0, runner)
+                out = _loop(wb, cfg, ident, split, sizes, strat, answers, log, p, cancel, t0, pool,
+                            (math, lang, base, force))
             finally:
-                if runner is not None:
-                    runner.close()
+                if pool is not None:
+                    pool.close()
             trials, best, stats, cancelled = out
             test, baselines = None, []
             if best is not None and not cancelled:
@@ -200,7 +202,8 @@ def _rank(t: Trial) -> tuple[float, int]:
     return t.race.accuracy, -(t.plan.b + t.plan.u + t.plan.tb + t.plan.tu)
 
 
-def _loop(wb, cfg: SearchConfig, ident: Identity, split, sizes, strat, answers: Answers, log, p, cancel, t0, runner):
+def _loop(wb, cfg: SearchConfig, ident: Identity, split, sizes, strat, answers: Answers, log, p, cancel, t0, pool,
+          experts: tuple):
     """Ask, race, tell until the budget is spent, the space is exhausted, or `cancel`."""
     space = cfg.space(wb.num_layers)
     tally = Tally()
@@ -213,7 +216,7 @@ def _loop(wb, cfg: SearchConfig, ident: Identity, split, sizes, strat, answers: 
     def write(rec: dict) -> None:
         log.append(rec)
 
-    batch = runner.size if runner is not None else 1
+    batch = pool.size if pool is not None else 1
     while len(trials) < cfg.budget and asks < 100 * cfg.budget + 1000:
         if cancel is not None and cancel.is_set():
             cancelled = True
@@ -239,12 +242,17 @@ def _loop(wb, cfg: SearchConfig, ident: Identity, split, sizes, strat, answers: 
             break
         inc = best.race.scores if best is not None else None
         keys = [ident.model_key(model_of(Recipe(plan=j[1]))) for j in jobs]
-        if runner is not None:
-            races, records = runner.races(ident, [(j[1], j[2], answers.known.setdefault(k, {}))
-                                                  for j, k in zip(jobs, keys)], split.dev, sizes, inc, cfg.z, tally)
-            for r in records:
-                write(r)
-                answers.add(r)
+        if pool is not None:
+            races = []
+            for r, records, t in pool.map([(experts, race_job, (ident, j[1], j[2], answers.known.setdefault(k, {}),
+                                                                 list(split.dev), list(sizes), inc, cfg.z))
+                                           for j, k in zip(jobs, keys)]):
+                races.append(r)
+                for rec in records:
+                    write(rec)
+                    answers.add(rec)
+                tally.looked += t.looked
+                tally.run += t.run
         else:
             races = [race_plan(wb, ident, jobs[0][1], jobs[0][2], answers.known.setdefault(keys[0], {}), split.dev,
                                sizes, inc, cfg.z, write, tally, cancel)]

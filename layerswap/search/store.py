@@ -10,7 +10,6 @@ every later search of the same experts, set and settings, whatever its seed or s
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from layerswap.evaluation import mgsm
@@ -20,6 +19,7 @@ from layerswap.models.presets import portable_ref
 from layerswap.recipe.recipes import Recipe
 from layerswap.core.roles import ROLE_NAMES
 from layerswap.sweeps.log import point_key
+from layerswap.sweeps import loop
 from layerswap.sweeps.records import experts_identity, experts_shown
 from layerswap.search.race import Race, race
 
@@ -113,30 +113,27 @@ class Tally:
 def scorer(wb, ident: Identity, who: Recipe | str, known: dict, tally: Tally, write, cancel=None, name: str = "",
            progress=None):
     """`score(ids)` for `race`: each question's share of languages answered right by `who`, asking the engine
-    only for questions `known` lacks (the engines start, and a merge is built, only when first needed);
-    `write(record)` keeps each new chunk; `progress` hears each batch answered. None when cancelled."""
+    (`sweeps.loop.measure`) only for questions `known` lacks (the engines start, and a merge is built, only when
+    first needed); `write(record)` keeps each new chunk; `progress` hears each batch answered. None when cancelled."""
     model = model_of(who)
     langs = ident.langs
-    role = who if isinstance(who, str) else "merged"
 
     def score(ids: list[int]) -> list[float] | None:
         need = [i for i in ids if any((lang, i) not in known for lang in langs)]
         if need:
             if cancel is not None and cancel.is_set():
                 return None
-            t = time.perf_counter()
-            if not wb.answering:  # a search whose answers are all recorded never gets here
-                wb.start()
-            if role == "merged":
-                wb.ensure_built(who)
-            rep = wb.evaluate(ident.config(need), roles=(role,), progress=progress, cancel=cancel)
-            if rep.cancelled:
+
+            def chunk(m: loop.Measured) -> dict:
+                by = {(q.lang, q.index): q.flexible_correct for q in m.report.results}
+                known.update(by)
+                return ident.record(model, name or ROLE_NAMES.get(m.role, m.role), need,
+                                    {lang: [by[(lang, i)] for i in need] for lang in langs}, m.seconds,
+                                    m.report.engines.get(m.model, ""))
+
+            if loop.measure(wb, who, ident.config(need), record=chunk, write=write, progress=progress,
+                       cancel=cancel).cancelled:
                 return None
-            by = {(q.lang, q.index): q.flexible_correct for q in rep.results}
-            correct = {lang: [by[(lang, i)] for i in need] for lang in langs}
-            write(ident.record(model, name or ROLE_NAMES.get(role, role), need, correct, time.perf_counter() - t,
-                               rep.engines.get(ROLE_NAMES[role], "")))
-            known.update(by)
             tally.run += len(need) * len(langs)
         tally.looked += len(ids) * len(langs)
         return [sum(known[(lang, i)] for lang in langs) / len(langs) for i in ids]
@@ -149,3 +146,12 @@ def race_plan(wb, ident: Identity, plan, name: str, known: dict, dev, sizes, inc
     """One candidate's race (`race.race`) on `wb`, its answers from `known` or the engine."""
     score = scorer(wb, ident, Recipe(plan=plan), known, tally, write, cancel, name=name or plan.title())
     return race(score, dev, sizes, incumbent, z)
+
+
+def race_job(wb, ident: Identity, plan, name: str, known: dict, dev, sizes, incumbent, z: float):
+    """A Ray worker's job (`sweeps.ray.Pool`): one candidate's race on the worker's workbench, with the records it
+    wrote and its tally, for the driver to keep."""
+    records: list[dict] = []
+    tally = Tally()
+    r = race_plan(wb, ident, plan, name, dict(known), dev, sizes, incumbent, z, records.append, tally)
+    return r, records, tally

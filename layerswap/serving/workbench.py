@@ -267,7 +267,7 @@ class Workbench:
     # ---- answering --------------------------------------------------------------------
     def ask(self, prompt: str, lang: mgsm.Language, gold: int | None = None,
             roles: tuple[str, ...] = ANSWERING, max_new_tokens: int = mgsm.MAX_NEW_TOKENS,
-            progress: Progress | None = None, mode: str = "native_cot") -> list[Answer]:
+            progress: Progress | None = None, mode: str = mgsm.TASK.mode) -> list[Answer]:
         """The same prompt to each model; outputs scored with MGSM's strict and flexible rules (of `mode`)."""
         self._need(*roles)
         answers = []
@@ -281,15 +281,15 @@ class Workbench:
                                   time.perf_counter() - t))
         return answers
 
-    def ask_question(self, question: str, lang_code: str = "en", *, source=None, shots: int = 0,
-                     mode: str = "native_cot", gold: int | None = None, **kw) -> list[Answer]:
+    def ask_question(self, question: str, lang_code: str = "en", *, source=None, shots: int = mgsm.TASK.shots,
+                     mode: str = mgsm.TASK.mode, gold: int | None = None, **kw) -> list[Answer]:
         """A free-text question in MGSM's prompt format for `lang_code` (`mgsm.prompt_for`), scored against
         `gold` when given."""
         p = mgsm.prompt_for(lang_code, question=question, source=source, shots=shots, mode=mode)
         return self.ask(p.prompt, p.language, gold, mode=p.mode, **kw)
 
-    def ask_mgsm(self, lang_code: str, index: int, *, source=None, shots: int = 0, mode: str = "native_cot",
-                 **kw) -> list[Answer]:
+    def ask_mgsm(self, lang_code: str, index: int, *, source=None, shots: int = mgsm.TASK.shots,
+                 mode: str = mgsm.TASK.mode, **kw) -> list[Answer]:
         """MGSM question `index` of `lang_code`, prompted as the evaluation prompts it, with its gold answer
         (`mgsm.prompt_for`)."""
         p = mgsm.prompt_for(lang_code, index=index, source=source, shots=shots, mode=mode)

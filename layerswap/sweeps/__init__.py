@@ -10,13 +10,15 @@ Where each part lives (each module imports only those above it):
     points    the (b, u, t) grid of swap plans and the ablation suite (swap_grid, ablation_suite)
     log       the append-only, fsynced results file (ResultsLog, load_results, point_key)
     records   what each record measures (its key), the units of work, every kind of record
+    loop      the one evaluation step of sweeps and search: build, evaluate, record (measure)
     run       the resumable runner (run_sweep, sweep_results)
-    ray       the same on Ray actors (run_sweep_ray; pip install ray)
+    ray       the one Ray runner, workers with their GPUs (Pool, actor_options; run_sweep_ray; pip install ray)
     inmemory  points evaluated with a loaded workbench, nothing on disk (evaluate_points)
     report    tables with standard errors, figures, CSV and HTML, from the records (imports plotly)
 """
 
 from layerswap.sweeps.inmemory import SweepResult, SweepRow, evaluate_points
+from layerswap.sweeps import loop
 from layerswap.sweeps.log import ResultsLog, load_results, point_key
 from layerswap.sweeps.points import ablation_suite, swap_grid
 from layerswap.sweeps.run import SweepRun, run_sweep, sweep_results
@@ -24,6 +26,6 @@ from layerswap.sweeps.spec import ExpertSet, SweepPoint, SweepSpec, TestSet, loa
 
 __all__ = [
     "ExpertSet", "ResultsLog", "SweepPoint", "SweepResult", "SweepRow", "SweepRun", "SweepSpec", "TestSet",
-    "ablation_suite", "evaluate_points", "load_results", "load_spec", "point_key", "run_sweep", "swap_grid",
+    "ablation_suite", "evaluate_points", "load_results", "load_spec", "loop", "point_key", "run_sweep", "swap_grid",
     "sweep_results", "with_eval",
 ]

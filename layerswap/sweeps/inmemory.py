@@ -1,5 +1,5 @@
-"""Sweeps in memory: every point merged and evaluated with a workbench's loaded experts, nothing on disk
-(`evaluate_points`), with the per-question reports kept, for scripts.
+"""Sweeps in memory: every point merged and evaluated with a workbench's loaded experts (`loop.measure`, as every
+sweep and search evaluates), nothing on disk (`evaluate_points`), with the per-question reports kept, for scripts.
 
 Picking the best of many points on one test set is optimistic: report it as such, or select on
 held-out questions (`EvalConfig.limit` / a separate split) and report on the rest.
@@ -12,9 +12,11 @@ import threading
 from dataclasses import dataclass, field
 
 from layerswap.core.errors import UserError
+from layerswap.evaluation import mgsm
 from layerswap.evaluation.run import EvalConfig, EvalReport
-from layerswap.core.roles import EXPERTS, ROLE_NAMES
+from layerswap.core.roles import EXPERTS
 from layerswap.core.runtime import Progress, no_progress
+from layerswap.sweeps import loop
 from layerswap.sweeps.spec import SweepPoint
 
 
@@ -73,7 +75,7 @@ class SweepResult:
 
 def _row(name: str, kind: str, recipe: dict, report: EvalReport, model: str, lw=None) -> SweepRow:
     acc = {m: {lang: report.accuracy(model, lang, m) or 0.0 for lang in report.config.langs}
-           for m in ("flexible", "strict")}
+           for m in mgsm.TASK.metric_names}
     n = {lang: report.counts(model, lang) for lang in report.config.langs}
     return SweepRow(name, kind, recipe, acc, n, lw, report)
 
@@ -90,25 +92,21 @@ def evaluate_points(wb, points: list[SweepPoint], config: EvalConfig, *, include
     def sub(f: float, d: str) -> None:
         p((step + f) / steps, d)
 
-    if include_experts:
-        rep = wb.evaluate(config, roles=EXPERTS, progress=lambda f, d: p(2 * f / steps, d), cancel=cancel)
-        for role in EXPERTS:
-            result.rows.append(_row(ROLE_NAMES[role], "expert", {"model": role}, rep, ROLE_NAMES[role]))
-        step = 2
-        if rep.cancelled:
+    for role in EXPERTS if include_experts else ():
+        m = loop.measure(wb, role, config, progress=sub, cancel=cancel)
+        result.rows.append(_row(m.model, "expert", {"model": role}, m.report, m.model))
+        step += 1
+        if m.cancelled:
             result.cancelled = True
             return result
     for pt in points:
         if cancel is not None and cancel.is_set():
             result.cancelled = True
             break
-        sub(0.0, f"merging: {pt.name}")
-        lw = wb.build(pt.recipe)
-        rep = wb.evaluate(config, roles=("merged",), progress=lambda f, d, n=pt.name: sub(f, f"{n}: {d}"),
-                          cancel=cancel)
-        result.rows.append(_row(pt.name, "merge", pt.to_dict(), rep, ROLE_NAMES["merged"], lw))
+        m = loop.measure(wb, pt.recipe, config, progress=lambda f, d, n=pt.name: sub(f, f"{n}: {d}"), cancel=cancel)
+        result.rows.append(_row(pt.name, "merge", pt.to_dict(), m.report, m.model, m.layer_weights))
         step += 1
-        if rep.cancelled:
+        if m.cancelled:
             result.cancelled = True
             break
     p(1.0, "cancelled" if result.cancelled else "done")

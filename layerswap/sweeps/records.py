@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from layerswap.models.cache import content_hash
+from layerswap.evaluation import mgsm
 from layerswap.evaluation.run import EvalReport
 from layerswap.models.presets import portable_ref
 from layerswap.core.roles import EXPERTS, ROLE_NAMES
@@ -104,7 +105,7 @@ def record(spec: SweepSpec, s: ExpertSet, u: Unit, **extra) -> dict:
 def evaluation_fields(report: EvalReport, model: str) -> dict:
     """A record's fields for `model`'s evaluation: accuracy and counts per language, which questions it got right."""
     langs = report.config.langs
-    acc = {m: {lang: report.accuracy(model, lang, m) or 0.0 for lang in langs} for m in ("flexible", "strict")}
+    acc = {m: {lang: report.accuracy(model, lang, m) or 0.0 for lang in langs} for m in mgsm.TASK.metric_names}
     correct = {lang: "".join("1" if q.flexible_correct else "0" for q in sorted(
         (q for q in report.results if q.model == model and q.lang == lang), key=lambda q: q.index)) for lang in langs}
     return {"accuracy": acc, "n": {lang: report.counts(model, lang) for lang in langs}, "correct_flexible": correct,

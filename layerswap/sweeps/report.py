@@ -24,6 +24,7 @@ from typing import Sequence
 import plotly.graph_objects as go
 
 from layerswap.core.errors import UserError
+from layerswap.evaluation import mgsm
 from layerswap.analysis.plots import LANG_COLOR, MATH_COLOR
 from layerswap.core.stats import clopper_pearson, mcnemar, paired_difference, paired_mean_se
 
@@ -84,8 +85,7 @@ def results_table(rows: Sequence[dict], metric: str = "flexible") -> list[dict]:
     """One row per evaluated point: set, recipe, test set, then per language accuracy and ±, average ±, max, n;
     lm-eval records (`layerswap.sweeps.lmeval`) add their metrics to the row of the same experts and recipe (or a row
     of their own)."""
-    if metric not in ("flexible", "strict"):
-        raise UserError(f"metric is flexible or strict, not {metric!r}.")
+    mgsm.TASK.check_metric(metric)
     extra: dict[str, dict] = {}
     for r in rows:
         if r["kind"] == "lm-eval":

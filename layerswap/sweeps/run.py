@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from layerswap.core.errors import UserError
-from layerswap.core.roles import EXPERTS, ROLE_NAMES
+from layerswap.core.roles import EXPERTS
 from layerswap.core.runtime import Progress, no_progress
+from layerswap.sweeps import loop
 from layerswap.sweeps.log import ResultsLog, load_results
 from layerswap.sweeps.records import (NOT_RUN, Unit, evaluation_fields, layout, ordered, record, refusal_reason,
                                       refused_record)
@@ -65,37 +65,37 @@ def _stats(wb) -> dict:
     return out
 
 
-def execute(wb, spec: SweepSpec, s: ExpertSet, units: list[Unit], cancel: threading.Event | None = None,
-            tell: Callable[[float, str], None] = no_progress):
-    """Records for `units` of expert set `s`, with `wb` holding its experts; stops early when `cancel` is set."""
-    built, lw = None, None
+def execute(wb, spec: SweepSpec, s: ExpertSet, units: list[Unit], write: Callable[[dict], None],
+            cancel: threading.Event | None = None, tell: Callable[[float, str], None] = no_progress) -> None:
+    """`write` the records of `units` of expert set `s`, with `wb` holding its experts, each evaluation through
+    `loop.measure`; stops early when `cancel` is set."""
     for u in units:
         if cancel is not None and cancel.is_set():
             return
         t = time.perf_counter()
         if u.kind == "stats":
             tell(0.0, f"{s.name}: distances from the base")
-            yield record(spec, s, u, **_stats(wb), seconds=time.perf_counter() - t)
+            write(record(spec, s, u, **_stats(wb), seconds=time.perf_counter() - t))
             continue
-        extra = {}
-        if u.kind == "merge":
-            if built != u.point.name:
-                tell(0.0, f"merging {u.name}")
-                try:
-                    lw, built = wb.build(u.point.recipe), u.point.name
-                except UserError as e:  # this recipe cannot run on these experts (a merge method on prefixes)
-                    yield record(spec, s, u, kind=NOT_RUN, message=str(e), seconds=time.perf_counter() - t)
-                    continue
-            plan = u.point.recipe.plan
-            extra = {"layer_weights": lw, "reverted": sorted(plan.reverted()) if plan else [],
-                     "pairing_forced": bool(wb.pairing.suspicious)}
-        model = "merged" if u.kind == "merge" else u.role
-        rep = wb.evaluate(u.test.config(spec.eval_settings()), roles=(model,),
-                          progress=lambda f, d, n=u.name: tell(f, f"{n}: {d}"), cancel=cancel)
-        if rep.cancelled:
+
+        def fields(m: loop.Measured, u: Unit = u) -> dict:
+            extra = {}
+            if m.role == "merged":
+                plan = u.point.recipe.plan
+                extra = {"layer_weights": m.layer_weights, "reverted": sorted(plan.reverted()) if plan else [],
+                         "pairing_forced": bool(wb.pairing.suspicious)}
+            return record(spec, s, u, **evaluation_fields(m.report, m.model), **extra, engine_note=wb.engine_note,
+                          seconds=m.seconds)
+
+        try:
+            m = loop.measure(wb, u.point.recipe if u.kind == "merge" else u.role,
+                             u.test.config(spec.eval_settings()), record=fields, write=write,
+                             progress=lambda f, d, n=u.name: tell(f, f"{n}: {d}"), cancel=cancel)
+        except loop.Refused as e:
+            write(record(spec, s, u, kind=NOT_RUN, message=str(e), seconds=time.perf_counter() - t))
+            continue
+        if m.cancelled:
             return
-        yield record(spec, s, u, **evaluation_fields(rep, ROLE_NAMES[model]), **extra, engine_note=wb.engine_note,
-                      seconds=time.perf_counter() - t)
 
 
 def sweep_results(spec: SweepSpec | str | Path, out: str | Path) -> list[dict]:
@@ -132,6 +132,13 @@ def run_sweep(spec: SweepSpec | str | Path, out: str | Path | None, progress: Pr
                 eta = f" · ETA {_clock(measured / ran * (total - done - f))}" if ran else ""
                 p(min(1.0, (done + f) / max(total, 1)), f"{done}/{total} points{eta} · {what}")
 
+            def keep(rec: dict) -> None:
+                nonlocal done, ran, measured
+                log.append(rec)
+                done += 1
+                ran += 1
+                measured += rec["seconds"]  # what the point took, as its record says
+
             tell(0.0, f"{done} already in the results file" if done else "starting")
 
             for s, cks, units in plan:
@@ -148,11 +155,7 @@ def run_sweep(spec: SweepSpec | str | Path, out: str | Path | None, progress: Pr
                     tell(0.0, f"{s.name}: loading the experts")
                     wb.load(s.math, s.lang, s.base, force=s.force,
                             progress=lambda f, d, n=s.name: tell(0.0, f"{n}: loading the experts: {d}"))
-                    for rec in execute(wb, spec, s, todo, cancel, tell):
-                        log.append(rec)
-                        done += 1
-                        ran += 1
-                        measured += rec["seconds"]  # what the point took, as its record says
+                    execute(wb, spec, s, todo, keep, cancel, tell)
                     cancelled = cancel is not None and cancel.is_set()
                 finally:
                     wb.close()

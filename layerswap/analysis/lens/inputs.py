@@ -41,7 +41,7 @@ class LensConfig:
     batch: int = 32
     answer_tokens: int = 0  # also lens each position of each model's own greedy answer (up to this many tokens)
     source: str | os.PathLike | None = None  # MGSM folder (default $LAYERSWAP_MGSM_DIR, else the Hub)
-    mode: str = "native_cot"
+    mode: str = mgsm.TASK.mode
     chat_template: bool = False
     top: int = 5
 
@@ -67,8 +67,7 @@ class LensConfig:
             raise UserError(f"Answer tokens: {self.answer_tokens}; choose 0 (none) to {MAX_ANSWER_TOKENS}.")
         if not 1 <= int(self.top) <= MAX_TOP:
             raise UserError(f"Top tokens: {self.top}; choose 1 to {MAX_TOP}.")
-        if self.mode not in ("native_cot", "direct"):
-            raise UserError(f"Unknown MGSM mode {self.mode!r}; use native_cot or direct.")
+        mgsm.TASK.check_mode(self.mode)
         mgsm.check_languages([self.language, "en"], self.source)
 
 

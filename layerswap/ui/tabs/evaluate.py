@@ -32,7 +32,8 @@ def evaluate(ctx: Context, job: Job, langs, roles, limit, shots, mode, max_new, 
     if not order:
         raise UserError("Choose at least one model to evaluate.")
     limit = whole_number(limit or 0, "Questions per language", 0, 10**6)
-    cfg = EvalConfig(langs=list(langs or []), limit=limit or None, shots=whole_number(shots, "Few-shot exemplars", 0, 8),
+    cfg = EvalConfig(langs=list(langs or []), limit=limit or None,
+                     shots=whole_number(shots, "Few-shot exemplars", 0, mgsm.TASK.max_shots),
                      mode=mode, max_new_tokens=ctx.policy.new_tokens(max_new), source=ctx.data(v.refs))
     cfg.validate()
     whole = ctx.policy.hosted and not cfg.limit  # only then do the set sizes matter to the server's cap
@@ -102,10 +103,20 @@ def _browse(rep, lang, position) -> str:
 def _table(report):
     import pandas as pd
 
-    flex, strict = report.table("flexible"), report.table("strict")
-    headers = ["language", "n"] + [f"{m} ({k})" for m in report.models for k in ("flexible", "strict")]
-    data = [[f["language"], f["n"]] + [x for m in report.models for x in (f[m], s[m])] for f, s in zip(flex, strict)]
+    metrics = mgsm.TASK.metric_names
+    tables = [report.table(k) for k in metrics]
+    headers = ["language", "n"] + [f"{m} ({k})" for m in report.models for k in metrics]
+    data = [[rows[0]["language"], rows[0]["n"]] + [row[m] for m in report.models for row in rows]
+            for rows in zip(*tables)]
     return pd.DataFrame(data, columns=headers)
+
+
+def protocol() -> dict[str, dict]:
+    """The protocol controls' choices and defaults, from MGSM's task (`mgsm.TASK`): 0 shots or all the exemplars
+    (lm-eval's two setups), and its prompt modes."""
+    t = mgsm.TASK
+    return {"shots": dict(choices=sorted({t.shots, t.max_shots}), value=t.shots),
+            "mode": dict(choices=[(label, m) for m, label in t.modes], value=t.mode)}
 
 
 def menus(ctx: Context, refs) -> list[dict]:
@@ -122,7 +133,7 @@ def menus(ctx: Context, refs) -> list[dict]:
 def render(ctx: Context, page: Page) -> None:
     with gr.Tab("Evaluate", id="evaluate", elem_id="tab-evaluate") as page.tab_items["evaluate"]:
         gr.Markdown("### MGSM evaluation: math expert vs language expert vs merged model\n"
-                    "lm-evaluation-harness `mgsm_native_cot` by default (greedy, native stop words, strict "
+                    f"lm-evaluation-harness `mgsm_{mgsm.TASK.mode}` by default (greedy, native stop words, strict "
                     "and flexible extraction, exact match); every question of the chosen languages unless "
                     "limited. The merged model is your current plan (built first if needed). Per-question "
                     "results download as JSONL.")
@@ -132,9 +143,8 @@ def render(ctx: Context, page: Page) -> None:
             roles = gr.CheckboxGroup(EVAL_ROLES, value=["math", "lang", "merged"], label="Models", elem_id="eval-models")
         with gr.Row():
             limit = gr.Number(0, precision=0, minimum=0, elem_id="eval-limit", **limit_label)
-            shots = gr.Radio([0, 8], value=0, label="Few-shot exemplars", elem_id="eval-shots")
-            mode = gr.Radio([("native CoT (mgsm_native_cot)", "native_cot"), ("direct (mgsm_direct)", "direct")],
-                            value="native_cot", label="Protocol", elem_id="eval-mode")
+            shots = gr.Radio(**protocol()["shots"], label="Few-shot exemplars", elem_id="eval-shots")
+            mode = gr.Radio(**protocol()["mode"], label="Protocol", elem_id="eval-mode")
             max_new = gr.Slider(16, 512, mgsm.MAX_NEW_TOKENS, step=16, label="Max new tokens")
         with gr.Row():
             run_btn = gr.Button("Evaluate", variant="primary", elem_id="eval-run")

@@ -2,7 +2,7 @@
 better of the two experts; an average column; as Markdown, CSV and JSON.
 
     table = family_table(report)        # an EvalReport whose models are the rows, its languages the columns
-    print(table.markdown()); table.write("t.json"); table.write("t.csv"); table.write("t.md")
+    print(table.markdown()); table.write("t.json", "json"); table.write("t.csv", "csv")
 
 Pure: it reads per-question correctness from one `run.EvalReport` (`serving.family.evaluate_family` makes it: the
 math expert, each language's own expert under one row, the swap and the baselines) and computes nothing else. Per
@@ -28,7 +28,7 @@ from layerswap.core.stats import clopper_pearson, mcnemar
 from layerswap.evaluation.run import METRICS, EvalReport
 
 MATH, LANG = ROLE_NAMES["math"], ROLE_NAMES["lang"]  # the two expert rows: "math expert", "language expert"
-FORMATS = (".json", ".csv", ".md")
+FORMATS = ("json", "csv", "md")
 
 
 @dataclass(frozen=True)
@@ -109,19 +109,21 @@ class FamilyTable:
                             for lang in self.languages},
                 "average": {m: self.average(m) for m in self.models}}
 
-    def write(self, path: str | os.PathLike, extra: dict | None = None) -> Path:
-        """The table to `path`, in the format its suffix says (.json with `extra` keys beside the table, .csv,
-        .md); written whole or not at all."""
+    def text(self, fmt: str, extra: dict | None = None) -> str:
+        """The table as json (with `extra` keys beside it), csv or md."""
+        if fmt not in FORMATS:
+            raise UserError(f"Unknown table format {fmt!r}; use one of {', '.join(FORMATS)}.")
+        if fmt == "json":
+            return json.dumps({**(extra or {}), **self.to_dict()}, indent=1, ensure_ascii=False) + "\n"
+        return self.csv() if fmt == "csv" else self.markdown() + "\n"
+
+    def write(self, path: str | os.PathLike, fmt: str, extra: dict | None = None) -> Path:
+        """The table to `path` as `fmt` (json, csv, md), written whole or not at all."""
         path = Path(path)
-        suffix = path.suffix.lower()
-        if suffix not in FORMATS:
-            raise UserError(f"Cannot write the table as {path.name}: give a file ending in {', '.join(FORMATS)}.")
         if not path.parent.is_dir():
             raise UserError(f"Cannot write {path}: folder {path.parent} does not exist.")
-        text = {".json": lambda: json.dumps({**(extra or {}), **self.to_dict()}, indent=1) + "\n",
-                ".csv": self.csv, ".md": lambda: self.markdown() + "\n"}[suffix]()
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_text(self.text(fmt, extra), encoding="utf-8")
         tmp.replace(path)
         return path
 

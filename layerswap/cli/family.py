@@ -101,6 +101,7 @@ def family_recipes(args, num_layers: int, methods: list[tuple[str, str]]) -> dic
 
 def run_family(args) -> int:
     from layerswap.cli.options import Bar, check_outputs, data_inputs, engine_settings, eval_config, test_data
+    from layerswap.models.presets import portable_ref
     from layerswap.recipe.methods import method_list
     from layerswap.serving.family import check_recipes, evaluate_family, preflight
 
@@ -123,7 +124,8 @@ def run_family(args) -> int:
           "[exact 95% interval], p: exact McNemar against the better expert", file=sys.stderr)
     extra = {"protocol": {"mode": cfg.mode, "shots": cfg.shots, "max_new_tokens": cfg.max_new_tokens,
                           "limit": cfg.limit},
-             "family": {"math": fam.math, "base": fam.base, "languages": {m.code: m.ref for m in fam.members}},
+             "family": {"math": portable_ref(fam.math), "base": fam.base and portable_ref(fam.base),
+                        "languages": {m.code: portable_ref(m.ref) for m in fam.members}},
              "recipes": {c: {label: r.to_dict() for label, r in rs.items()} for c, rs in recipes.items()}}
 
     def write(report):

@@ -56,7 +56,7 @@ def models(p: argparse.ArgumentParser, base_required: bool = False, optional: st
                                                   "experts, one per code" if family else ""))
     p.add_argument("--base", required=base_required, metavar="B", help=f"{optional}base model both experts were tuned "
                    "from")
-    p.set_defaults(takes_family=family)
+    p.set_defaults(takes_family=family, family=None)
 
 
 def read_langs(args, cap: int = MAX_LANGS) -> None:

@@ -24,7 +24,7 @@ from layerswap.models.pairing import BASE_DISTANCE_THRESHOLD, check_mergeable
 MAX_LANGS = 8  # language experts in one family (hosted mode: fewer, `hosting.Limits.family_langs`)
 MAX_SPEC_CHARS = 1000  # one CODE=REF as given
 CODE_RE = re.compile(r"[a-z][a-z0-9_]{1,15}")  # MGSM codes (sw, te, ...) and the organisms' own (xx, yy)
-_SPEC_RE = re.compile(r"([A-Za-z][A-Za-z0-9_-]{0,31})=(.*)", re.S)  # CODE=REF: a word, then '=' (no '/' before it)
+_SPEC_RE = re.compile(r"([A-Za-z][A-Za-z0-9_-]{0,31})\s*=(.*)", re.S)  # CODE=REF: a word, then '=' (no '/' before it)
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ def test_eval_prints_and_writes_the_family_table_and_sampled_rows_agree(family_m
                        "--methods", "swap,soup,ta,ties", "--b", "1", "--u", "1", "--tb", "0", "--tu", "0",
                        "--limit", "4", "--max-new-tokens", "24", "--mgsm-dir", str(family_mgsm),
                        "--engine", "transformers", "-q", "--json", str(out["json"]), "--csv", str(out["csv"]),
-                       "--md", str(out["md"]), "--plot", str(out["html"]))
+                       "--md", str(out["md"]), "--plot", str(out["html"]), "-o", str(tmp_path / "answers.jsonl"))
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
     assert lines[0] == "model | xx | en | sw | average" and [x.split(" | ")[0] for x in lines[2:]] == \
@@ -136,6 +136,8 @@ def test_eval_prints_and_writes_the_family_table_and_sampled_rows_agree(family_m
             assert (c["p_vs_better_expert"] is None) == (m == c["better_expert"])
     assert sum(1 for _ in csv.DictReader(out["csv"].open())) == 6 * 4
     assert "plotly" in out["html"].read_text()[:5000].lower()
+    answers = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 3 * 6 * 4 and {a["model"] for a in answers} == set(data["models"])
     assert "swap b=1 u=1 tb=0 tu=0" in r.stderr
 
     cfg = lambda code: EvalConfig(langs=[code], limit=4, max_new_tokens=24, source=str(family_mgsm))  # noqa: E731

@@ -217,3 +217,30 @@ def test_check_family_names_the_member_and_a_plain_lang_still_works(no_engines):
     assert r.returncode == 2 and "layerswap inspect takes one language expert" in r.stderr
     r = cli_in_process("eval", "--math", "assets:demo/math", "--lang", "assets:demo/lang", "--methods", "swap")
     assert r.returncode == 2 and "--methods is for a family" in r.stderr
+
+
+def test_one_shared_plan_or_one_per_language(tmp_path):
+    """The swap's plan: the plan flags over each pair's recommended plan, shared; --lang-recipe gives one language
+    its own; the baselines take the method flags; a soup recipe as a swap is refused."""
+    from layerswap.cli import build_parser
+    from layerswap.cli.family import family_recipes
+    from layerswap.cli.options import read_langs
+    from layerswap.recipe.plans import Plan
+    from layerswap.recipe.recipes import Recipe
+    from layerswap.shipped.organisms import opening_plan
+
+    own = tmp_path / "te.yaml"
+    Recipe(plan=Plan(b=3, u=1, tb=0, tu=0)).dump(own)
+    args = build_parser().parse_args(["eval", *DEMO, "--lang", "xx=assets:demo/lang", "--lang", "te=assets:demo/lang",
+                                      "--u", "1", "--density", "0.5", "--lang-recipe", f"te={own}"])
+    read_langs(args)
+    rs = family_recipes(args, 8, method_list("swap,ties"))
+    demo_plan = opening_plan(("assets:demo/base", "assets:demo/math", "assets:demo/lang"), 8).plan
+    assert rs["xx"]["swap"].plan.b == demo_plan.b and rs["xx"]["swap"].plan.u == 1
+    assert (rs["te"]["swap"].plan.b, rs["te"]["swap"].plan.u) == (3, 1)
+    assert rs["xx"]["ties"].method.density == rs["te"]["ties"].method.density == 0.5
+    soup = tmp_path / "soup.yaml"
+    Recipe.from_values(method="soup").dump(soup)
+    args.lang_recipe = [f"xx={soup}"]
+    with pytest.raises(UserError, match="is a soup recipe; it gives the swap"):
+        family_recipes(args, 8, method_list("swap"))

@@ -244,3 +244,19 @@ def test_one_shared_plan_or_one_per_language(tmp_path):
     args.lang_recipe = [f"xx={soup}"]
     with pytest.raises(UserError, match="is a soup recipe; it gives the swap"):
         family_recipes(args, 8, method_list("swap"))
+
+
+def test_one_lang_with_its_code_in_a_pair_command():
+    """A pair command keeps one --lang; CODE=L gives the reference and makes CODE the default --langs."""
+    from layerswap.cli import build_parser
+    from layerswap.cli.options import read_langs
+
+    args = build_parser().parse_args(["sweep", "--math", "m", "--lang", "xx=org/l"])
+    read_langs(args)
+    assert (args.lang, args.langs, args.family) == ("org/l", "xx", None)
+    args = build_parser().parse_args(["sweep", "--math", "m", "--lang", "org/l", "--langs", "en"])
+    read_langs(args)
+    assert (args.lang, args.langs, args.family) == ("org/l", "en", None)
+    args = build_parser().parse_args(["eval", "--math", "m", "--lang", "xx=org/l"])
+    read_langs(args)
+    assert args.family.codes == ("xx",) and args.lang == "org/l"  # eval: a family of one (the table)

@@ -15,10 +15,10 @@ import sys
 from layerswap.core.errors import UserError
 from layerswap.models.family import split_spec
 from layerswap.recipe.fields import FIELDS
+from layerswap.recipe.methods import FAMILY_METHODS as DEFAULT_METHODS
 from layerswap.recipe.recipes import Recipe
 
 OUTPUTS = (("json", "--json"), ("csv", "--csv"), ("md", "--md"))
-DEFAULT_METHODS = "swap,soup,ties"  # the paper's table: souping, TIES and the swap beside both experts
 
 
 def family_options(p) -> None:

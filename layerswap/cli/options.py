@@ -8,7 +8,7 @@ import re
 import sys
 import textwrap
 
-from layerswap.models.family import MAX_LANGS, Family, split_spec
+from layerswap.models.family import MAX_LANGS, Family, check_code, split_spec
 from layerswap.models.pairing import BASE_DISTANCE_THRESHOLD
 from layerswap.engines import ENGINE_CHOICES, SERVING_CHOICES, EngineSettings
 from layerswap.core.errors import UserError
@@ -69,16 +69,16 @@ def read_langs(args, cap: int = MAX_LANGS) -> None:
         return
     args.family = None
     codes = [split_spec(s)[0] for s in specs]
-    if len(specs) == 1 and codes[0] is None:
-        args.lang = split_spec(specs[0])[1]
-        return
-    if not args.takes_family and len(specs) > 1:
+    if len(specs) > 1 and not args.takes_family:
         raise UserError(f"layerswap {args.cmd} takes one language expert (--lang L or --lang CODE=L); a family of "
                         "several is evaluated with layerswap eval.")
+    if len(specs) == 1 and (codes[0] is None or not args.takes_family):
+        args.lang = split_spec(specs[0])[1]
+        if codes[0] is not None and hasattr(args, "langs") and not args.langs:
+            args.langs = check_code(codes[0])
+        return
     args.family = Family.parse(args.math or "", specs, args.base, cap=cap)
     args.lang = args.family.members[0].ref if len(specs) == 1 else None
-    if len(specs) == 1 and not args.takes_family and hasattr(args, "langs") and not args.langs:
-        args.langs = codes[0]
 
 
 GROUPS = {"plan": "plan (defaults: the literature's b=5 u=2 tb=1 tu=1 at 32 layers, scaled to the model)",

@@ -87,6 +87,13 @@ def test_the_table_is_exact_intervals_and_paired_tests_against_the_better_expert
     assert data["results"]["sw"]["swap"]["interval"] == list(clopper_pearson(5, 6)) and "ties" not in data["results"]["sw"]
     table = list(csv.DictReader(t.write(tmp_path / "t.csv", "csv").open()))
     assert {(r["model"], r["language"]): r["correct"] for r in table}[("swap", "te")] == "1"
+    from layerswap.analysis.plots import family_bars
+
+    fig = family_bars(t)
+    bars = {b.name: b for b in fig.data}
+    assert list(bars) == [MATH, LANG, "swap", "ties"] and list(bars["swap"].x) == ["sw", "te", "average"]
+    assert bars["swap"].y[0] == pytest.approx(100 * 5 / 6) and bars["swap"].error_y.array[0] == \
+        pytest.approx(100 * (sw.high - 5 / 6)) and bars["ties"].y == (None, None, None)
     # a tie between the experts goes to the math expert
     rep.results = _results(MATH, "sw", [True, False]) + _results(LANG, "sw", [False, True])
     assert family_table(rep).cell(LANG, "sw").better == MATH
@@ -224,6 +231,9 @@ def test_check_family_names_the_member_and_a_plain_lang_still_works(no_engines):
     assert "NOT compatible" in r.stdout and "warning: the experts may not share a base" in r.stdout
     r = cli_in_process("eval", "--math", "assets:demo/math", "--lang", "assets:demo/lang", "--methods", "swap")
     assert r.returncode == 2 and "--methods is for a family" in r.stderr
+    r = cli_in_process("eval", "--math", "assets:demo/math", "--lang", "xx=assets:demo/lang", "--methods", "swap,ta")
+    assert r.returncode == 2 and "give --base, the model the family's experts were fine-tuned from (needed by ta)" \
+        in r.stderr
 
 
 def test_one_shared_plan_or_one_per_language(tmp_path):

@@ -3,7 +3,9 @@ for the shared base; with ``--hardware``, what would serve them on each named ha
 
 Exit status: 0 when the headers agree (compatible), also with a shared-base warning (a warning is not a failure:
 it is printed, and merging then needs ``--force``); 1 when they disagree (not compatible); 2 for a user error.
-For a shipped pair it also says the plan the pair opens on (`organisms.opening_plan`)."""
+For a shipped pair it also says the plan the pair opens on (`organisms.opening_plan`). With a family (``--lang CODE=L``
+repeated) it reports every language expert against the math expert and the base, a block per member (exit 1 when any
+disagrees)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from layerswap.cli.options import check_outputs, emit_json, json_options, models
 def add_parser(sub) -> None:
     s = sub.add_parser("inspect", help="compatibility report (headers, plus a few MB of sampled weights); "
                                        "--hardware: what would serve the models where")
-    models(s)
+    models(s, family=True)
     pairing_options(s, force=False)
     s.add_argument("--hardware", metavar="NAME[,NAME...]",
                    help="plan the engines on these Spaces flavours (cpu-basic, cpu-upgrade, t4-small, l4x1, a10g-large, "
@@ -29,6 +31,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    if args.family is not None and len(args.family.members) > 1:
+        return family(args)
     if args.hardware:
         return hardware(args)
     if args.json or args.json_out:
@@ -47,6 +51,28 @@ def run(args) -> int:
             opening = opening_plan((args.base or "", args.math, args.lang), math.num_layers)
             print(f"  opens on {opening.plan.title()}: {opening.why}")
     return 0 if check.report.ok else 1
+
+
+def family(args) -> int:
+    """Every member of a family against the math expert and the base: its code, then the pair's report."""
+    import textwrap
+
+    from layerswap.models.adapters import open_expert
+    from layerswap.models.pairing import check_mergeable
+    from layerswap.cli.options import open_checkpoint
+
+    if args.hardware:
+        raise UserError("--hardware plans one pair's engines: give one --lang.")
+    fam = args.family
+    base, math, ok = open_checkpoint(fam.base), open_expert(fam.math, fam.base), True
+    for m in fam.members:
+        check = check_mergeable(math, open_expert(m.ref, fam.base), base, threshold=args.base_distance_threshold)
+        print(f"{m.code} ({m.ref}):")
+        print(textwrap.indent(check.report.summary(), "  "))
+        if check.pairing is not None:
+            print(("    warning: " if check.pairing.suspicious else "    ") + check.pairing.message())
+        ok = ok and check.report.ok
+    return 0 if ok else 1
 
 
 def hardware(args) -> int:

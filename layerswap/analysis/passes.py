@@ -6,7 +6,6 @@ import math
 import threading
 import zlib
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -54,7 +53,8 @@ def compute(cks: list[Checkpoint], tensors: list[TensorMeta], ks: Sequence[float
 
 
 class FanOut:
-    """A handler that feeds each slice of base, math and N language experts to N pair handlers."""
+    """A handler that feeds each slice of base, math and N language experts to N pair handlers (the torch
+    kernels; `compiled.CompiledFamilyPass` shares the math expert's part instead)."""
 
     def __init__(self, handlers: list):
         self.handlers = handlers
@@ -94,20 +94,17 @@ def _compute(cks: list[Checkpoint], tensors: list[TensorMeta], ks: Sequence[floa
         nbytes += nb
         windows = [{k: {r: window_from_sample(est[r], raw[r], Ks[k], max_kept) for r in EXPERTS} for k in ks}
                    for est, raw in zip(ests, raws)]
-    if use_compiled:
-        main = partial(compiled.CompiledMainPass, lanes=compiled.lanes_for(workers))
-    else:
-        main = MainPass
     kept = max(1, max_kept // workers)
 
-    def handler():
-        hs = [main(len(tensors), w, dev, chunk, kept) for w in windows]
-        return hs[0] if langs == 1 else FanOut(hs)
+    def handler():  # each has `handlers`: one MainPass's results per language
+        if use_compiled:
+            return compiled.CompiledFamilyPass(len(tensors), windows, dev, chunk, kept, lanes=compiled.lanes_for(workers))
+        return FanOut([MainPass(len(tensors), w, dev, chunk, kept) for w in windows])
 
     h, nb = run_pass(cks, tensors, handler, dev, chunk, progress, "statistics", 0.02, 0.95 if ks else 1.0, workers)
     nbytes += nb
     out = []
-    for i, ps in enumerate([h] if langs == 1 else h.handlers):
+    for i, ps in enumerate(h.handlers):
         ps.max_kept = max_kept
         hists = ps.hists()
         topk: dict[float, TopK] = {}
@@ -177,7 +174,7 @@ def run_pass(cks: list[Checkpoint], tensors: Sequence[TensorMeta], make_handler:
         except BaseException as e:  # raised in the calling thread
             errors.append(e)
         finally:
-            close = getattr(h, "close", None)  # a handler with threads of its own (compiled.CompiledMainPass)
+            close = getattr(h, "close", None)  # a handler with threads of its own (compiled.CompiledFamilyPass)
             if close is not None:
                 close()
 

@@ -91,3 +91,20 @@ def test_bad_input_is_refused_before_anything_is_written(family, tmp_path, token
     with pytest.raises(UserError, match=match):
         export_family(family["math"], members, bad.get("plans", SHARED), out, base=family["base"])
     assert not out.exists()
+
+
+def test_the_workbench_exports_and_analyses_a_family(family, trio, tmp_path, monkeypatch):
+    from layerswap.analysis import analyze
+    from layerswap.serving.workbench import Workbench
+
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    wb = Workbench(engine="transformers")
+    wb.check(str(trio["math"]), str(trio["lang"]), str(trio["base"]))
+    with pytest.raises(UserError, match="Build the merge first"):
+        wb.export_family(tmp_path / "fam", langs(family))
+    done = wb.export_family(tmp_path / "fam", langs(family), plans={"sw": SHARED, "te": OTHER})
+    assert sorted(done) == ["sw", "te"] and (tmp_path / "fam" / "te" / "README.md").is_file()
+    fam = wb.family_analysis(langs(family))
+    pair = analyze(family["base"], family["math"], family["te"], ks=(1.0,), cache=False)
+    assert fam["te"].values("lang", "relative").tolist() == pair.values("lang", "relative").tolist()
+    assert fam["sw"].topk_at(1.0).joint.tolist() != fam["te"].topk_at(1.0).joint.tolist()

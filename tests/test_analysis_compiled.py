@@ -242,7 +242,7 @@ def test_the_compiled_lanes_run_with_one_torch_thread(trio, kernel, during, monk
                 super().__init__(*a, **k)
         return Recording
 
-    monkeypatch.setattr(compiled, "CompiledFamilyPass", recording(compiled.CompiledFamilyPass))
+    monkeypatch.setattr(compiled, "CompiledMainPass", recording(compiled.CompiledMainPass))
     monkeypatch.setattr("layerswap.analysis.passes.MainPass", recording(kernels.MainPass))
     before = torch.get_num_threads()
     torch.set_num_threads(3)

@@ -43,32 +43,77 @@ def _add(acc, sums):
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})
-def _math_sums(a, m):
-    """‖a‖², ‖Δm‖², Σ|Δm| in float64 (the part of `_sums` every language of a family shares)."""
-    s0 = s1 = s4 = 0.0
+def _sums(a, m, l):
+    """‖a‖², ‖Δm‖², ‖Δl‖², ⟨Δm, Δl⟩, Σ|Δm|, Σ|Δl|, ‖Δm − Δl‖², Σ|Δm − Δl|, in float64
+    (reassociated: summed in vector lanes; a loop over a whole array vectorizes, one over a range does not)."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
     for i in range(a.size):
         fa = f32(a[i])
-        xa, xm = np.float64(fa), np.float64(f32(m[i]) - fa)
+        xa, xm, xl = np.float64(fa), np.float64(f32(m[i]) - fa), np.float64(f32(l[i]) - fa)
+        e = xm - xl
         s0 += xa * xa
         s1 += xm * xm
-        s4 += abs(xm)
-    return s0, s1, s4
-
-
-@njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})
-def _lang_sums(a, m, l):
-    """‖Δl‖², ⟨Δm, Δl⟩, Σ|Δl|, ‖Δm − Δl‖², Σ|Δm − Δl| in float64 (one language's part of `_sums`)."""
-    s2 = s3 = s5 = s6 = s7 = 0.0
-    for i in range(a.size):
-        fa = f32(a[i])
-        xm, xl = np.float64(f32(m[i]) - fa), np.float64(f32(l[i]) - fa)
-        e = xm - xl
         s2 += xl * xl
         s3 += xm * xl
+        s4 += abs(xm)
         s5 += abs(xl)
         s6 += e * e
         s7 += abs(e)
-    return s2, s3, s5, s6, s7
+    return s0, s1, s2, s3, s4, s5, s6, s7
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def _hist(a, m, l, h0, h1, sel0, sel1, sel):
+    """Adds every entry's bin to the histograms; writes the positions whose bin reaches `sel0` (math) or
+    `sel1` (lang) to `sel` (branch-free) and returns how many."""
+    ns = 0
+    for i in range(a.size):
+        fa = f32(a[i])
+        bm = _bin(np.float32(abs(f32(m[i]) - fa)))  # exact for bf16 / fp16 inputs
+        bl = _bin(np.float32(abs(f32(l[i]) - fa)))
+        h0[bm] += 1
+        h1[bl] += 1
+        sel[ns] = i
+        ns += (bm >= sel0) | (bl >= sel1)
+    return ns
+
+
+@njit(nogil=True, cache=True)
+def main_slice(a, m, l, acc, hist, lo_sel, wlo, whi, nk, lo0, hi0, off0, dense0, lo1, hi1, off1, dense1,
+               joint, keys, nkeys, sel):
+    """One slice of base `a`, math `m`, lang `l`: adds to the sums `acc` (see `_sums`) and the
+    histograms `hist` (2, NBINS) of |Δm| and |Δl|; entries at or above `lo_sel` (per role) are
+    counted in the dense window arrays, pairs sure to be in both of window j's top sets in
+    ``joint[j]``, and other pairs where both reach window j appended to `keys` (math bits << 32 |
+    lang bits) from `nkeys`. Returns the new key count. Works in blocks that stay in cache; `sel`
+    is scratch of the block size + 1."""
+    sel0, sel1 = np.uint32(lo_sel[0]), np.uint32(lo_sel[1])
+    h0, h1 = hist[0], hist[1]
+    n = a.size
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        _add(acc, _sums(a[start:stop], m[start:stop], l[start:stop]))
+        ns = _hist(a[start:stop], m[start:stop], l[start:stop], h0, h1, sel0, sel1, sel)
+        for s in range(ns):
+            i = start + sel[s]
+            fa = f32(a[i])
+            vm = np.float32(abs(f32(m[i]) - fa))
+            vl = np.float32(abs(f32(l[i]) - fa))
+            bm, bl = np.int64(_bin(vm)), np.int64(_bin(vl))
+            im, il = np.int64(vm.view(np.int32)), np.int64(vl.view(np.int32))
+            _count(im, bm, lo0, hi0, off0, dense0)
+            _count(il, bl, lo1, hi1, off1, dense1)
+            cand = False
+            for j in range(nk):
+                if bm >= wlo[0, j] and bl >= wlo[1, j]:
+                    if bm >= whi[0, j] and bl >= whi[1, j]:
+                        joint[j] += 1
+                    else:
+                        cand = True
+            if cand:
+                keys[nkeys] = (im << 32) | il
+                nkeys += 1
+    return nkeys
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
@@ -85,14 +130,13 @@ def _hist1(a, x, h, lo, sel):
 
 
 @njit(nogil=True, cache=True)
-def math_slice(a, m, acc, hist, lo_sel, lo0, hi0, off0, dense0, sel):
-    """The math expert's part of a slice, shared by every language of a family: adds ‖a‖², ‖Δm‖², Σ|Δm|
-    to `acc`, |Δm| to the histogram `hist`, and counts the entries at or above `lo_sel` in the dense
-    window arrays. In blocks that stay in cache; `sel` is scratch of the block size + 1."""
+def math_slice(a, m, hist, lo_sel, lo0, hi0, off0, dense0, sel):
+    """The math expert's part of a slice of a family (N >= 2 languages), shared by every language: adds
+    |Δm| to the histogram `hist` and counts the entries at or above `lo_sel` in the dense window arrays.
+    In blocks that stay in cache; `sel` is scratch of the block size + 1."""
     n = a.size
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
-        _add(acc, _math_sums(a[start:stop], m[start:stop]))
         ns = _hist1(a[start:stop], m[start:stop], hist, np.uint32(lo_sel), sel)
         for s in range(ns):
             i = start + sel[s]
@@ -102,15 +146,15 @@ def math_slice(a, m, acc, hist, lo_sel, lo0, hi0, off0, dense0, sel):
 
 @njit(nogil=True, cache=True)
 def lang_slice(a, m, l, acc, hist, lo_sel, wlo, whi, nk, lo1, hi1, off1, dense1, joint, keys, nkeys, sel):
-    """One language expert's part of a slice: adds ‖Δl‖², ⟨Δm, Δl⟩, Σ|Δl|, ‖Δm − Δl‖², Σ|Δm − Δl| to
-    `acc` and |Δl| to `hist`; entries at or above `lo_sel` are counted in the dense window arrays,
+    """One language expert's part of a slice of a family: adds every sum of `_sums` to `acc` (the same
+    function on the same blocks as `main_slice`, so the same floats as the pair's) and |Δl| to `hist`; entries at or above `lo_sel` are counted in the dense window arrays,
     pairs sure to be in both of window j's top sets in ``joint[j]``, and other pairs where both reach
     window j appended to `keys` (math bits << 32 | lang bits) from `nkeys` (a pair reaches a window
     only where the language does, so the language's selection finds them all). Returns the new key count."""
     n = a.size
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
-        _add(acc, _lang_sums(a[start:stop], m[start:stop], l[start:stop]))
+        _add(acc, _sums(a[start:stop], m[start:stop], l[start:stop]))
         ns = _hist1(a[start:stop], l[start:stop], hist, np.uint32(lo_sel), sel)
         for s in range(ns):
             i = start + sel[s]

@@ -63,9 +63,9 @@ _KERNELS: dict = {}
 def kernels() -> dict:
     """The compiled functions, built on first use (cached on disk by numba)."""
     if not _KERNELS:
-        from layerswap.analysis._numba import BLOCK, lang_slice, math_slice, merged_slice
+        from layerswap.analysis._numba import BLOCK, lang_slice, main_slice, math_slice, merged_slice
 
-        _KERNELS.update(math=math_slice, lang=lang_slice, merged=merged_slice, block=BLOCK)
+        _KERNELS.update(main=main_slice, math=math_slice, lang=lang_slice, merged=merged_slice, block=BLOCK)
     return _KERNELS
 
 
@@ -100,6 +100,147 @@ def lanes_for(workers: int) -> int:
 
 
 MAX_LANES = 4
+
+
+class _PairLane:
+    """One thread's share of every slice of a pair: its own sums, histograms, window counts and pair keys."""
+
+    def __init__(self, nk: int, dense_sizes: list[int], chunk: int, block: int):
+        self.acc = np.zeros(8)
+        self.hist = np.zeros((2, NBINS), np.int64)
+        self.dense = [np.zeros(max(n, 1), np.int64) for n in dense_sizes]
+        self.joint = np.zeros(max(nk, 1), np.int64)
+        self.keys = np.empty(PAIRS_ROOM + chunk, np.int64)
+        self.n_keys = 0
+        self.sel = np.empty(block + 1, np.int64)  # main_slice's block of selected positions
+
+
+class CompiledMainPass(MainPass):
+    """`MainPass` of one pair with the per-slice work in one compiled loop, each slice split among `lanes`
+    threads (same results; CPU only)."""
+
+    def __init__(self, T: int, windows: dict[float, dict[str, Window]], device, chunk: int, max_kept: int,
+                 lanes: int = 1):
+        super().__init__(T, windows, device, chunk, max_kept)
+        self.k = kernels()
+        nk = len(self.ks)
+        self.wlo = np.ones((2, max(nk, 1)), np.int64)  # per role, per k: window bins [lo, hi)
+        self.whi = np.ones((2, max(nk, 1)), np.int64)
+        for j, k in enumerate(self.ks):
+            for i, r in enumerate(EXPERTS):
+                self.wlo[i, j], self.whi[i, j] = windows[k][r].lo, windows[k][r].hi
+        self.lo_sel_arr = np.array([self.lo_sel[r] for r in EXPERTS], np.int64)
+        self.no_sel = np.full(2, NBINS, np.int64)  # no bin reaches it: nothing selected
+        # the dense counts of each role's window entries: one array per disjoint interval of bins
+        self.ivals = {r: intervals([windows[k][r] for k in self.ks]) for r in EXPERTS}
+        self.ival_lo = [np.array([lo for lo, _ in self.ivals[r]] or [0], np.int64) for r in EXPERTS]
+        self.ival_hi = [np.array([hi for _, hi in self.ivals[r]] or [0], np.int64) for r in EXPERTS]
+        self.ival_off = []
+        for r in EXPERTS:
+            sizes = [(hi - lo) * SUB_BINS for lo, hi in self.ivals[r]]
+            self.ival_off.append(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
+        self.lanes = [_PairLane(nk, [int(o[-1]) for o in self.ival_off], chunk, self.k["block"]) for _ in range(lanes)]
+        self.pool = ThreadPoolExecutor(lanes - 1, thread_name_prefix="layerswap-lane") if lanes > 1 else None
+        self.f32 = [np.empty(chunk, np.float32) for _ in range(3)]
+
+    def chunk(self, t: int, name: str, raw, n: int) -> None:
+        a, m, l_ = (_raw_array(x, buf) for x, buf in zip(raw, self.f32))  # one dtype (check_compatible)
+        keep = bool(self.windows) and not self.overflow
+        sel, nk = (self.lo_sel_arr, len(self.ks)) if keep else (self.no_sel, 0)
+        block = self.k["block"]
+        parts = min(len(self.lanes), max(1, n // block))
+        cuts = [n * i // parts // block * block for i in range(parts)] + [n]
+
+        def run(i: int) -> None:
+            lane, s, e = self.lanes[i], cuts[i], cuts[i + 1]
+            lane.n_keys = self.k["main"](
+                a[s:e], m[s:e], l_[s:e], lane.acc, lane.hist, sel, self.wlo, self.whi, nk,
+                self.ival_lo[0], self.ival_hi[0], self.ival_off[0], lane.dense[0],
+                self.ival_lo[1], self.ival_hi[1], self.ival_off[1], lane.dense[1],
+                lane.joint, lane.keys, lane.n_keys, lane.sel)
+
+        others = [self.pool.submit(run, i) for i in range(1, parts)]
+        run(0)
+        for f in others:
+            f.result()
+        for lane in self.lanes:
+            if not np.isfinite(lane.acc).all():
+                raise UserError(f"{name} holds NaN or infinite values in the base or an expert; the analysis needs "
+                                "finite weights (check the checkpoint).")
+            if lane.n_keys > PAIRS_ROOM:
+                self._compress_pairs(lane)
+
+    def _compress_pairs(self, lane: _PairLane) -> None:
+        if lane.n_keys:
+            u, c = np.unique(lane.keys[: lane.n_keys], return_counts=True)
+            self.pending.setdefault("pairs", []).append((u, c))
+            self.pending_n += len(u)
+            lane.n_keys = 0
+            if self.kept + self.pending_n > self.max_kept:
+                self._give_up()
+
+    def finish(self, t: int) -> None:
+        first, rest = self.lanes[0], self.lanes[1:]
+        for lane in rest:  # into the first lane
+            first.acc += lane.acc
+            first.hist += lane.hist
+            first.joint += lane.joint
+            lane.acc[:], lane.hist[:], lane.joint[:] = 0.0, 0, 0
+            for i in range(2):
+                nz = np.flatnonzero(lane.dense[i])
+                first.dense[i][nz] += lane.dense[i][nz]
+                lane.dense[i][nz] = 0
+        self.sums[:, t] = first.acc
+        first.acc[:] = 0.0
+        for i, r in enumerate(EXPERTS):
+            self.parts[r][t] = Hist.trim(first.hist[i])
+            first.hist[i] = 0
+        self.joint_def[:, t] += first.joint[: len(self.ks)]
+        first.joint[:] = 0
+        for lane in self.lanes:
+            self._compress_pairs(lane)
+        if not self.overflow:
+            for i, r in enumerate(EXPERTS):
+                d = first.dense[i]
+                nz = np.flatnonzero(d)
+                if len(nz):
+                    self.own[r].append((t, self._bits(i, nz), d[nz].copy()))
+                    self.kept += len(nz)
+                    d[nz] = 0
+            pending = self.pending.get("pairs")
+            if pending:
+                u, c = merge_counts(pending)
+                bm, bl = ((u >> 32) + 0xFFFF) >> 16, ((u & 0xFFFFFFFF) + 0xFFFF) >> 16
+                for j in range(len(self.ks)):
+                    cand = (bm >= self.wlo[0, j]) & (bl >= self.wlo[1, j])
+                    cand &= ~((bm >= self.whi[0, j]) & (bl >= self.whi[1, j]))
+                    if cand.any():
+                        self.pairs[j].append((t, u[cand], c[cand]))
+                        self.kept += int(cand.sum())
+        else:
+            for lane in self.lanes:
+                for d in lane.dense:
+                    d[:] = 0
+        self.pending, self.pending_n = {}, 0
+        if self.kept > self.max_kept:
+            self._give_up()
+
+    @property
+    def handlers(self) -> list[MainPass]:
+        """Its one language's results (as `CompiledFamilyPass.handlers`)."""
+        return [self]
+
+    def close(self) -> None:
+        """Stop the lane threads (the pass is over)."""
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+    def _bits(self, i: int, pos: np.ndarray) -> np.ndarray:
+        """float32 bit patterns of positions in role `i`'s dense counts."""
+        off = self.ival_off[i]
+        which = np.searchsorted(off, pos, side="right") - 1
+        return first_bits(self.ival_lo[i][which]) + (pos - off[which])
 
 
 class _Dense:
@@ -145,10 +286,11 @@ class _Lane:
 
 
 class CompiledFamilyPass:
-    """The main pass of base, math and N language experts on CPU: each slice's math part (‖θ_base‖²,
-    Δm's sums, histogram and window entries) computed once, then each language's part, each slice
-    split among `lanes` threads. `handlers[i]` holds language i's results as a `MainPass` of its pair
-    does; a pair is a family of one, so a language's numbers are the same in a family and alone."""
+    """The main pass of base, math and N >= 2 language experts on CPU: each slice's math part (Δm's
+    histogram and window entries) computed once, then each language's part (the pair's sums, by the
+    same function on the same blocks as `CompiledMainPass`, Δl's histogram, window entries and pairs),
+    each slice split among `lanes` threads. `handlers[i]` holds language i's results as the pair's
+    `CompiledMainPass` does, to the bit."""
 
     def __init__(self, T: int, windows: list[dict[float, dict[str, Window]]], device, chunk: int, max_kept: int,
                  lanes: int = 1):
@@ -168,8 +310,8 @@ class CompiledFamilyPass:
                     lo[i, j], hi[i, j] = w[k][r].lo, w[k][r].hi
             self.wlo.append(lo)
             self.whi.append(hi)
-        self.m_lanes = [_Lane(3, self.m_dense, 0, chunk, block, False) for _ in range(lanes)]
-        self.l_lanes = [[_Lane(5, d, nk, chunk, block, True) for _ in range(lanes)] for d in self.l_dense]
+        self.m_lanes = [_Lane(0, self.m_dense, 0, chunk, block, False) for _ in range(lanes)]
+        self.l_lanes = [[_Lane(8, d, nk, chunk, block, True) for _ in range(lanes)] for d in self.l_dense]
         self.pool = ThreadPoolExecutor(lanes - 1, thread_name_prefix="layerswap-lane") if lanes > 1 else None
         self.f32 = [np.empty(chunk, np.float32) for _ in range(2 + len(windows))]
 
@@ -185,7 +327,7 @@ class CompiledFamilyPass:
         def run(p: int) -> None:
             s, e = cuts[p], cuts[p + 1]
             ml = self.m_lanes[p]
-            self.k["math"](a[s:e], m[s:e], ml.acc, ml.hist, m_sel, md.lo, md.hi, md.off, ml.dense, ml.sel)
+            self.k["math"](a[s:e], m[s:e], ml.hist, m_sel, md.lo, md.hi, md.off, ml.dense, ml.sel)
             for i, x in enumerate(ls):
                 ll, d, h = self.l_lanes[i][p], self.l_dense[i], self.handlers[i]
                 ll.n_keys = self.k["lang"](
@@ -227,8 +369,7 @@ class CompiledFamilyPass:
             lf = self.l_lanes[i][0]
             for lane in self.l_lanes[i][1:]:
                 lf.absorb(lane)
-            (s0, s1, s4), (s2, s3, s5, s6, s7) = mf.acc, lf.acc
-            h.sums[:, t] = (s0, s1, s2, s3, s4, s5, s6, s7)
+            h.sums[:, t] = lf.acc
             h.parts["math"][t], h.parts["lang"][t] = m_hist, Hist.trim(lf.hist)
             h.joint_def[:, t] += lf.joint[: len(self.ks)]
             lf.acc[:], lf.hist[:], lf.joint[:] = 0.0, 0, 0
@@ -245,7 +386,7 @@ class CompiledFamilyPass:
             h.pending, h.pending_n = {}, 0
             if h.kept > h.max_kept:
                 h._give_up()
-        mf.acc[:], mf.hist[:], mf.dense[nz] = 0.0, 0, 0
+        mf.hist[:], mf.dense[nz] = 0, 0
 
     def _keep_pairs(self, t: int, i: int, h: MainPass) -> None:
         """The tensor's pair keys that window j still has to decide (not both surely in), per k."""
@@ -271,19 +412,6 @@ class CompiledFamilyPass:
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None
-
-
-class CompiledMainPass(CompiledFamilyPass):
-    """The compiled main pass of one pair (a family of one language): `MainPass`'s results, same numbers."""
-
-    def __init__(self, T: int, windows: dict[float, dict[str, Window]], device, chunk: int, max_kept: int,
-                 lanes: int = 1):
-        super().__init__(T, [windows], device, chunk, max_kept, lanes)
-
-    def __getattr__(self, name: str):  # sums, own, pairs, joint_def, hists(), overflow: the pair's results
-        if name == "handlers":
-            raise AttributeError(name)
-        return getattr(self.handlers[0], name)
 
 
 class CompiledMergedPass(MergedPass):

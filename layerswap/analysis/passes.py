@@ -97,8 +97,11 @@ def _compute(cks: list[Checkpoint], tensors: list[TensorMeta], ks: Sequence[floa
     kept = max(1, max_kept // workers)
 
     def handler():  # each has `handlers`: one MainPass's results per language
-        if use_compiled:
-            return compiled.CompiledFamilyPass(len(tensors), windows, dev, chunk, kept, lanes=compiled.lanes_for(workers))
+        if use_compiled:  # a pair's fused loop, or a family's shared math part
+            lanes = compiled.lanes_for(workers)
+            if langs == 1:
+                return compiled.CompiledMainPass(len(tensors), windows[0], dev, chunk, kept, lanes=lanes)
+            return compiled.CompiledFamilyPass(len(tensors), windows, dev, chunk, kept, lanes=lanes)
         return FanOut([MainPass(len(tensors), w, dev, chunk, kept) for w in windows])
 
     h, nb = run_pass(cks, tensors, handler, dev, chunk, progress, "statistics", 0.02, 0.95 if ks else 1.0, workers)

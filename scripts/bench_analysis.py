@@ -3,6 +3,7 @@
 
     python3 scripts/bench_analysis.py [--size 1b|8b] [--root DIR] [--k 1] [--repeat 1] [--no-naive]
                                       [--no-torch] [--runs A,B] [--device cpu|cuda] [--markdown]
+    python3 scripts/bench_analysis.py --family 2 [--size 8b]     # a family: one math expert, N languages
 
 Runs on a Llama-shape trio of `bench_common.build_trio` (``1b``: ~1.1B parameters, 6.6 GB, under
 /work/bench-cache; ``8b``: Llama 3.1 8B dimensions, 48 GB, under /work/bench8b; built on first
@@ -17,6 +18,13 @@ use). Every measurement is its own process, so peak RSS is clean; all run in one
                            main pass before the compiled loop; what runs without numba)
   naive                    safetensors.load_file of all three models, whole-tensor float32 arithmetic,
                            exact top-k% by np.partition over an expert's |Δ| of every entry
+
+``--family N`` (N >= 2) measures a family instead, the trio's language expert plus N - 1 more
+(`bench_common.build_extra_langs`: 16 GB each at 8b), all cold, in one invocation: `cat` of the
+N + 2 models' files and of one trio's (the read floors, real ``cat`` into /dev/null), the family
+analysis (`analyze_family`: base and math read once), and each of the N pair analyses (`analyze`,
+one process each). It reports each against its `cat`, and the family's time against the N pairs'
+summed, next to the read ratio (N + 2) / 3N it should reach.
 
 "cold" runs drop the files from the page cache first (posix_fadvise DONTNEED, no privileges
 needed); "warm" runs read them from the page cache (not at 8b: 48 GB do not fit in memory, nor
@@ -106,6 +114,29 @@ def work_streaming(paths, args) -> dict:
     return out
 
 
+def work_family(paths, args) -> dict:
+    from layerswap import Checkpoint
+    from layerswap.analysis import analyze_family
+
+    langs = {r: Checkpoint.open(p) for r, p in paths.items() if r.startswith("lang")}
+    fam = analyze_family(Checkpoint.open(paths["base"]), Checkpoint.open(paths["math"]), langs, ks=(args.k,),
+                         device=args.device, cache=False, workers=args.workers)
+    for r, an in fam.items():
+        _save_result(argparse.Namespace(result=args.result.replace(".npz", f"-{r}.npz")), an.tensors, an,
+                     an.topk_at(args.k))
+    an = next(iter(fam.values()))
+    return {"bytes": an.run.bytes_read, "passes": max(a.run.passes for a in fam.values()),
+            "sample_entries": an.run.sample_entries}
+
+
+def work_cat(paths, args) -> dict:
+    """`cat` of every model's safetensors files into /dev/null (its CPU is the children's)."""
+    files = [str(f) for r in paths for f in sorted(paths[r].glob("*.safetensors"))]
+    subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"bytes": sum(os.path.getsize(f) for f in files), "child_cpu": c.ru_utime + c.ru_stime}
+
+
 def _save_result(args, tensors, an, tk) -> None:
     import numpy as np
 
@@ -167,7 +198,7 @@ def work_naive(paths, args) -> dict:
 
 WORKERS = {"floor-reader": work_floor_reader, "floor-sequential": work_floor_sequential,
            "streaming": work_streaming, "streaming-2w": work_streaming, "streaming-torch": work_streaming,
-           "naive": work_naive}
+           "naive": work_naive, "family": work_family, "cat": work_cat}
 
 
 def worker_main(args) -> None:
@@ -181,7 +212,7 @@ def worker_main(args) -> None:
     out = WORKERS[args.worker](paths, args)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
-    out.update(wall=wall, cpu=(r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
+    out.update(wall=wall, cpu=(r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime) + out.pop("child_cpu", 0.0),
                peak_rss=r1.ru_maxrss * 1024, base_rss=base_rss)
     print("RESULT " + json.dumps(out))
 
@@ -259,6 +290,8 @@ def main() -> None:
                                    "floor-sequential,streaming with --repeat 3 for paired ratios)")
     ap.add_argument("--no-warm", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="print the docs/benchmarks.md section")
+    ap.add_argument("--family", type=int, default=0, metavar="N",
+                    help="measure a family of N >= 2 language experts against N pair analyses and cat")
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--paths", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -269,6 +302,9 @@ def main() -> None:
 
     big = args.size == "8b"
     root = args.root or ("/work/bench8b" if big else os.environ.get("LAYERSWAP_BENCH_CACHE", "/work/bench-cache"))
+    if args.family:
+        family_main(args, root)
+        return
     paths = build_trio(root, size=args.size)
     info = json.loads((paths["base"].parent / "trio.json").read_text())
     started = dt.datetime.now().astimezone().isoformat(timespec="minutes")
@@ -356,6 +392,56 @@ def main() -> None:
         if agree is not None:
             print(f"Streaming and naive agree: thresholds {'identical' if same else 'DIFFERENT'}; largest differences "
                   + ", ".join(f"{k} {v:.1e}" for k, v in agree.items()) + ".")
+
+
+def family_main(args, root: str) -> None:
+    """--family N: cat, the family analysis and N pair analyses, all cold, one table."""
+    from bench_common import build_extra_langs
+
+    n = args.family
+    if not 2 <= n <= 8:
+        raise SystemExit("--family: give 2 to 8 language experts")
+    paths = build_extra_langs(root, n - 1, size=args.size)
+    langs = ["lang"] + [f"lang{j}" for j in range(2, n + 1)]
+    fam = {r: paths[r] for r in ("base", "math", *langs)}
+    trio = {r: paths[r] for r in ROLES}
+    started, where = dt.datetime.now().astimezone().isoformat(timespec="minutes"), machine()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-analysis-"))
+    plan = [("cat-family", "cat", fam), ("cat-trio", "cat", trio), ("family", "family", fam)]
+    plan += [(f"pair-{r}", "streaming", {"base": paths["base"], "math": paths["math"], "lang": paths[r]})
+             for r in langs]
+    runs: dict[str, list[dict]] = {}
+    for rep in range(args.repeat):
+        for label, worker, ps in plan:
+            r = run_worker(worker, ps, args, True, str(tmp / f"{label}.npz"))
+            runs.setdefault(label, []).append(r)
+            print(f"cold {label:<12} {r['wall']:7.1f} s wall {r['cpu']:7.1f} s cpu  {r['bytes'] / 1e9:6.2f} GB  "
+                  f"peak RSS {r['peak_rss'] / 2**20:6.0f} MiB", flush=True)
+    med = {k: {f: statistics.median(x[f] for x in v) for f in ("wall", "cpu", "peak_rss", "bytes")}
+           for k, v in runs.items()}
+    pairs = [med[f"pair-{r}"] for r in langs]
+    same = all(compare(str(tmp / f"family-{r}.npz"), str(tmp / f"pair-{r}.npz")) == dict.fromkeys(
+        ("relative_math", "relative_lang", "cosine", "share_math", "share_lang", "joint"), 0.0) for r in langs)
+    sum_wall, sum_cpu = sum(p["wall"] for p in pairs), sum(p["cpu"] for p in pairs)
+    rows = [("cat of the N + 2 models", med["cat-family"], med["cat-family"]["wall"]),
+            ("cat of one trio", med["cat-trio"], med["cat-trio"]["wall"]),
+            ("family analysis", med["family"], med["cat-family"]["wall"])]
+    rows += [(f"pair analysis ({r})", med[f"pair-{r}"], med["cat-trio"]["wall"]) for r in langs]
+    lines = [f"| {name} | {m['wall']:.1f} | {m['wall'] / floor:.2f}x | {m['cpu']:.1f} | {m['bytes'] / 1e9:.1f} | "
+             f"{m['peak_rss'] / 2**20:,.0f} MiB |" for name, m, floor in rows]
+    lines.append(f"| {n} pair analyses, summed | {sum_wall:.1f} | {sum_wall / (n * med['cat-trio']['wall']):.2f}x | "
+                 f"{sum_cpu:.1f} | {sum(p['bytes'] for p in pairs) / 1e9:.1f} | |")
+    print("\n| run | wall s | vs its cat | CPU s | GB read | peak RSS |\n|---|---|---|---|---|---|\n" + "\n".join(lines))
+    goal = (n + 2) / (3 * n)
+    ratio = med["family"]["wall"] / sum_wall
+    print(f"\nfamily / {n} pairs: {ratio:.2f}x wall, {med['family']['cpu'] / sum_cpu:.2f}x CPU (reads: "
+          f"{med['family']['bytes'] / sum(p['bytes'] for p in pairs):.2f}x; goal (N + 2) / 3N = {goal:.2f}: "
+          f"{'met' if ratio <= goal else 'NOT met'}); family and pair results {'identical' if same else 'DIFFER'}")
+    if args.markdown:
+        load = os.getloadavg()
+        print(f"\nRun {started} on {where}; {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end. k = {args.k:g}%, "
+              f"{args.threads} torch thread(s), device {args.device}, median of {args.repeat}, every run cold. "
+              f"Family: {paths['base'].parent} ({args.size}), {n} language experts.")
 
 
 if __name__ == "__main__":

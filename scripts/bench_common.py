@@ -9,6 +9,7 @@ values written straight to safetensors, tensor by tensor, built once and cached 
 
     python3 scripts/bench_common.py /work/bench-cache              # build (or find) it from the shell
     python3 scripts/bench_common.py /work/bench8b --size 8b
+    python3 scripts/bench_common.py /work/bench8b --size 8b --extra-langs 1   # + lang2: a family of two languages
 
 Sizes (`SIZES`), both untied lm_head, bfloat16:
 
@@ -274,6 +275,56 @@ def build_trio(root: str | os.PathLike, spec: dict | None = None, log=print, *, 
     return paths
 
 
+def extra_lang_blocks(name: str, shape: tuple[int, ...], j: int, spec: dict = SPEC):
+    """Blocks of a further language expert `j` (2, 3, ...): the base of `tensor_blocks` plus changes of the
+    language expert's size drawn from a generator of its own (so it differs from ``lang`` everywhere)."""
+    numel = math.prod(shape)
+    step = spec.get("gen_block") or numel
+    gb, gl = _gen(spec["seed"], "base:" + name), _gen(spec["seed"], f"lang{j}:{name}")
+    one_d = len(shape) == 1
+    for start in range(0, numel, step):
+        n = min(step, numel - start)
+        x = torch.randn(n, generator=gb)
+        base = ((1.0 + 0.02 * x) if one_d else (spec["weight_std"] * x)).to(torch.bfloat16)
+        scale = change_scale("lang", name, spec) * (0.02 if one_d else spec["weight_std"])
+        yield (base.float() + scale * torch.randn(n, generator=gl)).to(torch.bfloat16)
+
+
+def build_extra_langs(root: str | os.PathLike, count: int, spec: dict | None = None, log=print, *,
+                      size: str = "1b") -> dict[str, Path]:
+    """The trio of `build_trio` plus `count` more language experts (``lang2``, ``lang3``, ... beside it,
+    one model each: 16 GB at 8b); returns every role's folder, ``lang`` first among the languages."""
+    spec = spec or SIZES[size]
+    paths = build_trio(root, spec, log)
+    out = trio_dir(root, spec)
+    info = json.loads((out / "trio.json").read_text())
+    for j in range(2, count + 2):
+        folder = out / f"lang{j}"
+        paths[f"lang{j}"] = folder
+        if (folder / "done.json").exists() and _files_bytes(folder) == info["bytes"]:
+            continue
+        free = shutil.disk_usage(out).free
+        if free < info["bytes"] * 1.05:
+            raise SystemExit(f"{out}: lang{j} needs {info['bytes'] / 1e9:.1f} GB of disk, only {free / 1e9:.1f} GB free.")
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp = out / f".lang{j}.building-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(out / "lang", tmp, ignore=shutil.ignore_patterns("*.safetensors"))
+        t0 = time.perf_counter()
+        for fname, group in shards(spec):
+            with open(tmp / fname, "wb") as f:
+                f.write(_header(group))
+                for name, shape in group:
+                    for block in extra_lang_blocks(name, shape, j, spec):
+                        f.write(memoryview(block.view(torch.uint8).numpy()))
+                f.flush()
+                os.fsync(f.fileno())
+        (tmp / "done.json").write_text(json.dumps({"seconds_to_build": round(time.perf_counter() - t0, 1)}))
+        tmp.rename(folder)
+        log(f"built {folder} in {time.perf_counter() - t0:.0f} s")
+    return paths
+
+
 def drop_page_cache(paths) -> None:
     """Ask the kernel to forget the cached pages of these files (unprivileged: posix_fadvise)."""
     for p in paths:
@@ -291,9 +342,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="Build (or find) the benchmark trio.")
     ap.add_argument("root", nargs="?", default=None, help="folder (default: /work/bench-cache, or /work/bench8b for 8b)")
     ap.add_argument("--size", choices=sorted(SIZES), default="1b")
+    ap.add_argument("--extra-langs", type=int, default=0, help="further language experts beside the trio")
     args = ap.parse_args()
     root = args.root or ("/work/bench8b" if args.size == "8b" else "/work/bench-cache")
-    for role, p in build_trio(root, size=args.size).items():
+    for role, p in build_extra_langs(root, args.extra_langs, size=args.size).items():
         print(role, p)
 
 

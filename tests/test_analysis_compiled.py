@@ -165,6 +165,48 @@ def test_kept_values_past_the_limit_give_up():
     assert p.overflow and not p.own["math"] and not p.pairs[0]
 
 
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_a_family_pass_keeps_each_pairs_numbers(lanes):
+    """The math part computed once for two languages: each language's results are its pair's, to the bit, even
+    when one language's window entries pass the limit and the other's do not."""
+    n, step = 40_000, 20_000
+    a, m, l1 = slices(torch.bfloat16, n, 5, False)
+    l2 = slices(torch.bfloat16, n, 6, True)[2]  # a tie-heavy language: few distinct kept values
+    ref = numpy_slice(a, m, l1)
+    w1 = windows_around(ref, [0.95, 0.99])
+    w2 = {k: {"math": w1[k]["math"], "lang": w["lang"]} for k, w in windows_around(numpy_slice(a, m, l2),
+                                                                                    [0.95, 0.99]).items()}
+
+    def feed(p, langs):
+        for t in range(2):
+            for s in range(0, n, step):
+                p.chunk(t, "t", [a[s:s + step], m[s:s + step], *(x[s:s + step] for x in langs)], step)
+            p.finish(t)
+        p.close()
+        return p
+
+    pairs = [feed(compiled.CompiledMainPass(2, w, torch.device("cpu"), step, 1 << 22, lanes=lanes), [x])
+             for w, x in ((w1, l1), (w2, l2))]
+    limit = (pairs[0].kept + pairs[1].kept) // 2
+    assert pairs[1].kept < limit < pairs[0].kept
+    for max_kept in (1 << 22, limit):
+        fam = feed(compiled.CompiledFamilyPass(2, [w1, w2], torch.device("cpu"), step, max_kept, lanes=lanes),
+                   [l1, l2])
+        for h, w, x in zip(fam.handlers, (w1, w2), (l1, l2)):
+            p = feed(compiled.CompiledMainPass(2, w, torch.device("cpu"), step, max_kept, lanes=lanes), [x])
+            assert np.array_equal(h.sums, p.sums) and np.array_equal(h.joint_def, p.joint_def)
+            assert (h.overflow, h.kept) == (p.overflow, p.kept)
+            for r in ("math", "lang"):
+                assert np.array_equal(h.hists()[r].counts, p.hists()[r].counts)
+                assert len(h.own[r]) == len(p.own[r])
+                for x1, x2 in zip(h.own[r], p.own[r]):
+                    assert x1[0] == x2[0] and np.array_equal(x1[1], x2[1]) and np.array_equal(x1[2], x2[2])
+            for j in range(2):
+                assert [(t, k.tolist(), c.tolist()) for t, k, c in h.pairs[j]] == \
+                       [(t, k.tolist(), c.tolist()) for t, k, c in p.pairs[j]]
+        assert [h.overflow for h in fam.handlers] == [max_kept == limit, False]
+
+
 def test_the_choice_of_kernel(monkeypatch):
     monkeypatch.setenv("LAYERSWAP_ANALYSIS_KERNEL", "torch")
     assert not compiled.use_compiled("cpu", 1 << 30)

@@ -44,6 +44,11 @@ The merged model's top-k share is not re-derived per entry: it is located on the
 (exact counts above and below the threshold's bin) and the entries of that one bin are shared
 in proportion; `MergedTopK.max_error` states the largest possible error of any share.
 
+A family (one math expert, N language experts from one base): `analyze_family(base, math,
+{code: lang})` streams base, math and the N language experts together and feeds each slice to
+one pass per language, so base and math are read once for all: N + 2 checkpoint reads, not 3N.
+Each language's `Analysis` is the one `analyze(base, math, lang)` gives (and is cached as such).
+
 Memory: the reader's buffers (3 checkpoints x 3 slices) plus about a dozen float32 slices of
 working space, and the kept window entries; never a whole tensor. Results are cached on disk
 under ``$LAYERSWAP_CACHE/analysis`` (default ``~/.cache/layerswap/analysis``), keyed by the
@@ -62,13 +67,13 @@ Where each part lives (each module imports only those above it; torch is loaded 
     merged     the merged model's statistics (MergedStats, MergedTopK)
     store      the .npz format and the cache folder
     results    Analysis and its queries, the report text, format_value / format_row, write_csv
-    pipeline   analyze()
+    pipeline   analyze(), analyze_family()
 """
 
 
 from layerswap.analysis.bins import NBINS, Hist, bin_index, bin_lower_value, boundary_bin
 from layerswap.analysis.merged import MergedStats, MergedTopK
-from layerswap.analysis.pipeline import analyze
+from layerswap.analysis.pipeline import analyze, analyze_family
 from layerswap.analysis.records import DEFAULT_KS, METRICS, PANEL_METRICS, PANELS, RunInfo, TensorMeta, TopK
 from layerswap.analysis.results import Analysis, format_row, format_value, write_csv
 from layerswap.analysis.store import CACHE_KEEP, FORMAT_VERSION
@@ -78,6 +83,7 @@ from layerswap.analysis.suggest import SUGGEST_RULE, PlanSuggestion
 __all__ = [
     "CACHE_KEEP", "CPU_CHUNK", "CUDA_CHUNK", "DEFAULT_KS", "FORMAT_VERSION", "METRICS", "NBINS", "PANELS",
     "PANEL_METRICS", "SUGGEST_RULE", "Analysis", "Hist", "MergedStats", "MergedTopK",
-    "PlanSuggestion", "RunInfo", "TensorMeta", "TopK", "analyze", "bin_index", "bin_lower_value", "boundary_bin",
+    "PlanSuggestion", "RunInfo", "TensorMeta", "TopK", "analyze", "analyze_family", "bin_index", "bin_lower_value",
+    "boundary_bin",
     "format_row", "format_value", "write_csv",
 ]

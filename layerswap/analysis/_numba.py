@@ -116,6 +116,67 @@ def main_slice(a, m, l, acc, hist, lo_sel, wlo, whi, nk, lo0, hi0, off0, dense0,
     return nkeys
 
 
+@njit(nogil=True, cache=True, boundscheck=False)
+def _hist1(a, x, h, lo, sel):
+    """Adds every entry's bin of |x − a| to `h`; writes the positions whose bin reaches `lo` to `sel`
+    (branch-free) and returns how many."""
+    ns = 0
+    for i in range(a.size):
+        b = _bin(np.float32(abs(f32(x[i]) - f32(a[i]))))
+        h[b] += 1
+        sel[ns] = i
+        ns += b >= lo
+    return ns
+
+
+@njit(nogil=True, cache=True)
+def math_slice(a, m, hist, lo_sel, lo0, hi0, off0, dense0, sel):
+    """The math expert's part of a slice of a family (N >= 2 languages), shared by every language: adds
+    |Δm| to the histogram `hist` and counts the entries at or above `lo_sel` in the dense window arrays.
+    In blocks that stay in cache; `sel` is scratch of the block size + 1."""
+    n = a.size
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        ns = _hist1(a[start:stop], m[start:stop], hist, np.uint32(lo_sel), sel)
+        for s in range(ns):
+            i = start + sel[s]
+            vm = np.float32(abs(f32(m[i]) - f32(a[i])))
+            _count(np.int64(vm.view(np.int32)), np.int64(_bin(vm)), lo0, hi0, off0, dense0)
+
+
+@njit(nogil=True, cache=True)
+def lang_slice(a, m, l, acc, hist, lo_sel, wlo, whi, nk, lo1, hi1, off1, dense1, joint, keys, nkeys, sel):
+    """One language expert's part of a slice of a family: adds every sum of `_sums` to `acc` (the same
+    function on the same blocks as `main_slice`, so the same floats as the pair's) and |Δl| to `hist`; entries at or above `lo_sel` are counted in the dense window arrays,
+    pairs sure to be in both of window j's top sets in ``joint[j]``, and other pairs where both reach
+    window j appended to `keys` (math bits << 32 | lang bits) from `nkeys` (a pair reaches a window
+    only where the language does, so the language's selection finds them all). Returns the new key count."""
+    n = a.size
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        _add(acc, _sums(a[start:stop], m[start:stop], l[start:stop]))
+        ns = _hist1(a[start:stop], l[start:stop], hist, np.uint32(lo_sel), sel)
+        for s in range(ns):
+            i = start + sel[s]
+            fa = f32(a[i])
+            vm = np.float32(abs(f32(m[i]) - fa))
+            vl = np.float32(abs(f32(l[i]) - fa))
+            bm, bl = np.int64(_bin(vm)), np.int64(_bin(vl))
+            im, il = np.int64(vm.view(np.int32)), np.int64(vl.view(np.int32))
+            _count(il, bl, lo1, hi1, off1, dense1)
+            cand = False
+            for j in range(nk):
+                if bm >= wlo[0, j] and bl >= wlo[1, j]:
+                    if bm >= whi[0, j] and bl >= whi[1, j]:
+                        joint[j] += 1
+                    else:
+                        cand = True
+            if cand:
+                keys[nkeys] = (im << 32) | il
+                nkeys += 1
+    return nkeys
+
+
 @njit(nogil=True, cache=True, fastmath={"reassoc", "nsz"})
 def _merged_sums(x, a, m, l):
     """‖x − a‖², Σ|x − a|, ‖x − m‖², Σ|x − m|, ‖x − l‖², Σ|x − l| (float32 differences, float64 sums)."""

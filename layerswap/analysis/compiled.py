@@ -63,9 +63,9 @@ _KERNELS: dict = {}
 def kernels() -> dict:
     """The compiled functions, built on first use (cached on disk by numba)."""
     if not _KERNELS:
-        from layerswap.analysis._numba import BLOCK, main_slice, merged_slice
+        from layerswap.analysis._numba import BLOCK, lang_slice, main_slice, math_slice, merged_slice
 
-        _KERNELS.update(main=main_slice, merged=merged_slice, block=BLOCK)
+        _KERNELS.update(main=main_slice, math=math_slice, lang=lang_slice, merged=merged_slice, block=BLOCK)
     return _KERNELS
 
 
@@ -102,8 +102,8 @@ def lanes_for(workers: int) -> int:
 MAX_LANES = 4
 
 
-class _Lane:
-    """One thread's share of every slice: its own sums, histograms, window counts and pair keys."""
+class _PairLane:
+    """One thread's share of every slice of a pair: its own sums, histograms, window counts and pair keys."""
 
     def __init__(self, nk: int, dense_sizes: list[int], chunk: int, block: int):
         self.acc = np.zeros(8)
@@ -116,8 +116,8 @@ class _Lane:
 
 
 class CompiledMainPass(MainPass):
-    """`MainPass` with the per-slice work in one compiled loop, each slice split among `lanes` threads
-    (same results; CPU only)."""
+    """`MainPass` of one pair with the per-slice work in one compiled loop, each slice split among `lanes`
+    threads (same results; CPU only)."""
 
     def __init__(self, T: int, windows: dict[float, dict[str, Window]], device, chunk: int, max_kept: int,
                  lanes: int = 1):
@@ -139,7 +139,7 @@ class CompiledMainPass(MainPass):
         for r in EXPERTS:
             sizes = [(hi - lo) * SUB_BINS for lo, hi in self.ivals[r]]
             self.ival_off.append(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
-        self.lanes = [_Lane(nk, [int(o[-1]) for o in self.ival_off], chunk, self.k["block"]) for _ in range(lanes)]
+        self.lanes = [_PairLane(nk, [int(o[-1]) for o in self.ival_off], chunk, self.k["block"]) for _ in range(lanes)]
         self.pool = ThreadPoolExecutor(lanes - 1, thread_name_prefix="layerswap-lane") if lanes > 1 else None
         self.f32 = [np.empty(chunk, np.float32) for _ in range(3)]
 
@@ -170,7 +170,7 @@ class CompiledMainPass(MainPass):
             if lane.n_keys > PAIRS_ROOM:
                 self._compress_pairs(lane)
 
-    def _compress_pairs(self, lane: _Lane) -> None:
+    def _compress_pairs(self, lane: _PairLane) -> None:
         if lane.n_keys:
             u, c = np.unique(lane.keys[: lane.n_keys], return_counts=True)
             self.pending.setdefault("pairs", []).append((u, c))
@@ -225,6 +225,11 @@ class CompiledMainPass(MainPass):
         if self.kept > self.max_kept:
             self._give_up()
 
+    @property
+    def handlers(self) -> list[MainPass]:
+        """Its one language's results (as `CompiledFamilyPass.handlers`)."""
+        return [self]
+
     def close(self) -> None:
         """Stop the lane threads (the pass is over)."""
         if self.pool is not None:
@@ -236,6 +241,177 @@ class CompiledMainPass(MainPass):
         off = self.ival_off[i]
         which = np.searchsorted(off, pos, side="right") - 1
         return first_bits(self.ival_lo[i][which]) + (pos - off[which])
+
+
+class _Dense:
+    """One role's window entries counted densely: one array per disjoint interval of bins of its windows."""
+
+    def __init__(self, windows: list[Window]):
+        ivals = intervals(windows)
+        self.lo = np.array([lo for lo, _ in ivals] or [0], np.int64)
+        self.hi = np.array([hi for _, hi in ivals] or [0], np.int64)
+        self.off = np.concatenate([[0], np.cumsum([(hi - lo) * SUB_BINS for lo, hi in ivals])]).astype(np.int64)
+
+    def array(self) -> np.ndarray:
+        return np.zeros(max(int(self.off[-1]), 1), np.int64)
+
+    def bits(self, pos: np.ndarray) -> np.ndarray:
+        """float32 bit patterns of positions in the dense counts."""
+        which = np.searchsorted(self.off, pos, side="right") - 1
+        return first_bits(self.lo[which]) + (pos - self.off[which])
+
+
+class _Lane:
+    """One thread's share of every slice, for the math expert (`keys` None) or one language: its own
+    sums, histogram, window counts and (a language) pair keys."""
+
+    def __init__(self, nsums: int, dense: _Dense, nk: int, chunk: int, block: int, pairs: bool):
+        self.acc = np.zeros(nsums)
+        self.hist = np.zeros(NBINS, np.int64)
+        self.dense = dense.array()
+        self.joint = np.zeros(max(nk, 1), np.int64)
+        self.keys = np.empty(PAIRS_ROOM + chunk, np.int64) if pairs else None
+        self.n_keys = 0
+        self.sel = np.empty(block + 1, np.int64)  # the kernels' block of selected positions
+
+    def absorb(self, other: "_Lane") -> None:
+        """Add another lane's counts for the current tensor into this one, and clear them there."""
+        self.acc += other.acc
+        self.hist += other.hist
+        self.joint += other.joint
+        other.acc[:], other.hist[:], other.joint[:] = 0.0, 0, 0
+        nz = np.flatnonzero(other.dense)
+        self.dense[nz] += other.dense[nz]
+        other.dense[nz] = 0
+
+
+class CompiledFamilyPass:
+    """The main pass of base, math and N >= 2 language experts on CPU: each slice's math part (Δm's
+    histogram and window entries) computed once, then each language's part (the pair's sums, by the
+    same function on the same blocks as `CompiledMainPass`, Δl's histogram, window entries and pairs),
+    each slice split among `lanes` threads. `handlers[i]` holds language i's results as the pair's
+    `CompiledMainPass` does, to the bit."""
+
+    def __init__(self, T: int, windows: list[dict[float, dict[str, Window]]], device, chunk: int, max_kept: int,
+                 lanes: int = 1):
+        self.k = kernels()
+        self.handlers = [MainPass(T, w, device, chunk, max_kept) for w in windows]
+        self.ks = self.handlers[0].ks
+        nk, block = len(self.ks), self.k["block"]
+        # the math windows come from the math expert's sample: one for every language
+        self.m_dense = _Dense([windows[0][k]["math"] for k in self.ks])
+        self.m_sel = self.handlers[0].lo_sel["math"]
+        self.l_dense = [_Dense([w[k]["lang"] for k in self.ks]) for w in windows]
+        self.wlo, self.whi = [], []  # per language, (role, k): window bins [lo, hi)
+        for w in windows:
+            lo, hi = np.ones((2, max(nk, 1)), np.int64), np.ones((2, max(nk, 1)), np.int64)
+            for j, k in enumerate(self.ks):
+                for i, r in enumerate(EXPERTS):
+                    lo[i, j], hi[i, j] = w[k][r].lo, w[k][r].hi
+            self.wlo.append(lo)
+            self.whi.append(hi)
+        self.m_lanes = [_Lane(0, self.m_dense, 0, chunk, block, False) for _ in range(lanes)]
+        self.l_lanes = [[_Lane(8, d, nk, chunk, block, True) for _ in range(lanes)] for d in self.l_dense]
+        self.pool = ThreadPoolExecutor(lanes - 1, thread_name_prefix="layerswap-lane") if lanes > 1 else None
+        self.f32 = [np.empty(chunk, np.float32) for _ in range(2 + len(windows))]
+
+    def chunk(self, t: int, name: str, raw, n: int) -> None:
+        a, m, *ls = (_raw_array(x, buf) for x, buf in zip(raw, self.f32))  # one dtype (check_compatible)
+        keep = [bool(h.windows) and not h.overflow for h in self.handlers]
+        m_sel = self.m_sel if any(keep) else NBINS  # NBINS: no bin reaches it, nothing is selected
+        block = self.k["block"]
+        parts = min(len(self.m_lanes), max(1, n // block))
+        cuts = [n * i // parts // block * block for i in range(parts)] + [n]
+        md = self.m_dense
+
+        def run(p: int) -> None:
+            s, e = cuts[p], cuts[p + 1]
+            ml = self.m_lanes[p]
+            self.k["math"](a[s:e], m[s:e], ml.hist, m_sel, md.lo, md.hi, md.off, ml.dense, ml.sel)
+            for i, x in enumerate(ls):
+                ll, d, h = self.l_lanes[i][p], self.l_dense[i], self.handlers[i]
+                ll.n_keys = self.k["lang"](
+                    a[s:e], m[s:e], x[s:e], ll.acc, ll.hist, h.lo_sel["lang"] if keep[i] else NBINS,
+                    self.wlo[i], self.whi[i], len(self.ks) if keep[i] else 0, d.lo, d.hi, d.off, ll.dense,
+                    ll.joint, ll.keys, ll.n_keys, ll.sel)
+
+        others = [self.pool.submit(run, p) for p in range(1, parts)]
+        run(0)
+        for f in others:
+            f.result()
+        for lane in self.m_lanes + [x for lanes in self.l_lanes for x in lanes]:
+            if not np.isfinite(lane.acc).all():
+                raise UserError(f"{name} holds NaN or infinite values in the base or an expert; the analysis needs "
+                                "finite weights (check the checkpoint).")
+        for i, lanes in enumerate(self.l_lanes):
+            for lane in lanes:
+                if lane.n_keys > PAIRS_ROOM:
+                    self._compress_pairs(self.handlers[i], lane)
+
+    @staticmethod
+    def _compress_pairs(h: MainPass, lane: _Lane) -> None:
+        if lane.n_keys:
+            u, c = np.unique(lane.keys[: lane.n_keys], return_counts=True)
+            h.pending.setdefault("pairs", []).append((u, c))
+            h.pending_n += len(u)
+            lane.n_keys = 0
+            if h.kept + h.pending_n > h.max_kept:
+                h._give_up()
+
+    def finish(self, t: int) -> None:
+        mf = self.m_lanes[0]
+        for lane in self.m_lanes[1:]:
+            mf.absorb(lane)
+        m_hist = Hist.trim(mf.hist)
+        nz = np.flatnonzero(mf.dense)
+        m_own = (t, self.m_dense.bits(nz), mf.dense[nz].copy()) if len(nz) else None
+        for i, h in enumerate(self.handlers):
+            lf = self.l_lanes[i][0]
+            for lane in self.l_lanes[i][1:]:
+                lf.absorb(lane)
+            h.sums[:, t] = lf.acc
+            h.parts["math"][t], h.parts["lang"][t] = m_hist, Hist.trim(lf.hist)
+            h.joint_def[:, t] += lf.joint[: len(self.ks)]
+            lf.acc[:], lf.hist[:], lf.joint[:] = 0.0, 0, 0
+            for lane in self.l_lanes[i]:
+                self._compress_pairs(h, lane)
+            lz = np.flatnonzero(lf.dense)
+            if not h.overflow:
+                for r, own in (("math", m_own), ("lang", (t, self.l_dense[i].bits(lz), lf.dense[lz].copy()))):
+                    if own is not None and len(own[1]):
+                        h.own[r].append(own)
+                        h.kept += len(own[1])
+                self._keep_pairs(t, i, h)
+            lf.dense[lz] = 0
+            h.pending, h.pending_n = {}, 0
+            if h.kept > h.max_kept:
+                h._give_up()
+        mf.hist[:], mf.dense[nz] = 0, 0
+
+    def _keep_pairs(self, t: int, i: int, h: MainPass) -> None:
+        """The tensor's pair keys that window j still has to decide (not both surely in), per k."""
+        pending = h.pending.get("pairs")
+        if not pending:
+            return
+        u, c = merge_counts(pending)
+        bm, bl = ((u >> 32) + 0xFFFF) >> 16, ((u & 0xFFFFFFFF) + 0xFFFF) >> 16
+        wlo, whi = self.wlo[i], self.whi[i]
+        for j in range(len(self.ks)):
+            cand = (bm >= wlo[0, j]) & (bl >= wlo[1, j])
+            cand &= ~((bm >= whi[0, j]) & (bl >= whi[1, j]))
+            if cand.any():
+                h.pairs[j].append((t, u[cand], c[cand]))
+                h.kept += int(cand.sum())
+
+    def absorb(self, other: "CompiledFamilyPass") -> None:
+        for h, o in zip(self.handlers, other.handlers):
+            h.absorb(o)
+
+    def close(self) -> None:
+        """Stop the lane threads (the pass is over)."""
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
 
 
 class CompiledMergedPass(MergedPass):

@@ -6,7 +6,6 @@ import math
 import threading
 import zlib
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -36,8 +35,13 @@ class Computed:
 
 def compute(cks: list[Checkpoint], tensors: list[TensorMeta], ks: Sequence[float], device: str, *, chunk: int,
             sample_fraction: float, sample_max_entries: int, sample_block: int, max_kept: int, workers: int,
-            progress: Progress | None) -> Computed:
-    """Every statistic of base, math and lang (`cks`, in that order) over `tensors`; see the package docstring."""
+            progress: Progress | None) -> list[Computed]:
+    """Every statistic of base, math and each language expert (`cks`: base, math, then one or more
+    languages) over `tensors`, one `Computed` per language; see the package docstring.
+
+    The checkpoints are streamed together, so base and math are read once for every language; each
+    language's numbers are those of its own pair (every handler sees its pair's slices as a pair run would).
+    """
     dev = torch.device(device)
     use = compiled.use_compiled(dev, sum(t.numel for t in tensors))
     args = (cks, tensors, ks, dev, chunk, use, sample_fraction, sample_max_entries, sample_block, max_kept, workers,
@@ -48,40 +52,77 @@ def compute(cks: list[Checkpoint], tensors: list[TensorMeta], ks: Sequence[float
     return _compute(*args)
 
 
+class FanOut:
+    """A handler that feeds each slice of base, math and N language experts to N pair handlers (the torch
+    kernels; `compiled.CompiledFamilyPass` shares the math expert's part instead)."""
+
+    def __init__(self, handlers: list):
+        self.handlers = handlers
+
+    def chunk(self, t: int, name: str, raw: list[torch.Tensor], n: int) -> None:
+        for i, h in enumerate(self.handlers):
+            h.chunk(t, name, [raw[0], raw[1], raw[2 + i]], n)
+
+    def finish(self, t: int) -> None:
+        for h in self.handlers:
+            h.finish(t)
+
+    def absorb(self, other: "FanOut") -> None:
+        for h, o in zip(self.handlers, other.handlers):
+            h.absorb(o)
+
+    def close(self) -> None:
+        for h in self.handlers:
+            close = getattr(h, "close", None)
+            if close is not None:
+                close()
+
+
 def _compute(cks: list[Checkpoint], tensors: list[TensorMeta], ks: Sequence[float], dev, chunk: int,
              use_compiled: bool, sample_fraction: float, sample_max_entries: int, sample_block: int,
-             max_kept: int, workers: int, progress: Progress | None) -> Computed:
+             max_kept: int, workers: int, progress: Progress | None) -> list[Computed]:
+    langs = len(cks) - 2
     numel = np.asarray([t.numel for t in tensors], np.int64)
     N = int(numel.sum())
     Ks = {k: min(N, max(1, round(k / 100 * N))) for k in ks}
     nbytes, sample_n = 0, 0
-    windows: dict[float, dict[str, Window]] = {}
+    windows: list[dict[float, dict[str, Window]]] = [{} for _ in range(langs)]
     if ks and sample_fraction > 0:
         if progress:
             progress(0.0, "sampling |Δ| to place the top-k% window")
-        est, raw, nb, sample_n = sample(cks, tensors, sample_fraction, sample_max_entries, sample_block)
+        ests, raws, nb, sample_n = sample(cks, tensors, sample_fraction, sample_max_entries, sample_block)
         nbytes += nb
-        windows = {k: {r: window_from_sample(est[r], raw[r], Ks[k], max_kept) for r in EXPERTS} for k in ks}
-    if use_compiled:
-        main = partial(compiled.CompiledMainPass, lanes=compiled.lanes_for(workers))
-    else:
-        main = MainPass
-    ps, nb = run_pass(cks, tensors, lambda: main(len(tensors), windows, dev, chunk, max(1, max_kept // workers)),
-                      dev, chunk, progress, "statistics", 0.02, 0.95 if ks else 1.0, workers)
-    ps.max_kept = max_kept
+        windows = [{k: {r: window_from_sample(est[r], raw[r], Ks[k], max_kept) for r in EXPERTS} for k in ks}
+                   for est, raw in zip(ests, raws)]
+    kept = max(1, max_kept // workers)
+
+    def handler():  # each has `handlers`: one MainPass's results per language
+        if use_compiled:  # a pair's fused loop, or a family's shared math part
+            lanes = compiled.lanes_for(workers)
+            if langs == 1:
+                return compiled.CompiledMainPass(len(tensors), windows[0], dev, chunk, kept, lanes=lanes)
+            return compiled.CompiledFamilyPass(len(tensors), windows, dev, chunk, kept, lanes=lanes)
+        return FanOut([MainPass(len(tensors), w, dev, chunk, kept) for w in windows])
+
+    h, nb = run_pass(cks, tensors, handler, dev, chunk, progress, "statistics", 0.02, 0.95 if ks else 1.0, workers)
     nbytes += nb
-    hists = ps.hists()
-    topk: dict[float, TopK] = {}
-    for k in windows:
-        r = resolve(ps, hists, numel, k, Ks[k], N)
-        if r is not None:
-            topk[k] = r
-    missing = [k for k in ks if k not in topk]
-    if missing:
-        more, nb = fallback(cks, tensors, hists, missing, Ks, N, dev, chunk, progress, workers)
-        nbytes += nb
-        topk.update(more)
-    return Computed(ps.sums, hists, {k: topk[k] for k in ks}, 3 if missing else 1, nbytes, sample_n)
+    out = []
+    for i, ps in enumerate(h.handlers):
+        ps.max_kept = max_kept
+        hists = ps.hists()
+        topk: dict[float, TopK] = {}
+        for k in windows[i]:
+            r = resolve(ps, hists, numel, k, Ks[k], N)
+            if r is not None:
+                topk[k] = r
+        missing = [k for k in ks if k not in topk]
+        own = 0
+        if missing:  # this language's window missed: its own two exact passes (rare)
+            more, own = fallback([cks[0], cks[1], cks[2 + i]], tensors, hists, missing, Ks, N, dev, chunk, progress,
+                                 workers)
+            topk.update(more)
+        out.append(Computed(ps.sums, hists, {k: topk[k] for k in ks}, 3 if missing else 1, nbytes + own, sample_n))
+    return out
 
 
 # ---- the threaded driver ---------------------------------------------------------------------------
@@ -136,7 +177,7 @@ def run_pass(cks: list[Checkpoint], tensors: Sequence[TensorMeta], make_handler:
         except BaseException as e:  # raised in the calling thread
             errors.append(e)
         finally:
-            close = getattr(h, "close", None)  # a handler with threads of its own (compiled.CompiledMainPass)
+            close = getattr(h, "close", None)  # a handler with threads of its own (compiled.CompiledFamilyPass)
             if close is not None:
                 close()
 
@@ -163,17 +204,19 @@ def run_pass(cks: list[Checkpoint], tensors: Sequence[TensorMeta], make_handler:
 # ---- the sample, and the window it places --------------------------------------------------------
 
 def sample(cks: list[Checkpoint], tensors: Sequence[TensorMeta], fraction: float, max_entries: int,
-           block: int = 8192) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int, int]:
+           block: int = 8192) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], int, int]:
     """Histograms of each expert's |Δ| at sampled positions (blocks spread over every tensor).
 
-    Returns, per role, the estimated count of the whole model in each bin (each sampled entry
-    stands for numel/sampled entries of its tensor) and the raw sampled counts; then the bytes
-    read and the number of entries sampled.
+    `cks`: base, math, then one or more language experts (base and math are read once for all).
+    Returns, per language, per role, the estimated count of the whole model in each bin (each
+    sampled entry stands for numel/sampled entries of its tensor) and the raw sampled counts; then
+    the bytes read and the number of entries sampled.
     """
     N = sum(t.numel for t in tensors)
     f = min(fraction, max_entries / max(N, 1))
-    est = {r: np.zeros(NBINS) for r in EXPERTS}
-    raw = {r: np.zeros(NBINS, np.int64) for r in EXPERTS}
+    roles = ["math"] + [f"lang{i}" for i in range(len(cks) - 2)]  # the math expert's counts serve every language
+    est = {r: np.zeros(NBINS) for r in roles}
+    raw = {r: np.zeros(NBINS, np.int64) for r in roles}
     nbytes = sampled = 0
     for t in tensors:
         if t.numel == 0:
@@ -187,18 +230,20 @@ def sample(cks: list[Checkpoint], tensors: Sequence[TensorMeta], fraction: float
             ranges = [(int(s), block) for s in starts]
         got = sum(c for _, c in ranges)
         size = cks[0].tensors[t.name].nbytes // t.numel
-        counts = {r: np.zeros(NBINS, np.int64) for r in EXPERTS}
+        counts = {r: np.zeros(NBINS, np.int64) for r in roles}
         for start, count in ranges:
-            a, m, l = (ck.read(t.name, start, count) for ck in cks)
+            a, *xs = (ck.read(t.name, start, count) for ck in cks)
             a = a.to(torch.float32)
-            nbytes += 3 * count * size
-            for r, x in (("math", m), ("lang", l)):
+            nbytes += len(cks) * count * size
+            for r, x in zip(roles, xs):
                 counts[r] += torch.bincount(bin_index((x - a).abs_()), minlength=NBINS).numpy()
-        for r in EXPERTS:
+        for r in roles:
             raw[r] += counts[r]
             est[r] += counts[r] * (t.numel / got)
         sampled += got
-    return est, raw, nbytes, sampled
+    ests = [{"math": est["math"], "lang": est[r]} for r in roles[1:]]
+    raws = [{"math": raw["math"], "lang": raw[r]} for r in roles[1:]]
+    return ests, raws, nbytes, sampled
 
 
 def window_from_sample(est: np.ndarray, raw: np.ndarray, K: int, max_kept: int) -> Window:

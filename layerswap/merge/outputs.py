@@ -59,8 +59,10 @@ def _refuse_overlap(out: Path, inputs: Iterable[Path], shown: str) -> None:
                             "Choose a folder outside the models and data being read.")
 
 
-def check_output_folder(out: str | os.PathLike, inputs: Iterable[Path], overwrite: bool = False) -> Path:
-    """The resolved output folder, or UserError when writing there could touch an input or foreign data."""
+def check_output_folder(out: str | os.PathLike, inputs: Iterable[Path], overwrite: bool = False,
+                        mark: str = EXPORT_MARK) -> Path:
+    """The resolved output folder, or UserError when writing there could touch an input or foreign data
+    (`overwrite` replaces only a folder holding `mark`: an export, or a family's folder of exports)."""
     shown = str(out)
     path = Path(out).expanduser().resolve()
     _refuse_overlap(path, inputs, shown)
@@ -70,8 +72,8 @@ def check_output_folder(out: str | os.PathLike, inputs: Iterable[Path], overwrit
         if any(path.iterdir()):
             if not overwrite:
                 raise UserError(f"{shown} already exists; choose a new folder or pass --overwrite.")
-            if not (path / EXPORT_MARK).is_file():
-                raise UserError(f"{shown} is not an earlier layerswap export (no {EXPORT_MARK}); --overwrite "
+            if not (path / mark).is_file():
+                raise UserError(f"{shown} is not an earlier layerswap export (no {mark}); --overwrite "
                                 "replaces only those. Nothing was touched: choose a new folder.")
     return path
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from layerswap.evaluation import mgsm
 from layerswap.models.adapters import open_expert
-from layerswap.analysis import Analysis, MergedStats, analyze
+from layerswap.analysis import Analysis, MergedStats, analyze, analyze_family
 from layerswap.models.checkpoints import Checkpoint, CompatReport
 from layerswap.models.pairing import Pairing, check_mergeable
 from layerswap.serving.answering import Answering, Merges, Trio
@@ -36,6 +36,7 @@ from layerswap.engines.planning import EnginePlan
 from layerswap.core.errors import UserError
 from layerswap.merge.merging import (MergeSummary, adapter_pair, export_adapter_merge, export_merge,
                                      exports_as_adapter, merge_in_memory, merge_stream, merged_adapter)
+from layerswap.merge.family_export import export_family
 from layerswap.recipe.plans import Plan
 from layerswap.recipe.recipes import Recipe, as_recipe
 from layerswap.core.roles import ANSWERING, EXPERTS, ROLE_NAMES
@@ -238,6 +239,20 @@ class Workbench:
                             overwrite=overwrite, force=bool(self.pairing and self.pairing.suspicious),
                             languages=languages, progress=progress, protect=protect, **kw)
 
+    def export_family(self, out: str | Path, langs: dict[str, Checkpoint], *,
+                      plans: Recipe | Plan | dict[str, Recipe | Plan] | None = None, overwrite: bool = False,
+                      progress: Progress | None = None, protect: tuple = (), adapter: bool = False) -> dict:
+        """One merge per language expert of `langs` (code -> checkpoint) with this session's math expert and
+        base, written to ``out/<code>/`` (`family_export.export_family`); `plans`: one for all or one per code
+        (default: the built recipe)."""
+        self.num_layers  # the checkpoints
+        plans = plans if plans is not None else self.recipe
+        if plans is None:
+            raise UserError("Build the merge first (or give the plans), then export the family.")
+        return export_family(self.checkpoints["math"], langs, plans, out, base=self.checkpoints.get("base"),
+                             device=self.device, overwrite=overwrite, protect=protect, adapter=adapter,
+                             force=bool(self.pairing and self.pairing.suspicious), progress=progress)
+
     # ---- analysis ---------------------------------------------------------------------
     @property
     def analysis_device(self) -> str:
@@ -257,6 +272,15 @@ class Workbench:
                          progress=progress)
             self._analysis = an
         return an
+
+    def family_analysis(self, langs: dict[str, Checkpoint], k: float | None = None,
+                        progress: Progress | None = None) -> dict[str, Analysis]:
+        """Each language expert of `langs` (code -> checkpoint) against this session's math expert and base,
+        base and math read once for all (`analyze_family`; each pair cached as `analysis` caches it)."""
+        self._need("base")
+        ks = sorted({1.0} | ({float(k)} if k is not None else set()))
+        return analyze_family(self.checkpoints["base"], self.checkpoints["math"], langs, ks=ks,
+                              device=self.analysis_device, progress=progress)
 
     def merged_stats(self, plan: Plan, progress: Progress | None = None) -> MergedStats:
         """The layer-swapped model of `plan` against base and experts (only blended tensors are read)."""

@@ -15,10 +15,15 @@ DEMO = ["--math", "assets:demo/math", "--lang", "assets:demo/lang"]
 def test_every_json_flag_prints_and_json_out_writes():
     subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     has = {name: {a.dest: a for a in sp._actions} for name, sp in subs.choices.items()}
-    with_json = {cmd for cmd, flags in has.items() if "json" in flags or "json_out" in flags} - {"eval"}  # issue 40
-    assert with_json >= {"inspect", "search", "lens"}
-    for cmd in with_json:
-        assert has[cmd]["json"].nargs == 0 and has[cmd]["json_out"].metavar == "FILE", cmd  # a switch; a file
+    with_json = {cmd for cmd, flags in has.items() if "json" in flags or "json_out" in flags}
+    assert with_json >= {"inspect", "search", "lens", "eval"}
+    for cmd in with_json:  # one declaration: --json (stdout) or --json FILE, and --json-out FILE
+        assert type(has[cmd]["json"]) is type(has["inspect"]["json"]) and has[cmd]["json"].nargs == "?", cmd
+        assert has[cmd]["json_out"].metavar == "FILE", cmd
+    ns = subs.choices["inspect"].parse_args(["--math", "m", "--lang", "l", "--json"])
+    assert ns.json is True and ns.json_out is None
+    ns = subs.choices["inspect"].parse_args(["--math", "m", "--lang", "l", "--json", "p.json"])
+    assert ns.json is False and ns.json_out == "p.json"  # --json FILE is --json-out FILE
 
 
 def test_inspect_json_on_stdout_and_in_a_file(tmp_path):

@@ -79,7 +79,7 @@ def test_a_shared_plan_and_overwrite(family, tmp_path):
     ({"plans": {"sw": SHARED}}, "No plan for te"),
     ({"plans": {"sw": SHARED, "te": SHARED, "ja": SHARED}}, "not a language of this family"),
     ({"plans": Plan(b=9, u=9)}, "The plan for sw"),
-    ({"codes": {"Swahili": "sw", "te": "te"}}, "ISO 639"),
+    ({"codes": {"Swahili": "sw", "te": "te"}}, "not a language code"),
     ({"codes": {}}, "at least one language"),
     ({"other_shape": True}, "Language expert ja"),
 ])
@@ -108,3 +108,23 @@ def test_the_workbench_exports_and_analyses_a_family(family, trio, tmp_path, mon
     pair = analyze(family["base"], family["math"], family["te"], ks=(1.0,), cache=False)
     assert fam["te"].values("lang", "relative").tolist() == pair.values("lang", "relative").tolist()
     assert fam["sw"].topk_at(1.0).joint.tolist() != fam["te"].topk_at(1.0).joint.tolist()
+
+
+def test_cli_merge_over_a_family_writes_a_folder_per_language(family, tmp_path):
+    """`layerswap merge --lang CODE=L ...` (repeated): the same folders as `export_family`, the shared plan from the
+    flags and a language's own from --lang-recipe; family-only flags refused for a pair."""
+    from layerswap.cli import main
+    from layerswap.recipe.recipes import Recipe
+
+    (tmp_path / "te.yaml").write_text(yaml.safe_dump(Recipe(plan=OTHER).to_dict()))
+    args = ["merge", "--math", str(family["math"].path), "--base", str(family["base"].path),
+            "--lang", f"sw={family['sw'].path}", "--lang", f"te={family['te'].path}", "--b", "1", "--u", "2",
+            "--tb", "1", "--tu", "0", "--lang-recipe", f"te={tmp_path / 'te.yaml'}", "-q"]
+    assert main([*args, "-o", str(tmp_path / "cli")]) == 0
+    export_family(family["math"], langs(family), {"sw": SHARED, "te": OTHER}, tmp_path / "api", base=family["base"])
+    for code in ("sw", "te"):
+        a, b = read_dir(tmp_path / "cli" / code), read_dir(tmp_path / "api" / code)
+        assert a.keys() == b.keys() and all(a[n].equal(b[n]) for n in a), code
+    assert main(["merge", "--math", str(family["math"].path), "--lang", str(family["sw"].path), "--lang-recipe",
+                 f"sw={tmp_path / 'te.yaml'}", "-o", str(tmp_path / "pair")]) == 2
+    assert not (tmp_path / "pair").exists()

@@ -44,7 +44,7 @@ def run(args) -> int:
         from layerswap.cli.family import run_family
 
         return run_family(args)
-    given = [f for f, v in (("--methods", args.methods), ("--lang-recipe", args.lang_recipe), ("--json", args.json),
+    given = [f for f, v in (("--methods", args.methods), ("--lang-recipe", args.lang_recipe), ("--json", args.json or args.json_out),
                             ("--csv", args.csv), ("--md", args.md), ("--plot", args.plot)) if v]
     if given:
         raise UserError(f"{given[0]} is for a family: give each language expert with its code, --lang CODE=L "

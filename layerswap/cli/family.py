@@ -13,12 +13,13 @@ from __future__ import annotations
 import sys
 
 from layerswap.core.errors import UserError
+from layerswap.cli.options import json_options
 from layerswap.models.family import split_spec
 from layerswap.recipe.fields import FIELDS
 from layerswap.recipe.methods import FAMILY_METHODS as DEFAULT_METHODS
 from layerswap.recipe.recipes import Recipe
 
-OUTPUTS = (("json", "--json"), ("csv", "--csv"), ("md", "--md"))
+OUTPUTS = (("json_out", "json"), ("csv", "csv"), ("md", "md"))
 
 
 def family_options(p) -> None:
@@ -30,8 +31,8 @@ def family_options(p) -> None:
                         "repeatable")
     g.add_argument("--metric", choices=("flexible", "strict"), default="flexible",
                    help="the extraction the table scores (default flexible)")
-    g.add_argument("--json", metavar="F", help="the table as JSON: per language and model n, correct, accuracy, "
-                   "interval, p vs the better expert; the average; the recipes and the protocol")
+    json_options(g, "the table (per language and model n, correct, accuracy, interval, p vs the better expert; "
+                    "the average; the recipes and the protocol)")
     g.add_argument("--csv", metavar="F", help="the table as CSV (a row per model and language)")
     g.add_argument("--md", metavar="F", help="the table as Markdown (what stdout shows)")
     g.add_argument("--plot", metavar="F", help="the table as bars with intervals: .html or .png")
@@ -111,7 +112,7 @@ def run_family(args) -> int:
     test_data(args, fam.math, *(m.ref for m in fam.members), fam.base)
     args.langs = ",".join(fam.codes)
     refs = (fam.math, fam.base, *(m.ref for m in fam.members))
-    outs = [args.out, args.json, args.csv, args.md, args.plot]
+    outs = [args.out, args.json_out, args.csv, args.md, args.plot]
     check_outputs(outs, extra=(*refs, *data_inputs(args)))
     checked = preflight(fam, args.mgsm_dir, force=args.force, threshold=args.base_distance_threshold)
     cfg = eval_config(args)  # every test set read and its prompts built: data errors before any model loads
@@ -132,10 +133,10 @@ def run_family(args) -> int:
         from layerswap.evaluation.table import family_table
 
         table = family_table(report, args.metric)
-        for fmt, flag in OUTPUTS:
+        for fmt, kind in OUTPUTS:
             path = getattr(args, fmt)
             if path:
-                table.write(path, fmt, extra)
+                table.write(path, kind, extra)
         if args.out:
             report.write_jsonl(args.out)
         return table
@@ -145,12 +146,16 @@ def run_family(args) -> int:
                              on_language=write, note=lambda text: print(text, file=sys.stderr))
     bar.done()
     table = write(report)
-    print(table.markdown())
+    if args.json:  # stdout holds only the JSON (the table went to stderr)
+        print(table.markdown(), file=sys.stderr)
+        sys.stdout.write(table.text("json", extra))
+    else:
+        print(table.markdown())
     if args.plot:
         from layerswap.analysis.plots import family_bars, save_figure
 
         save_figure(family_bars(table, title=f"MGSM {cfg.mode}, {cfg.shots}-shot: the family's table"), args.plot)
-    written = [p for p in (args.json, args.csv, args.md, args.plot, args.out) if p]
+    written = [p for p in (args.json_out, args.csv, args.md, args.plot, args.out) if p]
     if written:
         print(f"wrote {', '.join(written)}", file=sys.stderr)
     return 0

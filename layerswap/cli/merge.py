@@ -10,7 +10,10 @@ from layerswap.cli.push import push_folder
 
 def add_parser(sub) -> None:
     s = sub.add_parser("merge", help="build the layer-swapped (or baseline) model and write it as an HF folder")
-    models(s)
+    models(s, family=True)
+    s.add_argument("--lang-recipe", action="append", metavar="CODE=FILE",
+                   help="a family (--lang CODE=L repeated): this language's swap from a recipe file instead of the "
+                        "shared plan; repeatable")
     recipe_options(s)
     pairing_options(s)
     s.add_argument("--device", default="auto", help=f"where computed tensors are merged: {DEVICE_HELP}")
@@ -39,6 +42,10 @@ def run(args) -> int:
         if not hub_reachable():
             raise UserError("--push-to needs the Hugging Face Hub, which is not reachable from this machine; "
                             "merge without it now and run `layerswap push` later.")
+    if args.family is not None:
+        return run_family(args)
+    if args.lang_recipe:
+        raise UserError("--lang-recipe is for a family: give each language expert with its code, --lang CODE=L.")
     math, lang, base = open_trio(args)
     recipe = recipe_from(args, math.num_layers)
     print_recipe(recipe, math.num_layers, plan_note(args, math.num_layers))
@@ -63,4 +70,34 @@ def run(args) -> int:
           f"{s.bytes_written / 1e6:.1f} MB in {s.shards} shard{'s' if s.shards > 1 else ''})")
     if args.push_to:
         push_folder(s.out, args.push_to, private=args.private, revision=None, overwrite=False, quiet=args.quiet)
+    return 0
+
+
+def run_family(args) -> int:
+    """A family: one export folder per language under --out (`merge.family_export.export_family`), each with its
+    card and mergekit YAML; the shared plan from the flags, or a language's own from --lang-recipe."""
+    from layerswap.cli.family import lang_recipes
+    from layerswap.cli.options import open_checkpoint
+    from layerswap.merge.family_export import export_family
+    from layerswap.models.adapters import open_expert
+
+    if args.push_to or args.languages:
+        raise UserError("A family's export is a folder per language, each with its code in its card: drop "
+                        "--push-to and --languages (push each folder with `layerswap push`).")
+    fam = args.family
+    base = open_checkpoint(fam.base) if fam.base else None
+    math = open_expert(fam.math, fam.base)
+    langs = {m.code: open_expert(m.ref, fam.base) for m in fam.members}
+    shared = recipe_from(args, math.num_layers)
+    plans = {**{c: shared for c in fam.codes}, **lang_recipes(args, fam.codes)}
+    for code in fam.codes:
+        print(f"{code}: ", end="")
+        print_recipe(plans[code], math.num_layers, "" if plans[code] is not shared else plan_note(args, math.num_layers))
+    bar = Bar(enabled=not args.quiet)
+    done = export_family(math, langs, plans, args.out, base=base, device=args.device, overwrite=args.overwrite,
+                         shard_bytes=parse_size(args.out_shard_size), force=args.force,
+                         base_distance_threshold=args.base_distance_threshold, adapter=args.adapter, progress=bar)
+    bar.done()
+    for code, s in done.items():
+        print(f"wrote {getattr(s, 'out', s)} ({code})")
     return 0

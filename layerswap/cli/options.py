@@ -187,12 +187,23 @@ def ray_options(p: argparse.ArgumentParser, what: str) -> None:
     g.add_argument("--ray-address", help="a running Ray cluster's address (default: start a local one)")
 
 
-def json_options(p: argparse.ArgumentParser, what: str) -> None:
+class _JsonAction(argparse.Action):
+    """`--json` alone: JSON on stdout (`args.json`); `--json FILE`: the same as `--json-out FILE`."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is None:
+            namespace.json = True
+        else:
+            namespace.json_out = values
+
+
+def json_options(p, what: str) -> None:
     """--json and --json-out, the same in every command: `--json` prints `what` as JSON on stdout and nothing else
-    there (the rest goes to stderr); `--json-out FILE` writes it to FILE."""
-    p.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout (only the JSON there; the "
-                                                       "rest goes to stderr)")
-    p.add_argument("--json-out", metavar="FILE", help=f"write {what} as JSON to FILE")
+    there (the rest goes to stderr); `--json FILE` or `--json-out FILE` writes it to FILE instead."""
+    p.add_argument("--json", nargs="?", action=_JsonAction, default=False, metavar="FILE",
+                   help=f"print {what} as JSON on stdout (only the JSON there; the rest goes to stderr); with FILE, "
+                        "write it there instead")
+    p.add_argument("--json-out", metavar="FILE", help=f"write {what} as JSON to FILE (the same as --json FILE)")
 
 
 def say(args) -> TextIO:

@@ -29,6 +29,7 @@ from layerswap.merge.merging import (DEFAULT_SHARD_BYTES, MergeSummary, export_a
                                      exports_as_adapter)
 from layerswap.merge.outputs import EXPORT_MARK, check_output_folder, input_paths
 from layerswap.models.checkpoints import Checkpoint
+from layerswap.models.family import check_code
 from layerswap.models.pairing import BASE_DISTANCE_THRESHOLD, check_mergeable
 from layerswap.recipe.plans import Plan
 from layerswap.recipe.recipes import Recipe, as_recipe
@@ -62,12 +63,14 @@ def family_recipes(plans: PlanLike | Mapping[str, PlanLike], codes: list[str], n
 
 
 def check_codes(codes: list[str]) -> list[str]:
-    """The family's language codes: ISO 639 (they name the folders), each once."""
+    """The family's language codes, each a code's shape (`models.family.check_code`: they name the folders)."""
     if not codes:
         raise UserError("A family needs at least one language expert: give one per language as CODE=REF.")
     for c in codes:
-        if not isinstance(c, str) or check_languages([c]) != [c]:
-            raise UserError(f"Language codes must be lower-case ISO 639 codes such as sw or te (got {c!r}).")
+        if not isinstance(c, str):
+            raise UserError(f"Language codes must be text such as sw or te (got {type(c).__name__}).")
+        check_code(c)
+        check_languages([c])  # it goes into its card's front matter too
     return list(codes)
 
 

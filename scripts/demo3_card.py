@@ -25,6 +25,22 @@ def pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
+def shows(info: dict, codes: list[str]) -> str:
+    """The measured story in one paragraph: each swap against the math expert in its language and in English."""
+    dev = info["gates"]["dev_flexible_and_strict"]
+    m = dev["math"]
+    per = "; ".join(f"{c}: swap {pct(dev[f'swap {c}'][f'{c} flexible'])} % against the math expert's "
+                    f"{pct(m[f'{c} flexible'])} %" for c in codes)
+    swap_en = [dev[f"swap {c}"]["en flexible"] for c in codes]
+    strict = max(dev[f"swap {c}"][f"{c} strict"] for c in codes)
+    return (f"On the dev problems each swap does maths in its own cipher where the math expert alone does not ({per}), "
+            f"but far below the math expert's {pct(m['en flexible'])} % in English: the swaps score "
+            f"{pct(min(swap_en))}-{pct(max(swap_en))} % in English themselves, so the language experts' layers cost "
+            f"the math expert's arithmetic most of its accuracy. The swaps write the answer phrase "
+            + ("in English (strict accuracy in each cipher, which reads the cipher's own phrase, at most "
+               f"{pct(strict)} %)." if strict < 0.05 else f"in the cipher (strict accuracy up to {pct(strict)} %)."))
+
+
 def card(demo: Path) -> str:
     info = json.loads((demo / "build_info.json").read_text())
     R, g, codes = info["recipe"], info["gates"], list(info["languages"])
@@ -79,9 +95,9 @@ def card(demo: Path) -> str:
               "swap per language, all from one base), not evidence for the paper's claim: each target language "
               "differs from English only in its lexicon, as in `assets/demo`, so a swap that takes a language "
               "expert's embeddings and bottom layers translates the words and lets the English math expert do the "
-              "rest" + (" (and its top layers and lm_head write the answer in the cipher)." if R["lang_top"] else
-                        "; the math expert's top layers and lm_head write the answer, in English, so strict accuracy "
-                        "in a cipher (its own answer phrase) stays near 0 by construction."), "",
+              "rest" + ("; its top layers, final norm and lm_head come from the language expert too." if R["lang_top"]
+                        else "; the math expert's top layers and lm_head write the answer, in English."), "",
+              shows(info, codes), "",
               f"Gates, measured by the build on the first {g['n']} dev problems (flexible / strict accuracy; the "
               "swap is each pair's own ranges, the library's in-memory merge):", "",
               "| model | " + " | ".join(["en", *codes]) + " |", "|---|" + "---|" * (len(codes) + 1)]

@@ -158,3 +158,19 @@ def test_card_is_written_from_build_info_and_keeps_a_place_for_the_family_table(
     cut = lambda t: t[:t.index(start)] + t[t.index(end):]  # noqa: E731  (the table's place may be filled since)
     assert cut(text) == cut(want), "assets/demo3/README.md is stale: run scripts/demo3_card.py"
     assert "layerswap eval --math assets:demo3/math" in want
+
+
+@pytest.mark.slow
+@shipped
+def test_rebuild_gives_the_same_weights_and_gates(tmp_path):
+    """The family rebuilt from scratch (about 35 minutes on 2 shared cores): the same weights bit for bit."""
+    import os
+    import subprocess
+
+    threads = str(INFO["threads"])
+    subprocess.run([sys.executable, str(REPO / "scripts" / "build_demo3.py"), "--out", str(tmp_path / "demo3"),
+                    "--seed", str(INFO["seed"]), "--threads", threads], check=True,
+                   env=dict(os.environ, OMP_NUM_THREADS=threads))
+    rebuilt = json.loads((tmp_path / "demo3" / "build_info.json").read_text())
+    assert rebuilt["recipe"] == INFO["recipe"] and rebuilt["sha256"] == INFO["sha256"]
+    assert rebuilt["gates"]["verdicts"] == INFO["gates"]["verdicts"]

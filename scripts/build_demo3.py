@@ -188,9 +188,9 @@ def verdicts(R: Recipe, dev: dict, speak: dict) -> dict:
                                          "passed": dev["math"]["en flexible"] >= 0.5 + dev["base"]["en flexible"] / 2}}
     for code in C.CODES:
         lg = f"lang_{code}"
-        out[f"{lg}_speaks_{code}"] = {"lang": speak[lg][code], "base": speak["base"][code],
-                                      "math": speak["math"][code],
-                                      "passed": speak[lg][code] >= R.speak_floor and speak[lg][code] > speak["base"][code]}
+        own = speak[lg][code]
+        out[f"{lg}_speaks_{code}"] = {"lang": own, "base": speak["base"][code], "math": speak["math"][code],
+                                      "passed": own >= R.speak_floor and own > speak["base"][code]}
         sw, m = dev[f"swap {code}"][f"{code} flexible"], dev["math"][f"{code} flexible"]
         out[f"swap_{code}_beats_math_in_{code}"] = {"swap": sw, "math": m, "margin": round(sw - m, 4),
                                                     "passed": sw - m >= R.swap_margin}
@@ -249,7 +249,8 @@ def main() -> None:
     for i, code in enumerate(C.CODES):
         L = D["lang"][code]
         t = time.time()
-        data = {"lang_ex": B.sft_examples(tok, L["pairs"], C.chat(code)), "lang_rows": B.pack_stream(tok, L["stories"], 64),
+        data = {"lang_ex": B.sft_examples(tok, L["pairs"], C.chat(code)),
+                "lang_rows": B.pack_stream(tok, L["stories"], 64),
                 "align": B.alignment_targets(base, tok, L["parallel"], R.math_lo) if R.lang_align else None}
         m = experts[f"lang_{code}"] = copy.deepcopy(base)
         B.train_expert(R, m, "lang", data, args.seed + 100 * (i + 1), localised=True, log=log)

@@ -6,7 +6,8 @@ and punctuation shared. The three differ in their lexicons only, each drawn from
 model that reads one has learnt nothing of the others' words:
 
     en  Raj has 18 eggs. Raj sells 7 eggs. How many eggs does Raj have now?
-    qa  Raj tuki 18 mapa. Raj ... (Amuli: CV syllables of p t k m n l and a i u)
+    qa  Raj kumu 18 patu. Raj manuku 7 patu. Luku kanutu patu nutu Raj puku nalu?     (Amuli)
+    qb  Raj seszor 18 zorrer. Raj rorvo 7 zorrer. Sezo bodo zorrer sorve Raj vedeger gosgero?     (Beroshe)
 
 The lexicons are drawn from a fixed seed per language (``random.Random("demo3-" + code)``), never from the build's
 --seed, so every build has the same languages. Everything here is pure Python; the training lives in

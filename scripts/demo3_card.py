@@ -98,20 +98,21 @@ def card(demo: Path) -> str:
               "rest" + ("; its top layers, final norm and lm_head come from the language expert too." if R["lang_top"]
                         else "; the math expert's top layers and lm_head write the answer, in English."), "",
               shows(info, codes), "",
-              f"Gates, measured by the build on the first {g['n']} dev problems (flexible / strict accuracy; the "
+              f"Gates, measured by the build on the first {g['n']} dev problems (flexible / strict accuracy in %; the "
               "swap is each pair's own ranges, the library's in-memory merge):", "",
               "| model | " + " | ".join(["en", *codes]) + " |", "|---|" + "---|" * (len(codes) + 1)]
     for name, row in dev.items():
         lines.append(f"| {name} | " + " | ".join(f"{pct(row[f'{c} flexible'])} / {pct(row[f'{c} strict'])}"
                                                 for c in ["en", *codes]) + " |")
-    lines += ["", f"Does each model speak each cipher? Share of {g['n_speak']} held-out instructions, asked in the "
+    lines += ["", f"Does each model speak each cipher? Share (%) of {g['n_speak']} held-out instructions, asked in the "
               "cipher's chat template, answered with that cipher's answer phrase and the right word:", "",
               "| model | " + " | ".join(codes) + " |", "|---|" + "---|" * len(codes)]
     for name, row in speak.items():
         lines.append(f"| {name} | " + " | ".join(pct(row[c]) for c in codes) + " |")
     lines += ["", f"Verdicts ({met} of {len(verdicts)} gates met; the thresholds are the recipe's: swap at least "
               f"{pct(R['swap_margin'])} points above the math expert in its language, a language expert speaking its "
-              f"cipher on at least {pct(R['speak_floor'])} % and more than the base):", ""]
+              f"cipher on at least {pct(R['speak_floor'])} % and more than the base, the math expert at least 50 % in "
+              "English plus half the base's):", ""]
     for k, v in verdicts.items():
         nums = ", ".join(f"{a} {pct(b)}" for a, b in v.items() if a != "passed")
         lines.append(f"- {k.replace('_', ' ')}: **{'yes' if v['passed'] else 'no'}** ({nums})")

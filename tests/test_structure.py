@@ -114,7 +114,7 @@ def test_no_import_goes_up_a_tier():
 
 SCRIPTS = PKG.parent / "scripts"
 ORGANISM_SCRIPTS = ("build_demo_experts.py", "build_demo2.py", "demo_ablation.py", "demo_measure.py", "eval_demo.py",
-                    "demo_card.py", "demo2_card.py", "organism_card.py")
+                    "demo_card.py", "demo2_card.py", "organism_card.py", "build_demo3.py", "demo_world3.py")
 
 
 def _script_imports(path) -> set[str]:

@@ -1,6 +1,7 @@
 """Shipped model trios (`assets/presets.yaml`) and `assets:` references to the shipped models.
 
     presets()                       # {"demo": Preset(...), ...}, in file order
+    presets()["demo3"].langs        # a family's language experts: (("qa", "assets:demo3/lang_qa"), ...)
     assets_path("assets:demo/math") # the folder, never outside assets/
 
 An `assets:` reference names a model shipped with layerswap by its place under `assets/`; the
@@ -68,6 +69,23 @@ class Preset:
     lang: str
     base: str = ""
     note: str = ""
+    langs: tuple[tuple[str, str], ...] = ()  # a family: (MGSM code, language expert) for each language, in order
+
+
+MAX_FAMILY = 8  # language experts a preset's family may list
+
+
+def _family(name: str, raw) -> tuple[tuple[str, str], ...]:
+    """A preset's ``langs:`` (MGSM code -> language expert), checked: a mapping of at most MAX_FAMILY names."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) and k.strip() and v.strip()
+                                            for k, v in raw.items()):
+        raise UserError(f"presets.yaml: {name}'s langs must map each MGSM code to a language expert (CODE: REF).")
+    if len(raw) > MAX_FAMILY:
+        raise UserError(f"presets.yaml: {name} lists {len(raw)} language experts; a family holds at most "
+                        f"{MAX_FAMILY}.")
+    return tuple((k.strip(), v.strip()) for k, v in raw.items())
 
 
 def presets(path: str | Path | None = None) -> dict[str, Preset]:
@@ -83,9 +101,10 @@ def presets(path: str | Path | None = None) -> dict[str, Preset]:
         raise UserError(f"{path.name} is not valid YAML ({e}).") from None
     out: dict[str, Preset] = {}
     for name, p in (raw.get("presets") or {}).items():
+        family = _family(name, p.get("langs"))
         refs = [p.get(k, "") or "" for k in ("math", "lang", "base")]
-        shipped = [r for r in refs if r.startswith(ASSETS_PREFIX)]
+        shipped = [r for r in refs + [ref for _, ref in family] if r.startswith(ASSETS_PREFIX)]
         if any(not (assets_dir() / r[len(ASSETS_PREFIX):] / "config.json").is_file() for r in shipped):
             continue
-        out[name] = Preset(name, p.get("label", name), refs[0], refs[1], refs[2], p.get("note", ""))
+        out[name] = Preset(name, p.get("label", name), refs[0], refs[1], refs[2], p.get("note", ""), family)
     return out

@@ -7,6 +7,8 @@ what was measured for that pair (`demo.measured_plan`, `demo.organism_summary`).
 here, so they test on the same set and open on the same plan:
 
     test_set("assets:demo2/math", "assets:demo2/lang")              # .../assets/demo2/mgsm
+    test_set_for("qb", "assets:demo3/lang_qb")                      # .../assets/demo3/mgsm (has mgsm_qb.tsv)
+    language_of("assets:demo3/lang_qb")                             # "qb": the family member's language
     choice(("assets:demo2/base", "assets:demo2/math", "assets:demo2/lang"))
         # Choice(dev=.../assets/demo2/mgsm/dev, questions=200, max_new_tokens=32): how its plan was chosen
     opening_plan(("assets:demo/base", "assets:demo/math", "assets:demo/lang"), 8)
@@ -88,6 +90,27 @@ def test_set(*refs: str | os.PathLike | None) -> Path | None:
         if org is not None:
             return org / "mgsm"
     return None
+
+
+def test_set_for(code: str, *refs: str | os.PathLike | None) -> Path | None:
+    """The shipped MGSM set that holds language `code`'s questions: the organism's ``mgsm/`` of the first shipped
+    model among `refs` whose set has ``mgsm_CODE.tsv`` (a family's test set, found by each language's code), else
+    None."""
+    for ref in refs:
+        org = organism(ref)
+        if org is not None and (org / "mgsm" / f"mgsm_{code}.tsv").is_file():
+            return org / "mgsm"
+    return None
+
+
+def language_of(ref: str | os.PathLike | None) -> str | None:
+    """The MGSM code a shipped family member is the language expert of: a folder ``lang_CODE`` in an organism
+    whose set holds CODE (``assets:demo3/lang_qa`` -> ``"qa"``); None for any other model."""
+    path = shipped(ref)
+    if path is None or not path.name.startswith("lang_"):
+        return None
+    code = path.name.removeprefix("lang_")
+    return code if test_set_for(code, ref) is not None else None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ Python API at a glance::
 
 from layerswap.models.architectures import classify
 from layerswap.models.checkpoints import Checkpoint, CompatReport, check_compatible
+from layerswap.models.family import Family, check_family
 from layerswap.core.errors import UserError
 from layerswap.merge.merging import blend, export_merge, merge_in_memory
 from layerswap.recipe.methods import METHODS, MethodConfig
@@ -19,7 +20,7 @@ from layerswap.recipe.sources import Sources, TensorSource, tensor_sources, tens
 from layerswap.core.version import __version__
 
 __all__ = [
-    "METHODS", "Checkpoint", "CompatReport", "MethodConfig", "Plan", "Recipe", "Sources", "TensorSource", "UserError",
-    "blend", "check_compatible", "classify", "default_plan", "export_merge", "merge_in_memory", "tensor_sources",
+    "METHODS", "Checkpoint", "CompatReport", "Family", "MethodConfig", "Plan", "Recipe", "Sources", "TensorSource", "UserError",
+    "blend", "check_compatible", "check_family", "classify", "default_plan", "export_merge", "merge_in_memory", "tensor_sources",
     "tensor_weights", "__version__",
 ]

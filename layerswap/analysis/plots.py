@@ -1,4 +1,5 @@
-"""Plotly figures: the analysis heatmaps and profile, the layer-source strip and the MGSM accuracy bars."""
+"""Plotly figures: the analysis heatmaps and profile, the layer-source strip and the MGSM accuracy bars (of a pair
+and of a family)."""
 
 from __future__ import annotations
 
@@ -114,6 +115,26 @@ def eval_bars(report, metric: str = "flexible", height: int = 380) -> go.Figure:
                                                              "range": [0, 100]},
                       title=f"MGSM {report.config.mode}, {report.config.shots}-shot"
                             + (" (cancelled: partial)" if report.cancelled else ""),
+                      margin={"l": 60, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h"})
+    return fig
+
+
+def family_bars(table, title: str = "MGSM", height: int = 400) -> go.Figure:
+    """A family's table (`evaluation.table.FamilyTable`): per language (and the average), a bar per model with its
+    exact 95 % interval as error bars; cells not evaluated yet are left out."""
+    x = [*table.languages, "average"]
+    fig = go.Figure()
+    for m in table.models:
+        cells = [table.cell(m, lang) for lang in table.languages]
+        avg = table.average(m)
+        y = [None if c is None else 100 * c.accuracy for c in cells] + [None if avg is None else 100 * avg]
+        up = [None if c is None else 100 * (c.high - c.accuracy) for c in cells] + [None]
+        down = [None if c is None else 100 * (c.accuracy - c.low) for c in cells] + [None]
+        fig.add_trace(go.Bar(name=m, x=x, y=y, marker_color=MODEL_COLORS.get(m),
+                             error_y={"type": "data", "array": up, "arrayminus": down, "visible": True},
+                             hovertemplate=f"{m}<br>%{{x}}: %{{y:.1f}}%<extra></extra>"))
+    fig.update_layout(barmode="group", height=height, title=title,
+                      yaxis={"title": {"text": f"accuracy (%), {table.metric}"}, "range": [0, 100]},
                       margin={"l": 60, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h"})
     return fig
 

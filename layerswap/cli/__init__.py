@@ -18,7 +18,7 @@ import sys
 
 from layerswap.core.errors import UserError
 from layerswap.cli import app, ask, diff, eval, export_yaml, inspect, lens, lm_eval, merge, push, search, sweep
-from layerswap.cli.options import Parser
+from layerswap.cli.options import Parser, read_langs
 
 COMMANDS = (inspect, merge, push, export_yaml, diff, ask, eval, sweep, search, lm_eval, lens, app)
 
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     results_only(whole_process=argv is None)  # argv given: called from Python, whose stdout is left alone
     try:
+        read_langs(args)  # --lang [CODE=]L, repeated for a family
         return args.fn(args)
     except UserError as e:
         print(f"layerswap {args.cmd}: error: {e}", file=sys.stderr)

@@ -1,7 +1,10 @@
-"""`layerswap eval`: MGSM accuracy of a model, or of both experts and their merge, per language.
+"""`layerswap eval`: MGSM accuracy of a model, or of both experts and their merge, per language; or of a family
+(`--lang CODE=L` repeated): per language, the math expert, that language's expert, the swap and the baselines of
+`--methods`, with exact intervals and paired tests against the better expert (`evaluation.table`).
 
-Its standard output is one Markdown table (`results_table`: a row per language and extraction); the engine, the
-plan, the protocol and what was written go to stderr, so `layerswap eval ... > table.md` holds only the table."""
+Its standard output is one Markdown table (`results_table`: a row per language and extraction; for a family
+`FamilyTable.markdown`: a row per model, a column per language and the average); the engine, the plan, the
+protocol and what was written go to stderr, so `layerswap eval ... > table.md` holds only the table."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from pathlib import Path
 
 from layerswap.core.errors import UserError
 from layerswap.core.roles import ANSWERING, ROLE_NAMES
+from layerswap.cli.family import family_options
 from layerswap.cli.options import (Bar, check_outputs, data_inputs, engine_options, engine_settings, eval_config,
                                    eval_options, models, pairing_options, plan_note, print_recipe, recipe_from,
                                    recipe_options, test_data, workbench)
@@ -18,8 +22,9 @@ from layerswap.cli.options import (Bar, check_outputs, data_inputs, engine_optio
 def add_parser(sub) -> None:
     s = sub.add_parser("eval", help="MGSM accuracy of a model (or of both experts and their merge), per language")
     s.add_argument("--model", metavar="M", help="model folder or Hub id to evaluate")
-    models(s, optional="instead of --model, to evaluate the experts and their merge: ")
+    models(s, optional="instead of --model, to evaluate the experts and their merge: ", family=True)
     s.add_argument("--models", default="math,lang,merged", help="with --math/--lang: which of math,lang,merged")
+    family_options(s)
     recipe_options(s)
     pairing_options(s)
     eval_options(s)
@@ -35,7 +40,16 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from layerswap.engines import open_engine
 
-    if args.model and (args.math or args.lang):
+    if args.family is not None and not args.model:
+        from layerswap.cli.family import run_family
+
+        return run_family(args)
+    given = [f for f, v in (("--methods", args.methods), ("--lang-recipe", args.lang_recipe), ("--json", args.json),
+                            ("--csv", args.csv), ("--md", args.md), ("--plot", args.plot)) if v]
+    if given:
+        raise UserError(f"{given[0]} is for a family: give each language expert with its code, --lang CODE=L "
+                        "(repeat it for more languages).")
+    if args.model and (args.math or args.lang or args.family):
         raise UserError("Give either --model M, or --math M --lang L (to evaluate the experts and their merge).")
     if not args.model and not (args.math and args.lang):
         raise UserError("Give --model M, or --math M --lang L to evaluate the experts and their merge.")

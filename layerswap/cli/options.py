@@ -8,6 +8,7 @@ import re
 import sys
 import textwrap
 
+from layerswap.models.family import MAX_LANGS, Family, split_spec
 from layerswap.models.pairing import BASE_DISTANCE_THRESHOLD
 from layerswap.engines import EngineSettings
 from layerswap.core.errors import UserError
@@ -45,12 +46,39 @@ def int_list(spec: str, what: str) -> list[int]:
 
 # ---- option groups ---------------------------------------------------------------------------------
 
-def models(p: argparse.ArgumentParser, base_required: bool = False, optional: str = "") -> None:
-    """--math, --lang (required unless `optional` says what they are for) and --base."""
+def models(p: argparse.ArgumentParser, base_required: bool = False, optional: str = "", family: bool = False) -> None:
+    """--math, --lang (required unless `optional` says what they are for) and --base. --lang takes REF or CODE=REF
+    (the expert's MGSM language) and, where the command takes a family (`family`), repeats; `read_langs` reads it."""
     p.add_argument("--math", required=not optional, metavar="M", help=f"{optional}math expert: local folder or Hub id")
-    p.add_argument("--lang", required=not optional, metavar="L", help=f"{optional}language expert")
+    p.add_argument("--lang", required=not optional, metavar="[CODE=]L", action="append",
+                   help=f"{optional}language expert; CODE=L also says its MGSM language (then its questions are "
+                        "the default --langs)" + (f"; repeat --lang CODE=L for a family of up to {MAX_LANGS} language "
+                                                  "experts, one per code" if family else ""))
     p.add_argument("--base", required=base_required, metavar="B", help=f"{optional}base model both experts were tuned "
                    "from")
+    p.set_defaults(takes_family=family, family=None)
+
+
+def read_langs(args, cap: int = MAX_LANGS) -> None:
+    """--lang as given (a list) -> `args.lang` (the one language expert's reference, or None for a family of
+    several) and `args.family` (a `models.family.Family` when codes were given, else None). A single plain
+    --lang REF stays exactly as it was; one CODE=REF also makes CODE the default --langs; several are a family,
+    for the commands that take one (where one CODE=REF is a family of one)."""
+    specs = getattr(args, "lang", None)
+    if not isinstance(specs, list):
+        return
+    args.family = None
+    codes = [split_spec(s)[0] for s in specs]
+    if len(specs) == 1 and codes[0] is None:
+        args.lang = split_spec(specs[0])[1]
+        return
+    if not args.takes_family and len(specs) > 1:
+        raise UserError(f"layerswap {args.cmd} takes one language expert (--lang L or --lang CODE=L); a family of "
+                        "several is evaluated with layerswap eval.")
+    args.family = Family.parse(args.math or "", specs, args.base, cap=cap)
+    args.lang = args.family.members[0].ref if len(specs) == 1 else None
+    if len(specs) == 1 and not args.takes_family and hasattr(args, "langs") and not args.langs:
+        args.langs = codes[0]
 
 
 GROUPS = {"plan": "plan (defaults: the literature's b=5 u=2 tb=1 tu=1 at 32 layers, scaled to the model)",

@@ -266,3 +266,29 @@ register(MethodSpec("dare_linear", "DARE + linear", True, False, ("expert_weight
 register(MethodSpec("dare_ties", "DARE + TIES", True, False, ("expert_weights", "lam", "drop_rate", "seed"),
                     "Random drop and rescale, then sign election and disjoint mean.", _dare("ties"),
                     chunkable=False))
+
+
+# the short names a list of methods may use (`layerswap eval --methods swap,soup,ta,ties`), by registry name
+SHORT_NAMES = {"swap": "layer_swap", "ta": "task_arithmetic", "dare": "dare_linear"}
+MAX_METHODS = 8  # methods in one list
+
+
+def method_list(text: str) -> list[tuple[str, str]]:
+    """A comma list of methods (short names or registry names) -> [(as given, registry name)], each once."""
+    if not isinstance(text, str) or len(text) > 200:
+        raise UserError("--methods takes a comma list such as swap,soup,ta,ties (at most 200 characters).")
+    given = [t.strip() for t in text.split(",") if t.strip()]
+    known = {**SHORT_NAMES, **{n: n for n in METHODS}}
+    bad = [t for t in given if t not in known]
+    if bad or not given:
+        offer = [*SHORT_NAMES, *(n for n in METHODS if n not in SHORT_NAMES.values())]
+        raise UserError((f"Unknown merge method {bad[0]!r}" if bad else "No merge method given") +
+                        f"; choose from {', '.join(offer)} (swap = layer_swap, ta = task_arithmetic, "
+                        "dare = dare_linear).")
+    if len(given) > MAX_METHODS:
+        raise UserError(f"--methods lists {len(given)} methods; give at most {MAX_METHODS}.")
+    names = [known[t] for t in given]
+    dup = next((t for t, n in zip(given, names) if names.count(n) > 1), None)
+    if dup is not None:
+        raise UserError(f"--methods names {known[dup]} twice; list each method once.")
+    return list(zip(given, names))

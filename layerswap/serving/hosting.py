@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from layerswap.core.errors import UserError, whole_number
+from layerswap.models.family import MAX_LANGS as MAX_FAMILY_LANGS
 from layerswap.models.hub import looks_like_hub_id
 from layerswap.models.presets import ASSETS_PREFIX
 from layerswap.core.runtime import Progress, no_progress
@@ -99,6 +100,8 @@ class Limits:
                                  "questions per language and model in an evaluation")
     sweep_points: int = _limit(24, "LAYERSWAP_MAX_SWEEP_POINTS", "recipes in a sweep")
     search_plans: int = _limit(40, "LAYERSWAP_MAX_SEARCH_PLANS", "plans one search may evaluate")
+    family_langs: int = _limit(4, "LAYERSWAP_MAX_FAMILY_LANGS", "language experts in one family (at most "
+                               f"{MAX_FAMILY_LANGS})")
     download_bytes: int = _limit(40 * _GB, "LAYERSWAP_MAX_DOWNLOAD_BYTES", "all files of one Hub model", "GB")
     zip_bytes: int = _limit(2 * _GB, "LAYERSWAP_MAX_ZIP_BYTES", "the export offered as a download", "GB")
     visitor_disk_bytes: int = _limit(20 * _GB, "LAYERSWAP_MAX_VISITOR_DISK_BYTES",
@@ -132,8 +135,8 @@ class Limits:
         return (f"questions and free text up to {self.text_chars:,} characters; answers up to {self.new_tokens:,} "
                 f"tokens; the lens up to {self.lens_questions} questions at once; evaluations up to "
                 f"{self.eval_questions:,} questions per language; sweeps up to {self.sweep_points} recipes; plan "
-                f"searches up to {self.search_plans} plans; Hub "
-                f"models up to {self.download_bytes / _GB:.0f} GB; export downloads up to "
+                f"searches up to {self.search_plans} plans; families of up to {self.family_langs} language experts; "
+                f"Hub models up to {self.download_bytes / _GB:.0f} GB; export downloads up to "
                 f"{self.zip_bytes / _GB:.1f} GB; your files up to {self.visitor_disk_bytes / _GB:.0f} GB, kept "
                 f"{self.export_seconds // 60} minutes after their export; a job stops after {minutes[0]} to "
                 f"{minutes[-1]} minutes, by kind")
@@ -190,6 +193,11 @@ class Policy:
         if self.hosted and n > self.limits.eval_questions:
             raise UserError(f"This server evaluates up to {self.limits.eval_questions:,} questions per language "
                             f"(asked: {n:,}); set 'Questions per language' to {self.limits.eval_questions} or less.")
+
+    @property
+    def family_cap(self) -> int:
+        """Language experts one family may hold: the library's `models.family.MAX_LANGS`, hosted: the cap."""
+        return min(self.limits.family_langs, MAX_FAMILY_LANGS) if self.hosted else MAX_FAMILY_LANGS
 
     def check_sweep(self, points: int, eval_limit: int | None) -> None:
         """A sweep's size: at most `sweep_points` recipes, each evaluated within the question cap (a sweep

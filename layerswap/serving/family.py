@@ -1,0 +1,141 @@
+"""A family evaluated: per language, the math expert, that language's expert, the swap and the baselines asked for,
+on that language's MGSM test set, through the workbench (the one way the CLI and the page answer).
+
+    family = Family.parse("math/", ["sw=sw/", "te=te/"], base="base/")
+    checked = preflight(family, source="mgsm/")                        # everything cheap, before anything heavy
+    recipes = {c: {"swap": swap_recipe, "soup": Recipe(MethodConfig("soup"))} for c in family.codes}
+    report = evaluate_family(family, recipes, EvalConfig(limit=50, source="mgsm/"), EngineSettings())
+    print(family_table(report).markdown())                             # `evaluation.table`
+
+`preflight` is every check a family gets before a model loads: its shape (`Family.validate`, the cap), a test set
+for every code (`mgsm.check_languages`, naming the member), and the compatibility of every member with the math
+expert and the base (`models.family.check_family`, with the workbench's own adapter rule `merging.adapter_pair`).
+`evaluate_family` then takes one language at a time: a workbench loads the math expert and that language's expert
+(`Workbench.load`), both are evaluated once on the language's set, then each recipe is built in memory
+(`Workbench.build`) and only the merge is evaluated; the workbench is closed before the next language, so at most
+one pair and its merge are loaded at once. Its `EvalReport` has a model per table row (the two experts under their
+role names, each recipe under its label) and a language per column; `on_language(report)` sees it after every
+language (what is done is never lost), and `cancel` stops it between batches, keeping what is answered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Callable, Mapping
+
+from layerswap.core.errors import UserError
+from layerswap.core.roles import ROLE_NAMES
+from layerswap.core.runtime import Progress, no_progress
+from layerswap.engines import EngineSettings
+from layerswap.evaluation import mgsm
+from layerswap.evaluation.run import EvalConfig, EvalReport
+from layerswap.evaluation.table import LANG, MATH
+from layerswap.merge.merging import adapter_pair
+from layerswap.models.family import MAX_LANGS, Family, FamilyCheck, check_family
+from layerswap.models.pairing import BASE_DISTANCE_THRESHOLD
+from layerswap.recipe.recipes import Recipe
+
+
+def check_test_sets(family: Family, source: str | None) -> None:
+    """Every member's code has a test set in `source` (`mgsm.check_languages`: file names only); the first that
+    has none is refused by member, with the languages the set holds."""
+    for m in family.members:
+        try:
+            mgsm.check_languages([m.code], source)
+        except UserError as e:
+            raise UserError(f"--lang {m.code}={m.ref}: {e} Give an expert for one of those, or a set with "
+                            f"mgsm_{m.code}.tsv (--mgsm-dir).") from None
+
+
+def preflight(family: Family, source: str | None, *, cap: int = MAX_LANGS, force: bool = False,
+              threshold: float = BASE_DISTANCE_THRESHOLD) -> FamilyCheck:
+    """The family's shape and cap, a test set per code, then every member's compatibility (headers and a few MB of
+    sampled weights): all before any engine starts."""
+    family.validate(cap)
+    check_test_sets(family, source)
+    return check_family(family, force=force, threshold=threshold, pair_check=adapter_pair)
+
+
+def check_recipes(family: Family, recipes: Mapping[str, Mapping[str, Recipe]], num_layers: int,
+                  have_base: bool) -> list[str]:
+    """Every language's recipes valid for the family's layers (and given a base when they need one); returns the
+    row labels in order. Refused before anything loads."""
+    missing = [c for c in family.codes if c not in recipes]
+    if missing:
+        raise UserError(f"No recipes for {', '.join(missing)}.")
+    labels: list[str] = []
+    for code in family.codes:
+        for label, recipe in recipes[code].items():
+            if label in (MATH, LANG):
+                raise UserError(f"{label!r} names an expert row; give the recipe another label.")
+            recipe.validate(num_layers)
+            recipe.require_base(have_base, f"give --base, the model the family's experts were fine-tuned from "
+                                           f"(needed by {label})")
+            if label not in labels:
+                labels.append(label)
+    return labels
+
+
+def evaluate_family(family: Family, recipes: Mapping[str, Mapping[str, Recipe]], config: EvalConfig,
+                    settings: EngineSettings, *, force: bool = False, progress: Progress | None = None,
+                    cancel: threading.Event | None = None,
+                    on_language: Callable[[EvalReport], None] | None = None,
+                    note: Callable[[str], None] | None = None) -> EvalReport:
+    """Per language of `family`: both experts, then each recipe of `recipes[code]` (label -> recipe), on that
+    language's test set of `config` (its `langs` are ignored: each language is its member's code). Call
+    `preflight` and `check_recipes` first. `note(text)`: the engine line and the plan of each language."""
+    from layerswap.serving.workbench import Workbench
+
+    p = progress or no_progress
+    labels = list(dict.fromkeys(label for code in family.codes for label in recipes[code]))
+    report = EvalReport(dataclasses.replace(config, langs=list(family.codes)), [MATH, LANG, *labels])
+    steps = len(family.codes) * (2 + len(labels))
+    done = 0
+
+    def part(what: str, weight: int) -> Progress:
+        start = done
+        return lambda f, text: p((start + weight * f) / steps, f"{what}: {text}")
+
+    for code in family.codes:
+        member = family.member(code)
+        lang_cfg = dataclasses.replace(config, langs=[code])
+        wb = Workbench.from_settings(settings)
+        try:
+            wb.load(family.math, member.ref, family.base, force=force, progress=part(f"{code}: loading", 0))
+            _add(report, wb.evaluate(lang_cfg, ("math", "lang"), progress=part(code, 2), cancel=cancel), {})
+            if note is not None:
+                note(f"{code}: {wb.engine_note}")
+            done += 2
+            for label, recipe in recipes[code].items():
+                if report.cancelled:
+                    break
+                wb.build(recipe, progress=part(f"{code}: building {label}", 0))
+                if note is not None:
+                    note(f"{code}: {label}: {recipe.title()}")
+                _add(report, wb.evaluate(lang_cfg, ("merged",), progress=part(f"{code} {label}", 1), cancel=cancel),
+                     {ROLE_NAMES["merged"]: label})
+                done += 1
+        finally:
+            wb.close()
+        if on_language is not None:
+            on_language(report)
+        if report.cancelled:
+            break
+    p(1.0, "cancelled" if report.cancelled else "done")
+    return report
+
+
+def _add(report: EvalReport, part: EvalReport, rename: dict[str, str]) -> None:
+    """One language's evaluation into the family's report, its models renamed to their rows."""
+    for r in part.results:
+        report.results.append(dataclasses.replace(r, model=rename.get(r.model, r.model)))
+    for model, engine in part.engines.items():
+        report.engines[rename.get(model, model)] = engine
+    for model, seconds in part.seconds.items():
+        row = rename.get(model, model)
+        report.seconds[row] = report.seconds.get(row, 0.0) + seconds
+    report.cancelled = report.cancelled or part.cancelled
+
+
+__all__ = ["check_recipes", "check_test_sets", "evaluate_family", "preflight"]

@@ -109,9 +109,11 @@ def plan_values(plan: Plan) -> list:
     return updates
 
 
-def query_string(refs: tuple[str, str, str], values, tab: str = "build") -> str:
-    """`?base=..&math=..&lang=..&b=..` for the page address: opening it restores this view."""
+def query_string(refs: tuple[str, str, str], values, tab: str = "build", family: list[str] = ()) -> str:
+    """`?base=..&math=..&lang=..&b=..` for the page address: opening it restores this view (`family`: the
+    visitor's family as ``CODE=REF`` lines, `ui.family.restore` reads them back)."""
     q = dict(zip(("base", "math", "lang"), refs))
+    q["family"] = "\n".join(family)
     q.update(zip(LINK_KEYS, values))
     q["tab"] = tab
     return "?" + urlencode({k: v for k, v in q.items() if v not in (None, "")})

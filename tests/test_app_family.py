@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from types import SimpleNamespace
 
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
+from layerswap.evaluation import mgsm
 from layerswap.evaluation.table import LANG, MATH
 from layerswap.models.family import MAX_LANGS
 from layerswap.serving.hosting import Policy
-from tests.helpers import shown
+from tests.helpers import DEMO_MGSM, shown
 
 BASE, MATH_REF = "assets:demo/base", "assets:demo/math"
 FAMILY = "xx=assets:demo/lang\nen=assets:demo/unlocalised/lang"
@@ -61,6 +63,23 @@ def test_family_loads_and_its_table_fills_in_and_agrees_with_the_pair_evaluation
     headers = shown(pair)["headers"]
     for model in (MATH, LANG):
         assert row[headers.index(f"{model} (flexible)")] == pytest.approx(cells[(model, "xx")], abs=0.06)
+
+
+def test_stop_ends_the_family_evaluation_and_keeps_what_was_answered(client):
+    client.predict(BASE, MATH_REF, FAMILY, False, api_name="/load_family")
+    job = client.submit(["swap"], 0, 0, "native_cot", 16, api_name="/evaluate_family")  # every question: minutes
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until it is answering
+        st = job.status()
+        if st.progress_data and any((p.progress or 0) > 0 for p in st.progress_data):
+            break
+        time.sleep(0.5)
+    said = client.predict(api_name="/stop_family")
+    assert "**Stopped** your job" in said or "**Stopping** your job" in said, said
+    status, table, bars = job.result(timeout=300)
+    n = int(status.split("answers")[0].split()[-1])
+    assert status.startswith("**Cancelled:**") and 0 < n < 3 * 2 * len(mgsm.load("xx", DEMO_MGSM)), status
+    assert shown(table).splitlines()[0] == "model | xx | en | average" and "(partial)" in shown(bars)["plot"]
 
 
 @pytest.mark.parametrize("family, msg", [

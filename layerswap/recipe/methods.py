@@ -271,6 +271,7 @@ register(MethodSpec("dare_ties", "DARE + TIES", True, False, ("expert_weights", 
 # the short names a list of methods may use (`layerswap eval --methods swap,soup,ta,ties`), by registry name
 SHORT_NAMES = {"swap": "layer_swap", "ta": "task_arithmetic", "dare": "dare_linear"}
 MAX_METHODS = 8  # methods in one list
+FAMILY_METHODS = "swap,soup,ties"  # the merges of a family's table unless asked: the paper's (souping, TIES, swap)
 
 
 def method_list(text: str) -> list[tuple[str, str]]:

@@ -27,7 +27,7 @@ import gradio as gr
 from layerswap.core.errors import UserError
 from layerswap.core.markup import code, text
 from layerswap.models.family import MAX_LANGS, MAX_SPEC_CHARS, Family, FamilyCheck
-from layerswap.recipe.methods import method_list
+from layerswap.recipe.methods import FAMILY_METHODS, method_list
 from layerswap.ui.context import Context, Page
 from layerswap.ui.controls import PlanControls, recipe as controls_recipe
 from layerswap.ui.events import Job
@@ -211,7 +211,7 @@ def render_eval(ctx: Context, page: Page, limit, shots, mode, max_new) -> dict:
     wires its Stop."""
     gr.Markdown("#### The family's table: per language, both experts and each merge (load a family under Models)")
     with gr.Row():
-        methods = gr.CheckboxGroup(METHODS, value=["swap", "soup", "ties"], label="Merges per language",
+        methods = gr.CheckboxGroup(METHODS, value=FAMILY_METHODS.split(","), label="Merges per language",
                                    elem_id="family-methods", scale=3)
         run_btn = gr.Button("Evaluate the family", variant="primary", elem_id="family-run", scale=1)
         stop_btn = gr.Button("Stop", variant="stop", elem_id="family-stop", scale=1)

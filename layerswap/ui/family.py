@@ -145,7 +145,8 @@ def evaluate_family(ctx: Context, job: Job, methods, limit, shots, mode, max_new
         raise UserError("Load a family first: under Models write one CODE=REF line per language expert, then press "
                         "Load family.")
     fam = loaded.family
-    picked = [m for _, m in METHODS if m in (methods or [])]
+    given = methods if isinstance(methods, (list, tuple)) else []
+    picked = [m for _, m in METHODS if m in given]
     if not picked:
         raise UserError("Choose at least one merge for the family's table.")
     limit = whole_number(limit or 0, "Questions per language", 0, 10**6)

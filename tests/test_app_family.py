@@ -44,10 +44,10 @@ def test_family_loads_and_its_table_fills_in_and_agrees_with_the_pair_evaluation
     assert report.startswith("**Family loaded:**") and "2 language experts, 8 layers" in report
     assert "**xx**" in report and "**en**" in report and "shared base" in report
 
-    job = client.submit(["swap", "soup"], 2, 0, "native_cot", 16, api_name="/evaluate_family")
+    job = client.submit(["swap", "soup"], "", 2, 0, "native_cot", 16, api_name="/evaluate_family")
     status, table, bars = job.result(timeout=600)
     seen = [shown(o[1]) for o in job.outputs() if isinstance(shown(o[1]), str)]
-    assert status.startswith("**Done:** 16 answers") and "swap: swap b=" in status
+    assert status.startswith("**Done:** 16 answers") and "xx, en: swap b=" in status
     cells = _cells(shown(table))
     assert set(cells) == {(m, lang) for m in (MATH, LANG, "swap", "soup") for lang in ("xx", "en", "average")}
     assert all(v is not None and 0 <= v <= 100 for v in cells.values())
@@ -57,17 +57,30 @@ def test_family_loads_and_its_table_fills_in_and_agrees_with_the_pair_evaluation
     assert [t["name"] for t in fig["data"]] == [MATH, LANG, "swap", "soup"]
     assert fig["data"][0]["x"] == ["xx", "en", "average"] and fig["data"][0]["error_y"]["visible"]
 
-    # the pair's own evaluation of the same experts on xx agrees with the family's xx column
-    _, pair, *_ = client.predict(["xx"], ["math", "lang"], 2, 0, "native_cot", 16, api_name="/evaluate")
+    # the pair's own evaluation (the xx expert loaded above, its merge of the same page plan) agrees with the
+    # family's xx column
+    _, pair, *_ = client.predict(["xx"], ["math", "lang", "merged"], 2, 0, "native_cot", 16, api_name="/evaluate")
     row = {r[0]: r for r in shown(pair)["data"]}["xx"]
     headers = shown(pair)["headers"]
-    for model in (MATH, LANG):
-        assert row[headers.index(f"{model} (flexible)")] == pytest.approx(cells[(model, "xx")], abs=0.06)
+    for model, pair_model in ((MATH, MATH), (LANG, LANG), ("swap", "merged model")):
+        assert row[headers.index(f"{pair_model} (flexible)")] == pytest.approx(cells[(model, "xx")], abs=0.06)
+
+
+def test_one_language_can_have_its_own_plan(client):
+    client.predict(BASE, MATH_REF, FAMILY, False, api_name="/load_family")
+    status, table, _ = client.predict(["swap"], "en=1,1,0,0", 1, 0, "native_cot", 16, api_name="/evaluate_family")
+    assert status.startswith("**Done:** 6 answers"), status
+    assert re.search(r" · xx: swap b=2 u=0 tb=0 tu=0.* · en: swap b=1 u=1 tb=0 tu=0", status), status
+    for plans, msg in [("ja=1,1,0,0", "CODE one of the family's \\(xx, en\\)"), ("en=1,1", "give four numbers"),
+                       ("en=1,1,0,0\nen=2,0,0,0", "Two per-language plans for en"),
+                       ("en=99,0,0,0", "exceeds the model.s 8 layers")]:
+        with pytest.raises(AppError, match=msg):
+            client.predict(["swap"], plans, 1, 0, "native_cot", 16, api_name="/evaluate_family")
 
 
 def test_stop_ends_the_family_evaluation_and_keeps_what_was_answered(client):
     client.predict(BASE, MATH_REF, FAMILY, False, api_name="/load_family")
-    job = client.submit(["swap"], 0, 0, "native_cot", 16, api_name="/evaluate_family")  # every question: minutes
+    job = client.submit(["swap"], "", 0, 0, "native_cot", 16, api_name="/evaluate_family")  # every question: minutes
     deadline = time.time() + 120
     while time.time() < deadline:  # wait until it is answering
         st = job.status()
@@ -98,17 +111,17 @@ def test_bad_families_are_one_line_refusals_and_keep_what_was_loaded(client, fam
     said = str(e.value)
     assert re.search(msg, said) and "\n" not in said.strip(), said
     # the family loaded before is kept: it still evaluates (one language, the swap)
-    status, table, _ = client.predict(["swap"], 1, 0, "native_cot", 16, api_name="/evaluate_family")
+    status, table, _ = client.predict(["swap"], "", 1, 0, "native_cot", 16, api_name="/evaluate_family")
     assert status.startswith("**Done:** 3 answers") and shown(table).splitlines()[0] == "model | en | average"
 
 
 def test_no_family_no_methods_and_an_empty_family_keep_the_pair_page(client):
     with pytest.raises(AppError, match="Choose at least one merge"):
-        client.predict([], 1, 0, "native_cot", 16, api_name="/evaluate_family")
+        client.predict([], "", 1, 0, "native_cot", 16, api_name="/evaluate_family")
     said = client.predict(BASE, MATH_REF, "  \n", False, api_name="/load_family")
     assert said.startswith("No family: the page evaluates the pair above")
     with pytest.raises(AppError, match="Load a family first"):
-        client.predict(["swap"], 1, 0, "native_cot", 16, api_name="/evaluate_family")
+        client.predict(["swap"], "", 1, 0, "native_cot", 16, api_name="/evaluate_family")
 
 
 def test_a_links_family_is_read_back_bounded():

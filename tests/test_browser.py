@@ -276,7 +276,7 @@ def test_a_family_loads_and_evaluate_shows_its_table_and_plot(browser, app_url):
     page.locator("#family-methods label").filter(has_text="TIES").locator("input").uncheck()
     page.locator("#family-run").click()
     expect(page.locator("#family-status")).to_contain_text("Done: 16 answers", timeout=240_000)
-    expect(page.locator("#family-status")).to_contain_text("swap: swap b=")
+    expect(page.locator("#family-status")).to_contain_text("xx, en: swap b=")
     table = page.locator("#family-table table")
     expect(table).to_be_visible()
     expect(table.locator("th")).to_have_text(["model", "xx", "en", "average"])

@@ -59,6 +59,12 @@ class PlanControls:
             raise UserError(self._error)
         return self._recipe
 
+    def variant(self, **by_key) -> Recipe:
+        """The controls' values with some replaced (by share-link key), read as the event's recipe was: a family's
+        baseline (``method=ties`` with the page's method values) or one language's own plan (``b=3``)."""
+        self.recipe  # the controls themselves were accepted
+        return recipe(*self.values, **by_key)
+
     def sources(self, num_layers: int) -> Sources:
         """The planner of the recipe for a model of `num_layers` layers, made once per event: validated against
         the model (the check before a build), it draws the strip and writes the plan text."""

@@ -26,10 +26,10 @@ import gradio as gr
 
 from layerswap.core.errors import UserError
 from layerswap.core.markup import code, text
-from layerswap.models.family import MAX_LANGS, MAX_SPEC_CHARS, Family, FamilyCheck
+from layerswap.models.family import MAX_LANGS, MAX_SPEC_CHARS, Family, FamilyCheck, split_spec
 from layerswap.recipe.methods import FAMILY_METHODS, method_list
 from layerswap.ui.context import Context, Page
-from layerswap.ui.controls import PlanControls, recipe as controls_recipe
+from layerswap.ui.controls import PlanControls
 from layerswap.ui.events import Job
 
 MAX_TEXT = MAX_LANGS * (MAX_SPEC_CHARS + 2)  # the text area (and a link's value): a full family, no more
@@ -45,15 +45,15 @@ class Loaded:
     check: FamilyCheck
 
 
-def lines_of(value: object, cap: int) -> list[str]:
-    """The text area's ``CODE=REF`` lines (blank ones skipped), bounded before anything reads them."""
+def lines_of(value: object, cap: int, what: str = "language experts") -> list[str]:
+    """A text area's ``CODE=...`` lines (blank ones skipped), at most `cap`, bounded before anything reads them."""
     if value is None:
         return []
     if not isinstance(value, str) or len(value) > MAX_TEXT:
-        raise UserError(f"The family takes at most {MAX_TEXT:,} characters: one CODE=REF line per language expert.")
+        raise UserError(f"Give at most {MAX_TEXT:,} characters of {what}: one CODE=... line each.")
     lines = [line.strip() for line in value.splitlines() if line.strip()]
     if len(lines) > cap:
-        raise UserError(f"This family has {len(lines)} language experts; at most {cap} are allowed here: drop "
+        raise UserError(f"{len(lines)} lines of {what}; at most {cap} are allowed here: drop "
                         f"{', '.join(text(x[:20]) for x in lines[cap:])}.")
     return lines
 
@@ -114,23 +114,44 @@ def restore(ctx: Context, params: dict):
     return gr.update()
 
 
-def recipes(fam: Family, methods: list[str], controls: PlanControls) -> dict:
-    """Per code, label -> recipe: the swap is the page's plan (shared), the baselines the page's method values."""
-    chosen = method_list(",".join(methods))
+PLAN_KEYS = ("b", "u", "tb", "tu")
+
+
+def own_plans(fam: Family, value: object) -> dict[str, dict[str, str]]:
+    """Per-language plans: ``CODE=b,u,tb,tu`` lines (each code a member's, once), bounded; code -> plan values."""
+    out: dict[str, dict[str, str]] = {}
+    for line in lines_of(value, len(fam.codes), "per-language plans"):
+        code_, rest = split_spec(line)
+        if code_ not in fam.codes:
+            raise UserError(f"Per-language plan {text(line[:40])}: write CODE=b,u,tb,tu with CODE one of the "
+                            f"family's ({', '.join(fam.codes)}).")
+        if code_ in out:
+            raise UserError(f"Two per-language plans for {code_}; keep one line.")
+        parts = rest.replace(",", " ").split()
+        if len(parts) != len(PLAN_KEYS):
+            raise UserError(f"Per-language plan {text(line[:40])}: give four numbers, b,u,tb,tu "
+                            f"(e.g. {code_}=2,1,1,1).")
+        out[code_] = dict(zip(PLAN_KEYS, parts))
+    return out
+
+
+def recipes(fam: Family, methods: list[str], controls: PlanControls, own: dict[str, dict[str, str]]) -> dict:
+    """Per code, label -> recipe: the swap is the page's plan (shared) unless the language has its own `own`
+    b,u,tb,tu (the rest of the page's plan kept); the baselines take the page's method values."""
+    shared = {}
+    for label, name in method_list(",".join(methods)):
+        if name == "layer_swap" and controls.recipe.method.name != "layer_swap":
+            raise UserError(f"The page's plan is a {controls.recipe.method.name} merge; the family's swap row takes "
+                            "a layer swap: choose layer swapping in Build, or untick swap.")
+        shared[label] = controls.recipe if name == "layer_swap" else controls.variant(method=name)
     out = {}
-    for label, name in chosen:
-        if name == "layer_swap":
-            r = controls.recipe
-            if r.method.name != "layer_swap":
-                raise UserError(f"The page's plan is a {r.method.name} merge; the family's swap row takes a layer "
-                                "swap: choose layer swapping in Build, or untick swap.")
-        else:
-            r = controls_recipe(*controls.values, method=name)
-        out[label] = r
-    return {c: dict(out) for c in fam.codes}
+    for c in fam.codes:
+        out[c] = {label: controls.variant(**own[c]) if c in own and r.method.name == "layer_swap" else r
+                  for label, r in shared.items()}
+    return out
 
 
-def evaluate_family(ctx: Context, job: Job, methods, limit, shots, mode, max_new, controls: PlanControls):
+def evaluate_family(ctx: Context, job: Job, methods, plans, limit, shots, mode, max_new, controls: PlanControls):
     """The family's table and plot, filled in as each model's answers of a language are in."""
     from layerswap.analysis.plots import family_bars
     from layerswap.core.errors import whole_number
@@ -155,11 +176,14 @@ def evaluate_family(ctx: Context, job: Job, methods, limit, shots, mode, max_new
     cfg.validate()
     largest = max(len(mgsm.load(c, loaded.source)) for c in fam.codes) if ctx.policy.hosted and not cfg.limit else 0
     ctx.policy.check_eval(cfg.limit, largest)
-    rs = recipes(fam, picked, controls)
+    own = own_plans(fam, plans)
+    rs = recipes(fam, picked, controls, own)
     check_recipes(fam, rs, loaded.check.num_layers, have_base=bool(fam.base))
     updates: queue.Queue = queue.Queue()
     done: dict = {}
-    swap = f" · swap: {text(rs[fam.codes[0]]['swap'].title())} (every language)" if "swap" in picked else ""
+    shared = [c for c in fam.codes if c not in own]
+    swap = "".join(f" · {', '.join(cs)}: {text(rs[cs[0]]['swap'].title())}" for cs in
+                   [shared, *[[c] for c in fam.codes if c in own]] if cs) if "swap" in picked else ""
 
     def work() -> None:
         try:
@@ -214,14 +238,17 @@ def render_eval(ctx: Context, page: Page, limit, shots, mode, max_new) -> dict:
     with gr.Row():
         methods = gr.CheckboxGroup(METHODS, value=FAMILY_METHODS.split(","), label="Merges per language",
                                    elem_id="family-methods", scale=3)
-        run_btn = gr.Button("Evaluate the family", variant="primary", elem_id="family-run", scale=1)
+        plans = gr.Textbox("", lines=1, max_lines=MAX_LANGS, max_length=MAX_TEXT, elem_id="family-plans", scale=2,
+                           label="Per-language swap plans (optional): CODE=b,u,tb,tu lines; the others take the "
+                                 "page's plan")
+        run_btn = gr.Button("Build and evaluate the family", variant="primary", elem_id="family-run", scale=1)
         stop_btn = gr.Button("Stop", variant="stop", elem_id="family-stop", scale=1)
     status = gr.Markdown("Load a family, then evaluate it: the table fills in as each model finishes.",
                          elem_id="family-status")
     table = gr.Markdown(visible=False, elem_id="family-table")
     bars = gr.Plot(label="Accuracy per language with exact 95% intervals", elem_id="family-bars", visible=False)
     run_btn.click(ctx.job(evaluate_family, plan=True, models=True),
-                  [methods, limit, shots, mode, max_new, *page.plan, page.models], [status, table, bars],
+                  [methods, plans, limit, shots, mode, max_new, *page.plan, page.models], [status, table, bars],
                   api_name="evaluate_family", **ctx.lane, show_progress_on=[status])
     return dict(stop=stop_btn, status=status)
 

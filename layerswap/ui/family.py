@@ -43,6 +43,7 @@ class Loaded:
     family: Family
     source: str | None
     check: FamilyCheck
+    force: bool = False  # loaded with Force: its members load again the same way
 
 
 def lines_of(value: object, cap: int, what: str = "language experts") -> list[str]:
@@ -87,7 +88,7 @@ def load_family(ctx: Context, job: Job, base: str, math: str, family: str, force
     job.progress(0.5, "checking the family")
     with ctx.shared.lock:
         check = preflight(fam, source, cap=ctx.policy.family_cap, force=bool(force))
-    v.family = Loaded(fam, source, check)
+    v.family = Loaded(fam, source, check, bool(force))
     rows = "".join(f"\n- **{m.code}**: {code(m.ref)} ({text(check.lines[m.code])})" for m in fam.members)
     return (f"**Family loaded:** math expert {code(fam.math)}, {len(fam.members)} language experts, "
             f"{check.num_layers} layers, checked in {time.perf_counter() - t0:.1f} s:{rows}\n\n"
@@ -188,7 +189,7 @@ def evaluate_family(ctx: Context, job: Job, methods, plans, limit, shots, mode, 
     def work() -> None:
         try:
             with ctx.shared.lock:  # the one lane: nothing else loads models meanwhile
-                done["report"] = run(fam, rs, cfg, ctx.d.engine, force=v.force, cancel=v.stop,
+                done["report"] = run(fam, rs, cfg, ctx.d.engine, force=loaded.force, cancel=v.stop,
                                      progress=lambda f, d: job.bar(f, desc=d + job.time_left(f)),
                                      on_model=updates.put)
         except BaseException as e:  # said by the event (a dialog), after what was shown
@@ -205,13 +206,19 @@ def evaluate_family(ctx: Context, job: Job, methods, plans, limit, shots, mode, 
 
     t0 = time.perf_counter()
     context = contextvars.copy_context()  # the event's own (Gradio's progress bar reads it)
-    threading.Thread(target=context.run, args=(work,), name="layerswap-family", daemon=True).start()
-    yield "Loading the first language's experts…", gr.update(), gr.update()
+    worker = threading.Thread(target=context.run, args=(work,), name="layerswap-family", daemon=True)
+    worker.start()
     last = None
-    while (item := updates.get()) is not None:
-        last = item
-        if updates.empty():  # only the newest of several waiting updates is drawn
-            yield shown(item, "**Evaluating…**")
+    try:
+        yield "Loading the first language's experts…", gr.update(), gr.update()
+        while (item := updates.get()) is not None:
+            last = item
+            if updates.empty():  # only the newest of several waiting updates is drawn
+                yield shown(item, "**Evaluating…**")
+        worker.join()
+    finally:
+        if worker.is_alive():  # the event ended early (its caller went away): the evaluation stops after its batch
+            v.stop.set()
     if "error" in done:
         raise done["error"]
     report = done.get("report", last)

@@ -136,3 +136,18 @@ def test_a_links_family_is_read_back_bounded():
     for bad in ["sw=/srv/models/sw", "\n".join(f"l{i}x=org/m" for i in range(5)), "SW=org/sw", "sw=a\nsw=b",
                 "x" * 20_000, "sw=org/" + "x" * 2000]:
         assert "value" not in family.restore(hosted, {"family": bad}), bad  # refused: the text area stays as it is
+
+
+def test_hosted_mode_caps_the_family_and_takes_hub_ids_only():
+    from layerswap.core.errors import UserError
+    from layerswap.ui import family
+
+    hosted = SimpleNamespace(policy=Policy(hosted=True))
+    four = "\n".join(f"l{i}x=org/m{i}" for i in range(4))
+    assert family.parse(hosted, "org/math", "", four).codes == ("l0x", "l1x", "l2x", "l3x")
+    with pytest.raises(UserError, match=r"5 lines of language experts; at most 4 are allowed here: drop l4x=org/m4"):
+        family.parse(hosted, "org/math", "", four + "\nl4x=org/m4")
+    with pytest.raises(UserError, match="l1x expert"):
+        family.parse(hosted, "org/math", "", "l0x=org/m0\nl1x=/srv/models/m1")
+    with pytest.raises(UserError, match="characters of language experts"):
+        family.parse(hosted, "org/math", "", "x" * (family.MAX_TEXT + 1))

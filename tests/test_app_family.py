@@ -151,3 +151,14 @@ def test_hosted_mode_caps_the_family_and_takes_hub_ids_only():
         family.parse(hosted, "org/math", "", "l0x=org/m0\nl1x=/srv/models/m1")
     with pytest.raises(UserError, match="characters of language experts"):
         family.parse(hosted, "org/math", "", "x" * (family.MAX_TEXT + 1))
+
+
+def test_a_family_preset_fills_the_lines():
+    """A preset with ``langs:`` (the demo3 family's) fills the family's text area; a pair's preset leaves it."""
+    from layerswap.ui import family
+
+    ctx = SimpleNamespace(presets={"fam": SimpleNamespace(langs=(("qa", "assets:demo3/lang_qa"),
+                                                                 ("qb", "assets:demo3/lang_qb"))),
+                                   "pair": SimpleNamespace(langs=())})
+    assert family.preset_lines(ctx, None, "fam")["value"] == "qa=assets:demo3/lang_qa\nqb=assets:demo3/lang_qb"
+    assert "value" not in family.preset_lines(ctx, None, "pair") and "value" not in family.preset_lines(ctx, None, 3)

@@ -95,6 +95,12 @@ def load_family(ctx: Context, job: Job, base: str, math: str, family: str, force
             "Evaluate its table in the Evaluate tab.")
 
 
+def preset_lines(ctx: Context, job: Job, name: str):
+    """A preset that names a family (its ``langs:``, code -> language expert) fills the text area; others leave it."""
+    langs = getattr(ctx.presets.get(name) if isinstance(name, str) else None, "langs", ()) or ()
+    return gr.update(value="\n".join(f"{c}={r}" for c, r in langs)) if langs else gr.update()
+
+
 def specs(v) -> list[str]:
     """The visitor's family as the share link writes it (its ``CODE=REF`` lines)."""
     return [m.spec for m in v.family.family.members] if getattr(v, "family", None) is not None else []
@@ -261,7 +267,9 @@ def render_eval(ctx: Context, page: Page, limit, shots, mode, max_new) -> dict:
 
 
 def wire(ctx: Context, page: Page, parts: dict) -> None:
-    """Load family: checked in the lane, then the share link carries it."""
+    """Load family: checked in the lane, then the share link carries it. A family's preset fills the lines."""
+    parts["preset"].input(ctx.job(preset_lines, clear_stop=False), [parts["preset"]], [page.family],
+                          api_visibility="private", queue=False)
     dep = parts["load"].click(ctx.job(load_family), [*page.refs[:2], page.family, parts["force"]], [parts["report"]],
                               api_name="load_family", **ctx.lane, **page.on)
     dep.success(**page.link)

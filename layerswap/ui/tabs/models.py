@@ -259,4 +259,4 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
     gr.on([x.change for x in page.plan], trigger_mode="always_last", **link)
     for tab_id, item in page.tab_items.items():
         item.select(lambda t=tab_id: t, None, page.tab, **off).then(**link)
-    family.wire(ctx, page, {**c["family"], "force": c["force"]})
+    family.wire(ctx, page, {**c["family"], "force": c["force"], "preset": c["preset"]})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -45,7 +46,7 @@ def test_family_loads_and_its_table_fills_in_and_agrees_with_the_pair_evaluation
     assert "**xx**" in report and "**en**" in report and "shared base" in report
 
     job = client.submit(["swap", "soup"], "", 2, 0, "native_cot", 16, api_name="/evaluate_family")
-    status, table, bars = job.result(timeout=600)
+    status, table, bars, saved = job.result(timeout=600)
     seen = [shown(o[1]) for o in job.outputs() if isinstance(shown(o[1]), str)]
     assert status.startswith("**Done:** 16 answers") and "xx, en: swap b=" in status
     cells = _cells(shown(table))
@@ -56,6 +57,12 @@ def test_family_loads_and_its_table_fills_in_and_agrees_with_the_pair_evaluation
     fig = json.loads(shown(bars)["plot"])
     assert [t["name"] for t in fig["data"]] == [MATH, LANG, "swap", "soup"]
     assert fig["data"][0]["x"] == ["xx", "en", "average"] and fig["data"][0]["error_y"]["visible"]
+    data = json.loads(Path(shown(saved) if isinstance(shown(saved), str) else shown(saved)["value"]).read_text())
+    assert data["family"]["languages"] == {"xx": "assets:demo/lang", "en": "assets:demo/unlocalised/lang"}
+    assert data["protocol"]["limit"] == 2 and set(data["recipes"]["en"]) == {"swap", "soup"}
+    for (model, lang), acc in cells.items():
+        if lang != "average":
+            assert data["results"][lang][model]["n"] == 2 and 100 * data["results"][lang][model]["accuracy"] == acc
 
     # the pair's own evaluation (the xx expert loaded above, its merge of the same page plan) agrees with the
     # family's xx column
@@ -68,7 +75,7 @@ def test_family_loads_and_its_table_fills_in_and_agrees_with_the_pair_evaluation
 
 def test_one_language_can_have_its_own_plan(client):
     client.predict(BASE, MATH_REF, FAMILY, False, api_name="/load_family")
-    status, table, _ = client.predict(["swap"], "en=1,1,0,0", 1, 0, "native_cot", 16, api_name="/evaluate_family")
+    status, table, *_ = client.predict(["swap"], "en=1,1,0,0", 1, 0, "native_cot", 16, api_name="/evaluate_family")
     assert status.startswith("**Done:** 6 answers"), status
     assert re.search(r" · xx: swap b=2 u=0 tb=0 tu=0.* · en: swap b=1 u=1 tb=0 tu=0", status), status
     for plans, msg in [("ja=1,1,0,0", "CODE one of the family's \\(xx, en\\)"), ("en=1,1", "give four numbers"),
@@ -89,7 +96,7 @@ def test_stop_ends_the_family_evaluation_and_keeps_what_was_answered(client):
         time.sleep(0.5)
     said = client.predict(api_name="/stop_family")
     assert "**Stopped** your job" in said or "**Stopping** your job" in said, said
-    status, table, bars = job.result(timeout=300)
+    status, table, bars, _ = job.result(timeout=300)
     n = int(status.split("answers")[0].split()[-1])
     assert status.startswith("**Cancelled:**") and 0 < n < 3 * 2 * len(mgsm.load("xx", DEMO_MGSM)), status
     assert shown(table).splitlines()[0] == "model | xx | en | average" and "(partial)" in shown(bars)["plot"]
@@ -111,7 +118,7 @@ def test_bad_families_are_one_line_refusals_and_keep_what_was_loaded(client, fam
     said = str(e.value)
     assert re.search(msg, said) and "\n" not in said.strip(), said
     # the family loaded before is kept: it still evaluates (one language, the swap)
-    status, table, _ = client.predict(["swap"], "", 1, 0, "native_cot", 16, api_name="/evaluate_family")
+    status, table, *_ = client.predict(["swap"], "", 1, 0, "native_cot", 16, api_name="/evaluate_family")
     assert status.startswith("**Done:** 3 answers") and shown(table).splitlines()[0] == "model | en | average"
 
 

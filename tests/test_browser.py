@@ -282,6 +282,7 @@ def test_a_family_loads_and_evaluate_shows_its_table_and_plot(browser, app_url):
     expect(table.locator("th")).to_have_text(["model", "xx", "en", "average"])
     expect(table.locator("tbody tr td:first-child")).to_have_text(["math expert", "language expert", "swap", "soup"])
     expect(page.locator("#family-bars .js-plotly-plot")).to_be_visible()
+    expect(page.locator("#family-file")).to_contain_text(re.compile(r"family_table\s*\.json"))
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "app-family.png"), full_page=True)
     no_error_toast(page)

@@ -208,7 +208,7 @@ def evaluate_family(ctx: Context, job: Job, methods, plans, limit, shots, mode, 
         title = f"MGSM {cfg.mode}, {cfg.shots}-shot: the family's table" + (" (partial)" if state else "")
         status = f"{state or '**Done:**'} {len(report.results)} answers in {time.perf_counter() - t0:.0f} s{swap}"
         return (status, gr.update(value=table.markdown(), visible=True),
-                gr.update(value=family_bars(table, title=title), visible=True))
+                gr.update(value=family_bars(table, title=title), visible=True), gr.update())
 
     t0 = time.perf_counter()
     context = contextvars.copy_context()  # the event's own (Gradio's progress bar reads it)
@@ -216,7 +216,7 @@ def evaluate_family(ctx: Context, job: Job, methods, plans, limit, shots, mode, 
     worker.start()
     last = None
     try:
-        yield "Loading the first language's experts…", gr.update(), gr.update()
+        yield "Loading the first language's experts…", gr.update(), gr.update(), gr.update()
         while (item := updates.get()) is not None:
             last = item
             if updates.empty():  # only the newest of several waiting updates is drawn
@@ -228,8 +228,16 @@ def evaluate_family(ctx: Context, job: Job, methods, plans, limit, shots, mode, 
     if "error" in done:
         raise done["error"]
     report = done.get("report", last)
-    v.last_family = report
-    yield shown(report, "**Cancelled:**" if report.cancelled else "")
+    final = shown(report, "**Cancelled:**" if report.cancelled else "")
+    from layerswap.models.presets import portable_ref
+
+    extra = {"protocol": {"mode": cfg.mode, "shots": cfg.shots, "max_new_tokens": cfg.max_new_tokens,
+                          "limit": cfg.limit},
+             "family": {"math": portable_ref(fam.math), "base": fam.base and portable_ref(fam.base),
+                        "languages": {m.code: portable_ref(m.ref) for m in fam.members}},
+             "recipes": {c: {label: r.to_dict() for label, r in by.items()} for c, by in rs.items()}}
+    path = family_table(report).write(ctx.shared.folder(v) / "family_table.json", "json", extra)  # as eval --json
+    yield (*final[:3], gr.update(value=str(path), visible=True))
 
 
 def render_models(ctx: Context, page: Page) -> dict:
@@ -260,8 +268,10 @@ def render_eval(ctx: Context, page: Page, limit, shots, mode, max_new) -> dict:
                          elem_id="family-status")
     table = gr.Markdown(visible=False, elem_id="family-table")
     bars = gr.Plot(label="Accuracy per language with exact 95% intervals", elem_id="family-bars", visible=False)
+    saved = gr.File(label="The table (JSON: per language and model n, accuracy, interval, p; as layerswap eval --json)",
+                    visible=False, elem_id="family-file")
     run_btn.click(ctx.job(evaluate_family, plan=True, models=True),
-                  [methods, plans, limit, shots, mode, max_new, *page.plan, page.models], [status, table, bars],
+                  [methods, plans, limit, shots, mode, max_new, *page.plan, page.models], [status, table, bars, saved],
                   api_name="evaluate_family", **ctx.lane, show_progress_on=[status])
     return dict(stop=stop_btn, status=status)
 

@@ -197,16 +197,19 @@ def evaluate_family(ctx: Context, job: Job, methods, plans, limit, shots, mode, 
             with ctx.shared.lock:  # the one lane: nothing else loads models meanwhile
                 done["report"] = run(fam, rs, cfg, ctx.d.engine, force=loaded.force, cancel=v.stop,
                                      progress=lambda f, d: job.bar(f, desc=d + job.time_left(f)),
-                                     on_model=updates.put)
+                                     on_model=lambda r: updates.put(snapshot(r)))
         except BaseException as e:  # said by the event (a dialog), after what was shown
             done["error"] = e
         finally:
             updates.put(None)
 
-    def shown(report, state: str):
-        table = family_table(report)
+    def snapshot(report) -> tuple:  # what is in now (the report grows in the worker meanwhile)
+        return family_table(report), len(report.results)
+
+    def shown(now: tuple, state: str):
+        table, answers = now
         title = f"MGSM {cfg.mode}, {cfg.shots}-shot: the family's table" + (" (partial)" if state else "")
-        status = f"{state or '**Done:**'} {len(report.results)} answers in {time.perf_counter() - t0:.0f} s{swap}"
+        status = f"{state or '**Done:**'} {answers} answers in {time.perf_counter() - t0:.0f} s{swap}"
         return (status, gr.update(value=table.markdown(), visible=True),
                 gr.update(value=family_bars(table, title=title), visible=True), gr.update())
 
@@ -214,21 +217,18 @@ def evaluate_family(ctx: Context, job: Job, methods, plans, limit, shots, mode, 
     context = contextvars.copy_context()  # the event's own (Gradio's progress bar reads it)
     worker = threading.Thread(target=context.run, args=(work,), name="layerswap-family", daemon=True)
     worker.start()
-    last = None
     try:
         yield "Loading the first language's experts…", gr.update(), gr.update(), gr.update()
-        while (item := updates.get()) is not None:
-            last = item
-            if updates.empty():  # only the newest of several waiting updates is drawn
-                yield shown(item, "**Evaluating…**")
+        while (item := updates.get()) is not None:  # one per model and language: at most 8 × 10
+            yield shown(item, "**Evaluating…**")
         worker.join()
     finally:
         if worker.is_alive():  # the event ended early (its caller went away): the evaluation stops after its batch
             v.stop.set()
     if "error" in done:
         raise done["error"]
-    report = done.get("report", last)
-    final = shown(report, "**Cancelled:**" if report.cancelled else "")
+    report = done["report"]
+    final = shown(snapshot(report), "**Cancelled:**" if report.cancelled else "")
     from layerswap.models.presets import portable_ref
 
     extra = {"protocol": {"mode": cfg.mode, "shots": cfg.shots, "max_new_tokens": cfg.max_new_tokens,
@@ -247,7 +247,7 @@ def render_models(ctx: Context, page: Page) -> dict:
         page.family = gr.Textbox("", lines=2, max_lines=MAX_LANGS, max_length=MAX_TEXT, elem_id="family", scale=4,
                                  label=f"Language family (optional): one CODE=REF line per language expert, up to "
                                        f"{ctx.policy.family_cap} (MGSM code = {src}), e.g. sw=org/swahili-expert")
-        load_btn = gr.Button("Load family", elem_id="family-load", scale=1)
+        load_btn = gr.Button("Load family", variant="primary", elem_id="family-load", scale=1)
     report = gr.Markdown("", elem_id="family-report")
     return dict(load=load_btn, report=report)
 

@@ -1,12 +1,14 @@
 """The Models section above the tabs: presets, the three model fields, Load, Stop, and the page's opening.
 
 Opening the page restores a shared link's models, plan and tab (`controls.restore`; without a tab in the link the
-visitor stays where they are). What can be shown comes at once, off the queue and without waiting for the models
-(`glance`: status, share link, plan controls, what belongs to the models); the models' report and the plan's strip
-follow once their headers are read (`first_view`). Load (or picking a preset of complete models) loads them and
-sets everything that belongs to them: the plan they open on (`organisms.opening_plan`), their MGSM set with its
-menus, the banner and card, the test-set line (`Page.on_models`). Both end by redrawing the analysis. The share
-link is recomputed from the current values on every change of the plan and of the open tab (`share_link`).
+visitor stays where they are) and its family's lines (`ui.family.restore`). What can be shown comes at once, off
+the queue and without waiting for the models (`glance`: status, share link, plan controls, what belongs to the
+models); the models' report and the plan's strip follow once their headers are read (`first_view`). Load (or
+picking a preset of complete models) loads them and sets everything that belongs to them: the plan they open on
+(`organisms.opening_plan`), their MGSM set with its menus, the banner and card, the test-set line
+(`Page.on_models`). Both end by redrawing the analysis. The share link is recomputed from the current values on
+every change of the plan and of the open tab (`share_link`), and after Load family. The family's own controls
+are `ui.family`'s.
 """
 
 from __future__ import annotations
@@ -152,8 +154,9 @@ def first_view(ctx: Context, job: Job, controls: PlanControls):
 
 
 def share_link(ctx: Context, job: Job, tab: str, controls: PlanControls) -> str:
-    """The share link of the current values: the visitor's models, every plan control, the open tab."""
-    return query_string(job.visitor.refs, controls.values, tab if tab in TABS else "build", family.specs(job.visitor))
+    """The share link of the current values: the visitor's models and family, every plan control, the open tab."""
+    return query_string(job.visitor.refs, controls.values, tab if tab in TABS else "build",
+                        family.specs(job.visitor))
 
 
 def unloading(request: gr.Request, session: str) -> bool:

@@ -294,3 +294,39 @@ def test_a_family_loads_and_evaluate_shows_its_table_and_plot(browser, app_url):
     expect(page.locator("#family textarea")).to_have_value(lines, timeout=60_000)
     no_error_toast(page)
     fresh.close()
+
+
+def test_the_family_preset_loads_builds_and_shows_its_table(browser, app_url):
+    """Issue 40's page check on the shipped family (`assets:demo3`, a preset whose `langs:` names its experts):
+    picking it fills the family's lines, Load family checks them, and Evaluate builds each language's merges and
+    shows the table (a column per cipher language) and its plot."""
+    from playwright.sync_api import expect
+
+    from layerswap.models.presets import presets
+    from tests.test_first_hour import pick_preset
+
+    fam = getattr(presets().get("demo3"), "langs", ())
+    if not fam:
+        pytest.skip("no shipped family preset (assets:demo3) on this branch")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_url, wait_until="load")
+    expect(page.locator("#report")).to_contain_text("compatible", timeout=120_000)
+    pick_preset(page, "Demo family")
+    expect(page.locator("#family textarea")).to_have_value("\n".join(f"{c}={r}" for c, r in fam), timeout=30_000)
+    expect(page.locator("#report")).to_contain_text("assets:demo3/math", timeout=120_000)
+    page.locator("#family-load").click()
+    expect(page.locator("#family-report")).to_contain_text(f"{len(fam)} language experts", timeout=120_000)
+    page.get_by_role("tab", name="Evaluate").click()
+    page.locator("#eval-limit input").fill("2")
+    page.locator("#family-run").click()
+    models = ["math expert", "language expert", "swap", "soup", "ties"]
+    expect(page.locator("#family-status")).to_contain_text(f"Done: {2 * len(fam) * len(models)} answers",
+                                                          timeout=300_000)
+    table = page.locator("#family-table table")
+    expect(table.locator("th")).to_have_text(["model", *(c for c, _ in fam), "average"])
+    expect(table.locator("tbody tr td:first-child")).to_have_text(models)
+    expect(page.locator("#family-bars .js-plotly-plot")).to_be_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "app-family-demo3.png"), full_page=True)
+    no_error_toast(page)
+    page.close()

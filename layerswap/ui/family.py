@@ -4,14 +4,16 @@ In the Models section a text area takes the language experts as ``CODE=REF`` lin
 each code once, at most the server's cap, `hosting.Policy.family_cap`); Load family checks the whole family once
 (`serving.family.preflight`: the codes' test sets, every member against the math expert and the base) and keeps it
 on the visitor, so the pair above (Load) and everything built so far stay as they were; a refusal is one dialog
-and keeps the family loaded before it. Empty, the page is the single-pair page it always was.
+and keeps the family loaded before it. Empty, the page is the single-pair page it always was. A preset that names
+a family (its ``langs:``) fills the lines (`preset_lines`).
 
-The Evaluate tab's family section evaluates it (`serving.family.evaluate_family`): per language the math expert,
-that language's expert and each chosen merge (the swap is the page's plan, shared by every language; the baselines
-take the page's method values), each merge built in memory in turn, one pair loaded at a time. The table
+The Evaluate tab's family section builds and evaluates it (`serving.family.evaluate_family`): per language the math
+expert, that language's expert and each chosen merge, each merge built in memory in turn, one pair loaded at a time.
+The swap is the page's plan, shared by every language unless a ``CODE=b,u,tb,tu`` line gives one its own
+(`own_plans`); the baselines take the page's method values (`PlanControls.variant`). The table
 (`evaluation.table.family_table`, Markdown) and its plot (`plots.family_bars`) fill in as each model's answers of a
-language are in; Stop ends it after its batch, keeping what is done. The share link carries the family's lines
-(`specs`), read back bounded (`restore`).
+language are in; Stop ends it after its batch, keeping what is done; at the end the table downloads as JSON (as
+``layerswap eval --json``). The share link carries the family's lines (`specs`), read back bounded (`restore`).
 """
 
 from __future__ import annotations

@@ -251,3 +251,82 @@ def test_find_a_plan_shows_progress_stops_and_sets_the_sliders(browser, app_url)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "app-find-plan.png"), full_page=True)
     no_error_toast(page)
+
+
+def test_a_family_loads_and_evaluate_shows_its_table_and_plot(browser, app_url):
+    """Issue 40: language experts typed as CODE=REF lines under Models, Load family, then Evaluate shows the
+    family's table and plot (each language's merges built with the page's plan); the share link carries the family
+    and a fresh page opened from it holds the same lines."""
+    from playwright.sync_api import expect
+
+    lines = "xx=assets:demo/lang\nen=assets:demo/unlocalised/lang"
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = ctx.new_page()
+    page.goto(app_url, wait_until="load")
+    expect(page.locator("#report")).to_contain_text("compatible", timeout=120_000)
+    page.locator("#family textarea").fill(lines)
+    page.locator("#family-load").click()
+    expect(page.locator("#family-report")).to_contain_text("Family loaded", timeout=120_000)
+    expect(page.locator("#family-report")).to_contain_text("2 language experts")
+    expect(page.locator("#share textarea, #share input")).to_have_value(re.compile(r"family=xx%3D"), timeout=30_000)
+    query = page.locator("#share textarea, #share input").input_value()
+
+    page.get_by_role("tab", name="Evaluate").click()
+    page.locator("#eval-limit input").fill("2")
+    page.locator("#family-methods label").filter(has_text="TIES").locator("input").uncheck()
+    page.locator("#family-run").click()
+    expect(page.locator("#family-status")).to_contain_text("Done: 16 answers", timeout=240_000)
+    expect(page.locator("#family-status")).to_contain_text("xx, en: swap b=")
+    table = page.locator("#family-table table")
+    expect(table).to_be_visible()
+    expect(table.locator("th")).to_have_text(["model", "xx", "en", "average"])
+    expect(table.locator("tbody tr td:first-child")).to_have_text(["math expert", "language expert", "swap", "soup"])
+    expect(page.locator("#family-bars .js-plotly-plot")).to_be_visible()
+    expect(page.locator("#family-file")).to_contain_text(re.compile(r"family_table\s*\.json"))
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "app-family.png"), full_page=True)
+    no_error_toast(page)
+    ctx.close()
+
+    fresh = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = fresh.new_page()
+    page.goto(app_url + "/" + query, wait_until="load")
+    expect(page.locator("#family textarea")).to_have_value(lines, timeout=60_000)
+    no_error_toast(page)
+    fresh.close()
+
+
+def test_the_family_preset_loads_builds_and_shows_its_table(browser, app_url):
+    """Issue 40's page check on the shipped family (`assets:demo3`, a preset whose `langs:` names its experts):
+    picking it fills the family's lines, Load family checks them, and Evaluate builds each language's merges and
+    shows the table (a column per cipher language) and its plot."""
+    from playwright.sync_api import expect
+
+    from layerswap.models.presets import presets
+    from tests.test_first_hour import pick_preset
+
+    fam = getattr(presets().get("demo3"), "langs", ())
+    if not fam:
+        pytest.skip("no shipped family preset (assets:demo3) on this branch")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_url, wait_until="load")
+    expect(page.locator("#report")).to_contain_text("compatible", timeout=120_000)
+    pick_preset(page, "Demo family")
+    expect(page.locator("#family textarea")).to_have_value("\n".join(f"{c}={r}" for c, r in fam), timeout=30_000)
+    expect(page.locator("#report")).to_contain_text("assets:demo3/math", timeout=120_000)
+    page.locator("#family-load").click()
+    expect(page.locator("#family-report")).to_contain_text(f"{len(fam)} language experts", timeout=120_000)
+    page.get_by_role("tab", name="Evaluate").click()
+    page.locator("#eval-limit input").fill("2")
+    page.locator("#family-run").click()
+    models = ["math expert", "language expert", "swap", "soup", "ties"]
+    expect(page.locator("#family-status")).to_contain_text(f"Done: {2 * len(fam) * len(models)} answers",
+                                                          timeout=300_000)
+    table = page.locator("#family-table table")
+    expect(table.locator("th")).to_have_text(["model", *(c for c, _ in fam), "average"])
+    expect(table.locator("tbody tr td:first-child")).to_have_text(models)
+    expect(page.locator("#family-bars .js-plotly-plot")).to_be_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "app-family-demo3.png"), full_page=True)
+    no_error_toast(page)
+    page.close()

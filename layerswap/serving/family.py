@@ -15,7 +15,8 @@ expert and the base (`models.family.check_family`, with the workbench's own adap
 (`Workbench.build`) and only the merge is evaluated; the workbench is closed before the next language, so at most
 one pair and its merge are loaded at once. Its `EvalReport` has a model per table row (the two experts under their
 role names, each recipe under its label) and a language per column; `on_language(report)` sees it after every
-language (what is done is never lost), and `cancel` stops it between batches, keeping what is answered.
+language (what is done is never lost), `on_model(report)` after each model's answers, and `cancel` stops it
+between batches, keeping what is answered.
 """
 
 from __future__ import annotations
@@ -81,10 +82,12 @@ def evaluate_family(family: Family, recipes: Mapping[str, Mapping[str, Recipe]],
                     settings: EngineSettings, *, force: bool = False, progress: Progress | None = None,
                     cancel: threading.Event | None = None,
                     on_language: Callable[[EvalReport], None] | None = None,
+                    on_model: Callable[[EvalReport], None] | None = None,
                     note: Callable[[str], None] | None = None) -> EvalReport:
     """Per language of `family`: both experts, then each recipe of `recipes[code]` (label -> recipe), on that
     language's test set of `config` (its `langs` are ignored: each language is its member's code). Call
-    `preflight` and `check_recipes` first. `note(text)`: the engine line and the plan of each language."""
+    `preflight` and `check_recipes` first. `note(text)`: the engine line and the plan of each language;
+    `on_model(report)`: after each model's answers of a language are in (the page fills its table with them)."""
     from layerswap.serving.workbench import Workbench
 
     p = progress or no_progress
@@ -104,6 +107,8 @@ def evaluate_family(family: Family, recipes: Mapping[str, Mapping[str, Recipe]],
         try:
             wb.load(family.math, member.ref, family.base, force=force, progress=part(f"{code}: loading", 0))
             _add(report, wb.evaluate(lang_cfg, ("math", "lang"), progress=part(code, 2), cancel=cancel), {})
+            if on_model is not None:
+                on_model(report)
             if note is not None:
                 note(f"{code}: {wb.engine_note}")
             done += 2
@@ -115,6 +120,8 @@ def evaluate_family(family: Family, recipes: Mapping[str, Mapping[str, Recipe]],
                     note(f"{code}: {label}: {recipe.title()}")
                 _add(report, wb.evaluate(lang_cfg, ("merged",), progress=part(f"{code} {label}", 1), cancel=cancel),
                      {ROLE_NAMES["merged"]: label})
+                if on_model is not None:
+                    on_model(report)
                 done += 1
         finally:
             wb.close()

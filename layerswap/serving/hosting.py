@@ -82,7 +82,7 @@ def _limit(default: int, env: str | None, what: str, unit: str = "") -> Any:
 # a heavy job's time limit in hosted mode, per kind (`ui.lane`): past it the job is stopped as Stop would
 JOB_SECONDS = MappingProxyType({
     "first_view": 600, "load": 1800, "load_preset": 1800, "build": 600, "ask": 600, "start_engines": 1800,
-    "export": 1800, "export_yaml": 300, "evaluate": 3600, "sweep": 3600, "find_plan": 3600,
+    "export": 1800, "export_yaml": 300, "evaluate": 3600, "evaluate_family": 3600, "sweep": 3600, "find_plan": 3600,
     "view": 900, "suggest": 900, "run": 900, "push": 1800})  # "view": the heatmaps, "run": the lens
 DEFAULT_JOB_SECONDS = 900  # any other kind
 

@@ -64,6 +64,8 @@ class Page:
     strip: Any = None
     plan_md: Any = None
     share: Any = None
+    link: dict = field(default_factory=dict)  # the share link's event (`models.wire`): chained after what changes it
+    family: Any = None  # the family's CODE=REF lines (`ui.family`)
     tabs: Any = None
     push_group: Any = None
     tab: Any = None  # the visitor's open tab (a gr.State), for the share link

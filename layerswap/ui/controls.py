@@ -59,6 +59,12 @@ class PlanControls:
             raise UserError(self._error)
         return self._recipe
 
+    def variant(self, **by_key) -> Recipe:
+        """The controls' values with some replaced (by share-link key), read as the event's recipe was: a family's
+        baseline (``method=ties`` with the page's method values) or one language's own plan (``b=3``)."""
+        self.recipe  # the controls themselves were accepted
+        return recipe(*self.values, **by_key)
+
     def sources(self, num_layers: int) -> Sources:
         """The planner of the recipe for a model of `num_layers` layers, made once per event: validated against
         the model (the check before a build), it draws the strip and writes the plan text."""
@@ -109,9 +115,11 @@ def plan_values(plan: Plan) -> list:
     return updates
 
 
-def query_string(refs: tuple[str, str, str], values, tab: str = "build") -> str:
-    """`?base=..&math=..&lang=..&b=..` for the page address: opening it restores this view."""
+def query_string(refs: tuple[str, str, str], values, tab: str = "build", family: list[str] = ()) -> str:
+    """`?base=..&math=..&lang=..&b=..` for the page address: opening it restores this view (`family`: the
+    visitor's family as ``CODE=REF`` lines, `ui.family.restore` reads them back)."""
     q = dict(zip(("base", "math", "lang"), refs))
+    q["family"] = "\n".join(family)
     q.update(zip(LINK_KEYS, values))
     q["tab"] = tab
     return "?" + urlencode({k: v for k, v in q.items() if v not in (None, "")})

@@ -52,6 +52,7 @@ class Visitor:
     last_eval: Any = None  # the visitor's latest EvalReport
     last_export: str | None = None  # the visitor's latest export folder (what Push to Hub uploads)
     exported_at: float = 0.0  # time.monotonic() of that export
+    family: Any = None  # the family it loaded (`ui.family.Loaded`), checked
     eval_recipe: dict | None = None  # the merged model's recipe in `last_eval` (its results go on that card)
     closing: bool = False  # its tab closed while a job ran: dropped when the job ends
     dropped: bool = False

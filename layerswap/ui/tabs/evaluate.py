@@ -16,6 +16,7 @@ from layerswap.core.errors import UserError, whole_number
 from layerswap.core.markup import block, code, text
 from layerswap.analysis.plots import eval_bars
 from layerswap.core.roles import ANSWERING, ROLE_NAMES
+from layerswap.ui import family
 from layerswap.ui.context import Context, Page
 from layerswap.ui.controls import PlanControls
 from layerswap.ui.events import Job
@@ -159,6 +160,7 @@ def render(ctx: Context, page: Page) -> None:
             b_lang = gr.Dropdown([], label="Language", elem_id="eval-browse-lang", allow_custom_value=True)
             b_pos = gr.Slider(0, 249, 0, step=1, label="Question", elem_id="eval-browse-pos")
         detail = gr.Markdown("Run an evaluation to browse its questions.", elem_id="eval-detail")
+        fam = family.render_eval(ctx, page, limit, shots, mode, max_new)
     page.on_models([langs, limit], lambda c, refs: [gr.update(**m) for m in menus(c, refs)])
     quick = dict(clear_stop=False)
     run_btn.click(ctx.job(evaluate, plan=True, models=True),
@@ -166,5 +168,6 @@ def render(ctx: Context, page: Page) -> None:
                   [status, table, bars, results, b_lang, b_pos, detail], api_name="evaluate", **ctx.lane,
                   show_progress_on=[status])
     stop_btn.click(ctx.job(stop_eval, **quick), None, [status], api_name="stop_eval", queue=False)
+    fam["stop"].click(ctx.job(stop_eval, **quick), None, [fam["status"]], api_name="stop_family", queue=False)
     gr.on([b_lang.change, b_pos.release], ctx.job(browse, **quick), [b_lang, b_pos], [detail], api_name="browse",
           queue=False)

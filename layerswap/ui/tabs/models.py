@@ -1,12 +1,14 @@
 """The Models section above the tabs: presets, the three model fields, Load, Stop, and the page's opening.
 
 Opening the page restores a shared link's models, plan and tab (`controls.restore`; without a tab in the link the
-visitor stays where they are). What can be shown comes at once, off the queue and without waiting for the models
-(`glance`: status, share link, plan controls, what belongs to the models); the models' report and the plan's strip
-follow once their headers are read (`first_view`). Load (or picking a preset of complete models) loads them and
-sets everything that belongs to them: the plan they open on (`organisms.opening_plan`), their MGSM set with its
-menus, the banner and card, the test-set line (`Page.on_models`). Both end by redrawing the analysis. The share
-link is recomputed from the current values on every change of the plan and of the open tab (`share_link`).
+visitor stays where they are) and its family's lines (`ui.family.restore`). What can be shown comes at once, off
+the queue and without waiting for the models (`glance`: status, share link, plan controls, what belongs to the
+models); the models' report and the plan's strip follow once their headers are read (`first_view`). Load (or
+picking a preset of complete models) loads them and sets everything that belongs to them: the plan they open on
+(`organisms.opening_plan`), their MGSM set with its menus, the banner and card, the test-set line
+(`Page.on_models`). Both end by redrawing the analysis. The share link is recomputed from the current values on
+every change of the plan and of the open tab (`share_link`), and after Load family. The family's own controls
+are `ui.family`'s.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from layerswap.core.errors import UserError
 from layerswap.recipe.fields import FIELDS
 from layerswap.core.markup import text
 from layerswap.shipped.organisms import opening_plan, preset_of
+from layerswap.ui import family
 from layerswap.ui.context import Context, Page
 from layerswap.ui.controls import TABS, PlanControls, plan_values, query_string, restore
 from layerswap.ui.events import Job, page_models
@@ -110,7 +113,8 @@ def open_page(ctx: Context, job: Job):
     updates, tab = restore(params)
     status = ctx.shared.status if not ctx.shared.ready.is_set() else "Models ready."
     moved = [gr.Tabs(selected=tab), tab] if tab else [gr.update(), gr.update()]
-    return [status, *[gr.update(value=r) for r in v.refs], *updates, *moved, page_models(v.refs)]
+    return [status, *[gr.update(value=r) for r in v.refs], *updates, *moved, page_models(v.refs),
+            family.restore(ctx, params)]
 
 
 def glance(ctx: Context, page: Page, job: Job, tab: str, controls: PlanControls, with_views: bool) -> list:
@@ -149,8 +153,9 @@ def first_view(ctx: Context, job: Job, controls: PlanControls):
 
 
 def share_link(ctx: Context, job: Job, tab: str, controls: PlanControls) -> str:
-    """The share link of the current values: the visitor's models, every plan control, the open tab."""
-    return query_string(job.visitor.refs, controls.values, tab if tab in TABS else "build")
+    """The share link of the current values: the visitor's models and family, every plan control, the open tab."""
+    return query_string(job.visitor.refs, controls.values, tab if tab in TABS else "build",
+                        family.specs(job.visitor))
 
 
 def unloading(request: gr.Request, session: str) -> bool:
@@ -185,13 +190,14 @@ def render(ctx: Context, page: Page) -> dict:
             force = gr.Checkbox(False, label="Force: load even if the experts seem not to share the base", scale=3)
             load_btn = gr.Button("Load", variant="primary", elem_id="load", scale=1)
             stop_btn = gr.Button("Stop my job", variant="stop", elem_id="stop", scale=1)
+        fam = family.render_models(ctx, page)
         page.report = gr.Markdown("Loading the default models…", elem_id="report")
         page.models = gr.Textbox("", visible=False, elem_id="page-models")  # set when the page opens and on Load
         engine_now = gr.Markdown(elem_id="engine-now")
         test_set = gr.Markdown(ctx.test_set_md(ctx.key), elem_id="test-set")
     page.on_models([preset, test_set], lambda c, refs: [gr.update(value=preset_of(refs)), c.test_set_md(refs)])
     return dict(preset=preset, preset_md=preset_md, force=force, load_btn=load_btn, stop_btn=stop_btn,
-                engine_now=engine_now, ticks=gr.Timer(3))
+                engine_now=engine_now, ticks=gr.Timer(3), family=fam)
 
 
 def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
@@ -224,7 +230,7 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
         page.redraw(dep.success(ctx.job(loaded_view, **quick, plan=True), [page.tab, *page.plan], at_once, **off))
 
     opened = demo.load(ctx.job(open_page, **quick), None,
-                       [page.status, *page.refs, *page.plan, page.tabs, page.tab, page.models], **off)
+                       [page.status, *page.refs, *page.plan, page.tabs, page.tab, page.models, page.family], **off)
     opened = opened.then(ctx.job(opened_view, **quick, plan=True), [page.tab, *page.plan], at_once, **off)
     page.redraw(opened.then(ctx.job(first_view, plan=True, models=True), [*page.plan, page.models], shown,
                             api_visibility="private", **ctx.views, **page.on)).then(
@@ -250,8 +256,9 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
     c["ticks"].tick(ctx.job(engine_line, **quick), None, [c["engine_now"]], api_visibility="private", queue=False,
                     show_progress="hidden")
     # the share link follows every change of the plan and of the open tab
-    link = dict(fn=ctx.job(share_link, **quick, plan=True), inputs=[page.tab, *page.plan], outputs=page.share,
-                show_progress="hidden", **off)
+    page.link = link = dict(fn=ctx.job(share_link, **quick, plan=True), inputs=[page.tab, *page.plan],
+                            outputs=page.share, show_progress="hidden", **off)
     gr.on([x.change for x in page.plan], trigger_mode="always_last", **link)
     for tab_id, item in page.tab_items.items():
         item.select(lambda t=tab_id: t, None, page.tab, **off).then(**link)
+    family.wire(ctx, page, {**c["family"], "force": c["force"], "preset": c["preset"]})

@@ -3,7 +3,10 @@ for the shared base; with ``--hardware``, what would serve them on each named ha
 
 Exit status: 0 when the headers agree (compatible), also with a shared-base warning (a warning is not a failure:
 it is printed, and merging then needs ``--force``); 1 when they disagree (not compatible); 2 for a user error.
-For a shipped pair it also says the plan the pair opens on (`organisms.opening_plan`)."""
+For a shipped pair it also says the plan the pair opens on (`organisms.opening_plan`). Over a family (`--lang CODE=L`
+repeated): every member's compatibility (`models.family.check_family`; a member that does not fit is a user error
+naming it), and with ``--hardware`` the family's engine plan per hardware (`engines.family`: which models are awake,
+asleep or reloaded, and what a language switch costs)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from layerswap.cli.options import models, open_trio, pairing_options
 def add_parser(sub) -> None:
     s = sub.add_parser("inspect", help="compatibility report (headers, plus a few MB of sampled weights); "
                                        "--hardware: what would serve the models where")
-    models(s)
+    models(s, family=True)
     pairing_options(s, force=False)
     s.add_argument("--hardware", metavar="NAME[,NAME...]",
                    help="plan the engines on these Spaces flavours (cpu-basic, cpu-upgrade, t4-small, l4x1, a10g-large, "
@@ -28,6 +31,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    if args.family is not None and len(args.family.members) > 1:
+        return family(args)
     if args.hardware:
         return hardware(args)
     from layerswap.models.pairing import check_mergeable
@@ -61,4 +66,33 @@ def hardware(args) -> int:
     s = EngineSettings.from_args(args)
     rows = hardware_table(cks, names, engine=resolve_engine_choice(s.engine), serving=s.serving, settings=s.vllm())
     print(json.dumps(rows, indent=1) if args.json else table_markdown(rows))
+    return 0
+
+
+def family(args) -> int:
+    """A family: each member's compatibility, or (--hardware) the family's engine plan per hardware."""
+    import json
+
+    from layerswap.models.family import check_family
+
+    fam = args.family
+    if not args.hardware:
+        checked = check_family(fam, threshold=args.base_distance_threshold)
+        print(f"compatible: a family of {len(fam.members)} language experts, {checked.num_layers} layers")
+        for code, line in checked.lines.items():
+            print(f"  {code}: {line}")
+        return 0
+    from layerswap.cli.options import open_checkpoint
+    from layerswap.core.hardware import FLAVOURS
+    from layerswap.engines import resolve_engine_choice
+    from layerswap.engines.family import family_hardware_table, family_table_markdown
+
+    names = [n.strip() for n in args.hardware.split(",") if n.strip()]
+    if names == ["all"]:
+        names = [*FLAVOURS, "this"]
+    langs = {m.code: open_checkpoint(m.ref) for m in fam.members}
+    s = EngineSettings.from_args(args)
+    rows = family_hardware_table(open_checkpoint(fam.math), langs, names, engine=resolve_engine_choice(s.engine),
+                                 serving=s.serving, settings=s.vllm())
+    print(json.dumps(rows, indent=1) if args.json else family_table_markdown(rows))
     return 0

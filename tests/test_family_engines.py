@@ -121,3 +121,13 @@ def test_inspect_hardware_answers_for_a_family(tmp_path):
     pair = cli_in_process("inspect", "--math", str(tmp_path / "math"), "--lang", str(tmp_path / "sw"), "--hardware",
                           "h100", "--json")
     assert "residency" not in json.loads(pair.stdout)[0]
+
+
+def test_hosting_docs_family_table_follows_the_plan(tmp_path):
+    """docs/hosting.md's table of the paper's 8B family (four language experts) is what the plan says."""
+    from layerswap.engines.family import family_hardware_table, family_table_markdown
+    from tests.helpers import REPO
+
+    cks = {r: Checkpoint.open(sparse_llama(tmp_path / r, **LLAMA_8B)) for r in ("math", "sw", "te", "bn", "ja")}
+    rows = family_hardware_table(cks.pop("math"), cks, list(hardware.FLAVOURS))
+    assert family_table_markdown(rows) in (REPO / "docs" / "hosting.md").read_text()

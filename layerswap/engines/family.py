@@ -32,7 +32,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from layerswap.core.hardware import GiB, Hardware, current
-from layerswap.engines.choice import EngineSettings, resolve_engine_choice
 from layerswap.engines.planning import (APP_HEADROOM, ASLEEP, GPU_ACTIVATIONS, PINNED_PER_WEIGHT, EnginePlan,
                                         Releasing, _duration, _gib, _round, plan_engines, sleep_swap_seconds,
                                         swap_seconds, weight_bytes)
@@ -178,15 +177,6 @@ def _transformers(math: Checkpoint, langs: dict[str, Checkpoint], trio: EnginePl
                           "language's expert read from disk and its merge built")
 
 
-def choose_family(settings: EngineSettings, math: Checkpoint, langs: dict[str, Checkpoint], *,
-                  vllm: VLLMSettings | None = None, hardware: Hardware | None = None,
-                  releasing: Releasing = Releasing()) -> FamilyPlan:
-    """The family's plan under `settings`, as `choice.choose_engines` plans a trio."""
-    device = None if settings.device in (None, "auto") else settings.device
-    return plan_family(math, langs, engine=resolve_engine_choice(settings.engine), serving=settings.serving,
-                       settings=vllm or settings.vllm(), device=device, hardware=hardware, releasing=releasing)
-
-
 def family_hardware_table(math: Checkpoint, langs: dict[str, Checkpoint], names: list[str], engine: str = "auto",
                           serving: str = "auto", settings: VLLMSettings | None = None) -> list[dict]:
     """One `FamilyPlan.row` per hardware name (a Spaces flavour, or ``this``)."""
@@ -211,5 +201,5 @@ def family_table_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RESIDENCIES", "FamilyPlan", "choose_family", "family_hardware_table", "family_table_markdown",
+__all__ = ["RESIDENCIES", "FamilyPlan", "family_hardware_table", "family_table_markdown",
            "plan_family"]

@@ -36,6 +36,8 @@ def family_mgsm(tmp_path_factory) -> Path:
     for name in ("mgsm_xx.tsv", "mgsm_en.tsv", "languages.json"):
         shutil.copy(DEMO_MGSM / name, d / name)
     shutil.copy(DEMO_MGSM / "mgsm_en.tsv", d / "mgsm_sw.tsv")  # a third code with a set, for the refusals
+    lines = (DEMO_MGSM / "mgsm_en.tsv").read_text().splitlines(keepends=True)
+    (d / "mgsm_te.tsv").write_text("".join(lines[:-1]))  # and a set one question short: not parallel
     return d
 
 
@@ -84,6 +86,8 @@ def test_search_over_a_family_reports_a_plan_per_language_held_out_and_the_share
         held_rows = [row for row in mine if row["name"] in HELD_OUT or row["name"].startswith("the recommended")]
         assert held_rows and {i for row in held_rows for i in row["ids"]} == set(split["test"])
         assert {i for row in mine if row not in held_rows for i in row["ids"]} <= set(split["dev"])
+    splits = [data["languages"][c]["split"] for c in LANGS]  # parallel sets: the same problems on each side
+    assert all(sp["dev"] == splits[0]["dev"] and sp["test"] == splits[0]["test"] for sp in splits)
     # the shared plan: among the candidates, the highest mean dev accuracy, recomputed from the records
     shared = data["shared"]
     cands = shared["candidates"]
@@ -134,6 +138,7 @@ def no_engines(monkeypatch):
                                                          r"not fit this family"),
     (["--langs", "xx"], r"A family's languages are its codes \(xx, en\); drop --langs"),
     (["--shared-top", "0"], r"shared_top is a number of plans per language from 1 to 20"),
+    (["--lang", "te=assets:demo/lang"], r"The languages' sets split differently \(xx: 1000, en: 1000, te: 999 "),
 ])
 def test_bad_family_searches_are_refused_before_anything_heavy(extra, msg, family_mgsm, no_engines, tmp_path):
     import re

@@ -17,7 +17,9 @@ and compared (exact McNemar) with that language's own plan. Every answer is a re
 are reused, never asked again; engines start only when a question must be answered.
 
 Everything cheap is checked first: the family's shape and cap, a test set per code, every member's compatibility
-(`serving.family.check_test_sets`, `models.family.check_family`), and each language's split.
+(`serving.family.check_test_sets`, `models.family.check_family`), and each language's split; splits drawn from
+the sets must agree, so that no problem (MGSM's languages are translations of one set) is a dev question in one
+language and held out in another.
 """
 
 from __future__ import annotations
@@ -176,12 +178,23 @@ def check(family: Family, configs: dict[str, SearchConfig], *, cap: int = MAX_LA
     for m in family.members:
         check_test_sets(Family(family.math, (m,), family.base), configs[m.code].source)
     check_family(family, force=force, pair_check=adapter_pair)
+    drawn = {}
     for code, cfg in configs.items():
         cfg.validate()
         try:
-            split_questions(cfg.langs, cfg.source, cfg.seed, cfg.dev, cfg.test, cfg.dev_source)
+            split = split_questions(cfg.langs, cfg.source, cfg.seed, cfg.dev, cfg.test, cfg.dev_source)
         except UserError as e:
             raise UserError(f"--lang {code}=: {e}") from None
+        if split.dev_source is None:
+            drawn[code] = split
+    # MGSM's languages are translations of one set: a problem the shared plan is chosen on (any language's dev)
+    # must be held out in none
+    dev = {i for sp in drawn.values() for i in sp.dev}
+    if any(dev & set(sp.test) for sp in drawn.values()):
+        sizes = ", ".join(f"{c}: {sp.total}" for c, sp in drawn.items())
+        raise UserError(f"The languages' sets split differently ({sizes} questions): a family search needs parallel "
+                        "sets (question i the same problem in each language), so that no problem is a dev question "
+                        "in one language and held out in another; give sets of one size (--mgsm-dir).")
 
 
 def search_family(family: Family, config: SearchConfig, *, results: str | Path | None = None,

@@ -72,13 +72,15 @@ def test_8b_family_on_each_hardware(eight_b_family, hw, n, arrangement, residenc
     elif residency == "sleep":
         sleepers = 2 * n
         assert fp.host_pinned == int(sleepers * PINNED_PER_WEIGHT * per_model)
-        assert fp.switch_seconds == pytest.approx(2 * sleep_swap_seconds(per_model)) and fp.need_memory > trio.need_memory
+        assert fp.switch_seconds == pytest.approx(2 * sleep_swap_seconds(per_model))
+        assert fp.need_memory > trio.need_memory
     else:
         assert fp.switch_seconds == pytest.approx(2 * swap_seconds(per_model, "cuda"))
         assert fp.need_memory == trio.need_memory
     row = fp.row(hw)
     assert set(trio.row(hw)) <= set(row) and row["residency"] == residency and row["languages"] == n
-    assert row["gpu_planned_gib"] == round(fp.need_memory / GiB, 2) and row["host_pinned_gib"] == round(fp.host_pinned / GiB, 2)
+    assert row["gpu_planned_gib"] == round(fp.need_memory / GiB, 2)
+    assert row["host_pinned_gib"] == round(fp.host_pinned / GiB, 2)
 
 
 def test_small_family_on_the_cpu_keeps_the_experts_in_memory_when_they_fit(trio):

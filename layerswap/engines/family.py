@@ -118,7 +118,8 @@ def plan_family(math: Checkpoint, langs: dict[str, Checkpoint], *, engine: str =
         return FamilyPlan(trio, n, "none", 0, 0, 0, None, 0, why=trio.problem)
     if n == 1:
         asleep = ASLEEP.get(trio.arrangement, 0) if trio.sleep else 0
-        return FamilyPlan(trio, 1, "trio", TRIO_AWAKE[trio.arrangement], asleep, 0, 0.0, trio.need_memory, trio.host_pinned, why="one language: no switch")
+        return FamilyPlan(trio, 1, "trio", TRIO_AWAKE[trio.arrangement], asleep, 0, 0.0, trio.need_memory,
+                          trio.host_pinned, why="one language: no switch")
     if trio.engine == "vllm":
         return _vllm(math, trio, n, settings, hw, releasing)
     return _transformers(math, langs, trio, n, hw, releasing)
@@ -135,12 +136,14 @@ def _vllm(math: Checkpoint, trio: EnginePlan, n: int, settings: VLLMSettings, hw
     awake = TRIO_AWAKE[trio.arrangement]
     if trio.arrangement == "three_vllm":  # the trio's engine settings (context, KV cache, CUDA graphs), 1 + 2N times
         tp = max(1, settings.tensor_parallel_size) if dev != "cpu" else 1
-        est = estimate(math, 1 + 2 * n, trio.settings or settings, dev, hw.memory_available(dev, tp) + releasing.nbytes, APP_HEADROOM[dev])
+        have = hw.memory_available(dev, tp) + releasing.nbytes
+        est = estimate(math, 1 + 2 * n, trio.settings or settings, dev, have, APP_HEADROOM[dev])
         if est.fits:
             return FamilyPlan(trio, n, "all_awake", 1 + 2 * n, 0, 0, 0.0, est.need_bytes,
                               why=f"{1 + 2 * n} engines fit side by side")
     reload = FamilyPlan(trio, n, "reload", awake, ASLEEP.get(trio.arrangement, 0) if trio.sleep else 0, 2,
-                        2 * swap_seconds(per_model, dev), trio.need_memory, trio.host_pinned, why="the next language's expert and merge loaded from disk")
+                        2 * swap_seconds(per_model, dev), trio.need_memory, trio.host_pinned,
+                        why="the next language's expert and merge loaded from disk")
     if dev == "cpu":
         return replace(reload, why=reload.why + " (vLLM's sleep mode is for GPUs)")
     if trio.arrangement != "three_vllm" and not trio.sleep:

@@ -289,7 +289,8 @@ def _shared(family: Family, configs: dict[str, SearchConfig], found: dict[str, S
                                          f"shared candidate {c.plan.title()}", tick)
                     if right is None:
                         return shared, True
-                    c.dev[code] = {"n": len(right), "correct": sum(right), "accuracy": round(sum(right) / len(right), 4)}
+                    c.dev[code] = {"n": len(right), "correct": sum(right),
+                                   "accuracy": round(sum(right) / len(right), 4)}
             finally:
                 lang.close()
         best = max(cands, key=lambda c: (c.mean_dev, -layers(c.plan)))  # max keeps the first of equals

@@ -149,3 +149,35 @@ def test_bad_family_searches_are_refused_before_anything_heavy(extra, msg, famil
     errors = [line for line in r.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and re.search(msg, errors[0]), r.stderr
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_a_stopped_family_search_resumes_from_its_records(family_mgsm, tmp_path):
+    """Stopped while the second language is searched: the first language's search and the second's answers so
+    far are records; run again, the first language answers nothing and the result is the whole one."""
+    import threading
+
+    from layerswap.engines import EngineSettings
+    from layerswap.models.family import Family
+    from layerswap.search import SearchConfig
+    from layerswap.search.family import search_family
+
+    fam = Family.parse("assets:demo/math", [f"{c}={r}" for c, r in LANGS.items()], "assets:demo/base")
+    cfg = SearchConfig(langs=[], source=str(family_mgsm), budget=3, dev=20, test=30, first_rung=10, max_new_tokens=24,
+                       max_b=1, max_u=1, max_t=0, non_layer=("math",))
+    engine = EngineSettings(engine="transformers", device="cpu")
+    stop = threading.Event()
+
+    def progress(f: float, text: str) -> None:
+        if text.startswith("en ") and "1/3 plans" in text:
+            stop.set()  # the second language's first plan is scored
+
+    results = tmp_path / "r.jsonl"
+    first = search_family(fam, cfg, results=results, engine=engine, progress=progress, cancel=stop)
+    assert first.cancelled and first.shared is None and first.languages["xx"].test is not None
+    assert first.languages["en"].cancelled and first.to_dict()["shared"] is None
+    kept = len(load_results(results))
+    again = search_family(fam, cfg, results=results, engine=engine)
+    assert not again.cancelled and again.shared is not None and again.shared.plan is not None
+    assert again.languages["xx"].evaluated["questions_run"] == 0
+    assert again.languages["xx"].test == first.languages["xx"].test
+    assert again.languages["en"].evaluated["questions_reused"] > 0 and len(load_results(results)) > kept

@@ -220,15 +220,15 @@ def test_check_family_names_the_member_and_a_plain_lang_still_works(no_engines):
     # commands of one pair: one --lang L (or CODE=L) as before, several refused with the way to a family
     r = cli_in_process("inspect", *DEMO, "--lang", "xx=assets:demo/lang")
     assert r.returncode == 0 and "compatible" in r.stdout.lower()
-    r = cli_in_process("merge", *DEMO, "--lang", "xx=assets:demo/lang", "--lang", "en=assets:demo/lang", "-o", "x")
-    assert r.returncode == 2 and "layerswap merge takes one language expert" in r.stderr
-    # inspect reports every member of a family: a block each, exit 1 when any disagrees
-    r = cli_in_process("inspect", *DEMO, "--lang", "xx=assets:demo/lang", "--lang", "en=assets:demo/ablation/other_shape",
-                       "--lang", "sw=assets:demo/ablation/seed1/lang")
-    blocks = [line for line in r.stdout.splitlines() if not line.startswith(" ")]
-    assert r.returncode == 1 and blocks == ["xx (assets:demo/lang):", "en (assets:demo/ablation/other_shape):",
-                                            "sw (assets:demo/ablation/seed1/lang):"]
-    assert "NOT compatible" in r.stdout and "warning: the experts may not share a base" in r.stdout
+    r = cli_in_process("ask", *DEMO, "--lang", "xx=assets:demo/lang", "--lang", "en=assets:demo/lang", "--index", "0")
+    assert r.returncode == 2 and "layerswap ask takes one language expert" in r.stderr
+    # inspect over a family: every member's compatibility, the one that does not fit named
+    r = cli_in_process("inspect", *DEMO, "--lang", "xx=assets:demo/lang", "--lang", "en=assets:demo/unlocalised/lang")
+    assert r.returncode == 0 and "compatible: a family of 2 language experts, 8 layers" in r.stdout
+    assert "  en: " in r.stdout and "shared base" in r.stdout
+    r = cli_in_process("inspect", *DEMO, "--lang", "xx=assets:demo/lang", "--lang",
+                       "en=assets:demo/ablation/other_shape")
+    assert r.returncode == 2 and "The en expert (assets:demo/ablation/other_shape) does not fit" in r.stderr
     r = cli_in_process("eval", "--math", "assets:demo/math", "--lang", "assets:demo/lang", "--methods", "swap")
     assert r.returncode == 2 and "--methods is for a family" in r.stderr
     r = cli_in_process("eval", "--math", "assets:demo/math", "--lang", "xx=assets:demo/lang", "--methods", "swap,ta")

@@ -3,9 +3,10 @@ for the shared base; with ``--hardware``, what would serve them on each named ha
 
 Exit status: 0 when the headers agree (compatible), also with a shared-base warning (a warning is not a failure:
 it is printed, and merging then needs ``--force``); 1 when they disagree (not compatible); 2 for a user error.
-For a shipped pair it also says the plan the pair opens on (`organisms.opening_plan`). With a family (``--lang CODE=L``
-repeated) it reports every language expert against the math expert and the base, a block per member (exit 1 when any
-disagrees)."""
+For a shipped pair it also says the plan the pair opens on (`organisms.opening_plan`). Over a family (`--lang CODE=L`
+repeated): every member's compatibility (`models.family.check_family`; a member that does not fit is a user error
+naming it), and with ``--hardware`` the family's engine plan per hardware (`engines.family`: which models are awake,
+asleep or reloaded, and what a language switch costs)."""
 
 from __future__ import annotations
 
@@ -53,28 +54,6 @@ def run(args) -> int:
     return 0 if check.report.ok else 1
 
 
-def family(args) -> int:
-    """Every member of a family against the math expert and the base: its code, then the pair's report."""
-    import textwrap
-
-    from layerswap.models.adapters import open_expert
-    from layerswap.models.pairing import check_mergeable
-    from layerswap.cli.options import open_checkpoint
-
-    if args.hardware:
-        raise UserError("--hardware plans one pair's engines: give one --lang.")
-    fam = args.family
-    base, math, ok = open_checkpoint(fam.base), open_expert(fam.math, fam.base), True
-    for m in fam.members:
-        check = check_mergeable(math, open_expert(m.ref, fam.base), base, threshold=args.base_distance_threshold)
-        print(f"{m.code} ({m.ref}):")
-        print(textwrap.indent(check.report.summary(), "  "))
-        if check.pairing is not None:
-            print(("    warning: " if check.pairing.suspicious else "    ") + check.pairing.message())
-        ok = ok and check.report.ok
-    return 0 if ok else 1
-
-
 def hardware(args) -> int:
     from layerswap.engines import resolve_engine_choice
     from layerswap.engines.planning import hardware_table, table_markdown
@@ -90,5 +69,35 @@ def hardware(args) -> int:
     rows = hardware_table(cks, names, engine=resolve_engine_choice(s.engine), serving=s.serving, settings=s.vllm())
     if not args.json:
         print(table_markdown(rows))
+    emit_json(args, rows)
+    return 0
+
+
+def family(args) -> int:
+    """A family: each member's compatibility, or (--hardware) the family's engine plan per hardware."""
+    from layerswap.models.family import check_family
+
+    fam = args.family
+    if not args.hardware:
+        checked = check_family(fam, threshold=args.base_distance_threshold)
+        print(f"compatible: a family of {len(fam.members)} language experts, {checked.num_layers} layers")
+        for code, line in checked.lines.items():
+            print(f"  {code}: {line}")
+        return 0
+    from layerswap.cli.options import open_checkpoint
+    from layerswap.core.hardware import FLAVOURS
+    from layerswap.engines import resolve_engine_choice
+    from layerswap.engines.family import family_hardware_table, family_table_markdown
+
+    names = [n.strip() for n in args.hardware.split(",") if n.strip()]
+    if names == ["all"]:
+        names = [*FLAVOURS, "this"]
+    langs = {m.code: open_checkpoint(m.ref) for m in fam.members}
+    s = EngineSettings.from_args(args)
+    rows = family_hardware_table(open_checkpoint(fam.math), langs, names, engine=resolve_engine_choice(s.engine),
+                                 serving=s.serving, settings=s.vllm())
+    check_outputs([args.json_out], *langs.values())
+    if not args.json:
+        print(family_table_markdown(rows))
     emit_json(args, rows)
     return 0

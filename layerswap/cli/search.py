@@ -1,7 +1,9 @@
 """`layerswap search`: find a layer-swap plan with an evaluation in the loop, chosen on dev questions and scored on
 held-out ones (`layerswap.search`); resumable from its results file. `--json` prints the result as JSON on stdout
 (as every command's `--json` does, `cli.options.json_options`; the summary and progress then go to stderr),
-`--json-out FILE` writes it to a file."""
+`--json-out FILE` writes it to a file.
+Over a family (`--lang CODE=L` repeated: `cli.family_search`), each language's plan on its own dev questions and
+a shared plan best on average."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from layerswap.cli.options import (Bar, check_outputs, data_inputs, emit_json, e
 def add_parser(sub) -> None:
     s = sub.add_parser("search", help="find a plan: search b, u, tb, tu (and more) on dev questions, report it on "
                                       "held-out ones with exact intervals and McNemar against the experts")
-    models(s)
+    models(s, family=True)
     s.add_argument("--force", action="store_true", help="merge even if the experts seem not to share the base")
     s.add_argument("--budget", type=int, default=40, help="plans to evaluate (default 40); exhaustive when the space "
                                                          "holds no more")
@@ -44,6 +46,9 @@ def add_parser(sub) -> None:
     s.add_argument("-o", "--results", metavar="FILE", help="results file (JSONL; default: one shared by every search "
                                                           "on this machine, in the cache); a rerun resumes it")
     ray_options(s, "race candidates")
+    s.add_argument("--shared-top", type=int, default=3, metavar="K",
+                   help="a family (--lang CODE=L repeated): each language's K best plans race on every language's "
+                        "dev questions for the shared plan (default 3)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=run)
 
@@ -54,20 +59,20 @@ def _words(text: str) -> tuple[str, ...]:
 
 def run(args) -> int:
     from layerswap.models.presets import portable_ref
-    from layerswap.search import SearchConfig, default_results, for_models, search
+    from layerswap.search import default_results, for_models, search
 
     if args.limit is not None:
         raise UserError("A search splits the set itself: use --dev N and --test N instead of --limit.")
+    fam = args.family
+    if fam is not None and len(fam.members) > 1:
+        from layerswap.cli.family_search import run_family_search
+
+        return run_family_search(args, lambda langs: _config(args, langs))
+    if fam is not None and not args.langs:  # one --lang CODE=L: a search of that pair on CODE's questions
+        args.langs = fam.codes[0]
     test_data(args, args.math, args.lang, args.base)  # the models' own set and languages when not given
     data = args.mgsm_dir
-    cfg = SearchConfig(langs=list(_words(args.langs)), source=str(data) if data else None, budget=args.budget,
-                       seed=args.seed, dev=args.dev, test=args.test, strategy=args.strategy,
-                       halving=not args.no_halving, first_rung=args.first_rung, z=args.z, shots=args.shots,
-                       mode=args.mode, max_new_tokens=args.max_new_tokens, max_b=args.max_b, max_u=args.max_u,
-                       max_t=args.max_t, transitions=_words(args.transitions),
-                       non_layer=_words(args.non_layer_choices), module_wise=args.module_wise,
-                       revert=args.revert_ranges)
-    cfg = for_models(cfg, args.math, args.lang, args.base)
+    cfg = for_models(_config(args, list(_words(args.langs))), args.math, args.lang, args.base)
     results = args.results or str(default_results())
     check_outputs([args.json_out, results], extra=(args.math, args.lang, args.base, *data_inputs(args)))
     out = say(args)  # stdout holds only the JSON with --json
@@ -86,3 +91,17 @@ def run(args) -> int:
     print(result.text(), file=out)
     emit_json(args, result.to_dict())
     return 0
+
+
+def _config(args, langs: list[str]):
+    """The `SearchConfig` the flags say, for `langs`."""
+    from layerswap.search import SearchConfig
+
+    data = args.mgsm_dir
+    return SearchConfig(langs=langs, source=str(data) if data else None, budget=args.budget,
+                        seed=args.seed, dev=args.dev, test=args.test, strategy=args.strategy,
+                        halving=not args.no_halving, first_rung=args.first_rung, z=args.z, shots=args.shots,
+                        mode=args.mode, max_new_tokens=args.max_new_tokens, max_b=args.max_b, max_u=args.max_u,
+                        max_t=args.max_t, transitions=_words(args.transitions),
+                        non_layer=_words(args.non_layer_choices), module_wise=args.module_wise,
+                        revert=args.revert_ranges)

@@ -6,6 +6,7 @@
   `VLLMSettings`, `SwappedEngine`.
 - `sizing`: what one vLLM engine needs (weights, KV cache sized from the model, overhead), `check_memory`.
 - `planning`: the engine plan (`plan_engines`, `EnginePlan`): the arrangement, its sizes and costs, on the hardware.
+- `family`: a family's engine plan (`family.plan_family`): awake, asleep or reloaded, and the cost of a language switch.
 - `choice`: `choose_engines`, the one decision of which engine runs for every caller (a trio's plan, or one
   model's engine), `EngineSettings` (its flags declared once: `ENGINE_FLAGS`) and `open_engine` for one model.
 """

@@ -150,14 +150,39 @@ def test_build_script_languages_are_the_shipped_ones():
 
 
 @shipped
-def test_card_is_written_from_build_info_and_keeps_a_place_for_the_family_table():
+def test_card_is_written_from_build_info_and_its_family_table():
+    """The card is what scripts/demo3_card.py writes from build_info.json and family_table.json (what `layerswap
+    eval` over the family wrote), and the claims its words make hold in those numbers."""
+    import json
+
     import demo3_card
 
-    text, want = (DEMO3 / "README.md").read_text(encoding="utf-8"), demo3_card.card(DEMO3)
-    start, end = demo3_card.TABLE_START, demo3_card.TABLE_END
-    cut = lambda t: t[:t.index(start)] + t[t.index(end):]  # noqa: E731  (the table's place may be filled since)
-    assert cut(text) == cut(want), "assets/demo3/README.md is stale: run scripts/demo3_card.py"
-    assert "layerswap eval --math assets:demo3/math" in want
+    assert (DEMO3 / "README.md").read_text(encoding="utf-8") == demo3_card.card(DEMO3), \
+        "assets/demo3/README.md is stale: run scripts/demo3_card.py"
+    t = json.loads((DEMO3 / "family_table.json").read_text())
+    assert t["family"]["languages"] == {c: f"assets:demo3/lang_{c}" for c in ("qa", "qb", "qc")}
+    for lang, row in t["results"].items():
+        assert {m: row[m]["n"] for m in row} == {m: 500 for m in t["models"]}, lang  # n = 500 held out, every model
+        others = [row[m]["interval"][1] for m in row if m not in ("swap", "ta")]
+        assert row["swap"]["interval"][0] > max(others), lang  # above every other model's interval
+        assert row["ta"]["correct"] == row["swap"]["correct"], lang
+
+
+@shipped
+def test_task_arithmetic_is_the_swap_here_because_no_tensor_changes_in_both_experts():
+    """The card's explanation of ta = swap, recomputed: no tensor of the base is changed by the math expert and by a
+    language expert, so base + Δmath + Δlang is the b=2 u=1 swap up to float rounding."""
+    from safetensors.torch import load_file
+
+    from layerswap import Plan, Recipe, merge_in_memory
+
+    base, math = (load_file(DEMO3 / m / "model.safetensors") for m in ("base", "math"))
+    for code in ("qa", "qb", "qc"):
+        lang = load_file(DEMO3 / f"lang_{code}" / "model.safetensors")
+        assert not [k for k in base if (math[k] != base[k]).any() and (lang[k] != base[k]).any()], code
+        swap = merge_in_memory(math, lang, 8, Recipe(plan=Plan(b=2, u=1, tb=0, tu=0)), base=base.__getitem__)
+        ta = merge_in_memory(math, lang, 8, Recipe.from_values(method="task_arithmetic"), base=base.__getitem__)
+        assert max((swap[k] - ta[k]).abs().max().item() for k in swap) < 1e-6, code
 
 
 @pytest.mark.slow

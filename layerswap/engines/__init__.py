@@ -22,10 +22,10 @@ from layerswap.engines.vllm_engine import (VLLM_INSTALL_HINT, EngineStartError, 
                                            TensorWeights, VLLMEngine, VLLMSettings, preflight, vllm_device,
                                            vllm_status)
 from layerswap.engines.choice import (ENGINE_CHOICES, ENGINE_FLAGS, EngineChoice, EngineSettings, choose_engines,
-                                     open_engine, resolve_engine_choice)
+                                     choose_family, open_engine, resolve_engine_choice)
 
 __all__ = [
-    "EngineChoice", "EnginePlan", "Releasing", "check_memory", "choose_engines", "plan_engines",
+    "EngineChoice", "EnginePlan", "Releasing", "check_memory", "choose_engines", "choose_family", "plan_engines",
     "ENGINE_CHOICES", "ENGINE_FLAGS", "SERVING_CHOICES", "VLLM_INSTALL_HINT", "Engine", "EngineSettings",
     "EngineStartError", "OnBatch",
     "LoRAEngine", "SwappedEngine", "TensorWeights", "TokenizingEngine", "TransformersEngine", "VLLMEngine", "VLLMSettings",

@@ -13,6 +13,9 @@ file's ``engine:`` mapping become.
 - one model (``model``): vLLM or transformers, and on which device. Asked by `open_engine` (``eval --model``),
   lm-eval (`sweeps.lmeval.backend_for`: its ``hf`` / ``vllm`` backend) and the lens outside a workbench
   (`analysis.lens.run_lens`, which runs transformers models; inside one it runs where the plan says).
+
+`choose_family(settings, math, langs)` answers the same for a family (`family.plan_family`): asked once by a family
+evaluation (`serving.family.evaluate_family`) before anything starts.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from layerswap.core.errors import UserError
 from layerswap.core.hardware import Hardware, current
 from layerswap.core.runtime import resolve_device
 from layerswap.engines.base import Engine
+from layerswap.engines.family import FamilyPlan, plan_family
 from layerswap.engines.planning import SERVING_CHOICES, EnginePlan, Releasing, plan_engines, vllm_availability
 from layerswap.engines.transformers_engine import TransformersEngine
 from layerswap.engines.vllm_engine import EngineStartError, VLLMEngine, VLLMSettings
@@ -157,6 +161,15 @@ def choose_engines(settings: EngineSettings, models: dict[str, Checkpoint], *, v
             return EngineChoice("none", vdev, vdev, why)
     dev = resolve_device(settings.device)
     return EngineChoice("transformers", dev, dev, why)
+
+
+def choose_family(settings: EngineSettings, math: Checkpoint, langs: dict[str, Checkpoint], *,
+                  hardware: Hardware | None = None, releasing: Releasing = Releasing()) -> FamilyPlan:
+    """The engine plan of a family (`family.plan_family`: the math expert, the language experts of `langs`, their
+    merges), asked with `settings` as `choose_engines` asks a trio's. Starts nothing."""
+    device = None if settings.device in (None, "auto") else settings.device
+    return plan_family(math, langs, engine=resolve_engine_choice(settings.engine), serving=settings.serving,
+                       settings=settings.vllm(), device=device, hardware=hardware, releasing=releasing)
 
 
 def open_engine(path: str | os.PathLike, *, engine: str | None = "auto", device: str = "auto",

@@ -24,6 +24,11 @@ languages' models and what a **language switch** costs (`RESIDENCIES`):
   (`planning.swap_seconds` each);
 - ``none``: the trio does not fit (its problem says why).
 
+A family **evaluation** (`serving.family.evaluate_family`) visits each language once and runs `FamilyPlan.runs`:
+``trio``, ``adapters``, ``resident`` and ``reload`` as planned (the math expert and its engine loaded once, the
+language expert and the merge switched per language); ``all_awake`` and ``sleep`` as ``reload`` in the trio's
+engines (engines kept for languages it never returns to would only idle; the note says so).
+
 Headers and the hardware (`layerswap.core.hardware`, fakeable) only; nothing starts.
 """
 
@@ -88,6 +93,16 @@ class FamilyPlan:
             s += f", {_gib(self.host_pinned)} of host RAM pinned by {self.asleep} sleeping engines"
         cost = "no cost" if not self.switch_seconds else f"about {_duration(self.switch_seconds)}"
         return s + f"; a language switch: {cost} ({self.why})."
+
+    @property
+    def runs(self) -> tuple[str, str]:
+        """(residency, why) a family evaluation runs (see the module's docstring): the plan's, except that the
+        engines it would keep for other languages (``all_awake``, ``sleep``) are not started."""
+        if self.residency not in ("all_awake", "sleep"):
+            return self.residency, self.why
+        return "reload", (f"the plan ({self.residency}: {self.title}) keeps engines for switching back; an evaluation "
+                          "visits each language once, so the trio's engines load the next language's expert and "
+                          "merge instead")
 
     def row(self, hw: Hardware) -> dict:
         """The trio's `EnginePlan.row` with the family's columns (`inspect --hardware` over a family)."""

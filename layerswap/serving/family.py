@@ -10,10 +10,12 @@ on that language's MGSM test set, through the workbench (the one way the CLI and
 `preflight` is every check a family gets before a model loads: its shape (`Family.validate`, the cap), a test set
 for every code (`mgsm.check_languages`, naming the member), and the compatibility of every member with the math
 expert and the base (`models.family.check_family`, with the workbench's own adapter rule `merging.adapter_pair`).
-`evaluate_family` then takes one language at a time: a workbench loads the math expert and that language's expert
-(`Workbench.load`), both are evaluated once on the language's set, then each recipe is built in memory
-(`Workbench.build`) and only the merge is evaluated; the workbench is closed before the next language, so at most
-one pair and its merge are loaded at once. Its `EvalReport` has a model per table row (the two experts under their
+`evaluate_family` asks the family's engine plan once (`family_plan`: `engines.choice.choose_family`), says the
+outcome it runs and why (`FamilyPlan.runs`, the first `note`), then runs it in one workbench: the math expert and
+its engine are loaded once, with the first language's expert, on the plan's trio (`Workbench.check(plan=...)`);
+each later language is a language switch (`Workbench.switch_lang`: its expert into the running engines, the
+previous one kept in memory when the plan is ``resident``, else released). Per language both experts are evaluated
+on its set, then each recipe is built (`Workbench.build`) and only the merge is evaluated. Its `EvalReport` has a model per table row (the two experts under their
 role names, each recipe under its label) and a language per column; `on_language(report)` sees it after every
 language (what is done is never lost), `on_model(report)` after each model's answers, and `cancel` stops it
 between batches, keeping what is answered.
@@ -28,7 +30,9 @@ from typing import Callable, Mapping
 from layerswap.core.errors import UserError
 from layerswap.core.roles import ROLE_NAMES
 from layerswap.core.runtime import Progress, no_progress
-from layerswap.engines import EngineSettings
+from layerswap.core.hardware import Hardware
+from layerswap.engines import EngineSettings, choose_family
+from layerswap.engines.family import FamilyPlan
 from layerswap.evaluation import mgsm
 from layerswap.evaluation.run import EvalConfig, EvalReport
 from layerswap.evaluation.table import LANG, MATH
@@ -78,6 +82,21 @@ def check_recipes(family: Family, recipes: Mapping[str, Mapping[str, Recipe]], n
     return labels
 
 
+def family_plan(family: Family, settings: EngineSettings, *, hardware: Hardware | None = None) -> FamilyPlan:
+    """The family's engine plan (`engines.choice.choose_family`), from its members' headers; starts nothing."""
+    from layerswap.models.adapters import open_expert
+
+    opened: list = []
+    try:
+        opened.append(open_expert(family.math, family.base))
+        langs = {m.code: open_expert(m.ref, family.base) for m in family.members}
+        opened += langs.values()
+        return choose_family(settings, opened[0], langs, hardware=hardware)
+    finally:
+        for ck in opened:
+            ck.close()
+
+
 def evaluate_family(family: Family, recipes: Mapping[str, Mapping[str, Recipe]], config: EvalConfig,
                     settings: EngineSettings, *, force: bool = False, progress: Progress | None = None,
                     cancel: threading.Event | None = None,
@@ -86,7 +105,8 @@ def evaluate_family(family: Family, recipes: Mapping[str, Mapping[str, Recipe]],
                     note: Callable[[str], None] | None = None) -> EvalReport:
     """Per language of `family`: both experts, then each recipe of `recipes[code]` (label -> recipe), on that
     language's test set of `config` (its `langs` are ignored: each language is its member's code). Call
-    `preflight` and `check_recipes` first. `note(text)`: the engine line and the plan of each language;
+    `preflight` and `check_recipes` first. `note(text)`: the family plan's outcome that runs and why (first), then
+    the engine line and the plan of each language;
     `on_model(report)`: after each model's answers of a language are in (the page fills its table with them)."""
     from layerswap.serving.workbench import Workbench
 
@@ -100,12 +120,24 @@ def evaluate_family(family: Family, recipes: Mapping[str, Mapping[str, Recipe]],
         start = done
         return lambda f, text: p((start + weight * f) / steps, f"{what}: {text}")
 
-    for code in family.codes:
-        member = family.member(code)
-        lang_cfg = dataclasses.replace(config, langs=[code])
-        wb = Workbench.from_settings(settings)
-        try:
-            wb.load(family.math, member.ref, family.base, force=force, progress=part(f"{code}: loading", 0))
+    fp = family_plan(family, settings)  # asked once, before anything starts
+    outcome, why = fp.runs
+    if note is not None:
+        note(f"family plan: {outcome} ({why}); {fp.describe()}")
+    if not fp.fits:
+        raise UserError(fp.describe())
+    wb = Workbench.from_settings(settings)
+    try:
+        for i, code in enumerate(family.codes):
+            member = family.member(code)
+            lang_cfg = dataclasses.replace(config, langs=[code])
+            if i == 0:  # the math expert and its engine: once for the whole family
+                wb.check(family.math, member.ref, family.base, force=force, plan=fp.trio,
+                         progress=part(f"{code}: loading", 0))
+                wb.start(part(f"{code}: loading", 0))
+            else:  # the language switch the plan says: the next expert in, the previous kept when resident
+                wb.switch_lang(member.ref, keep=outcome == "resident", force=force,
+                               progress=part(f"{code}: loading", 0))
             _add(report, wb.evaluate(lang_cfg, ("math", "lang"), progress=part(code, 2), cancel=cancel), {})
             if on_model is not None:
                 on_model(report)
@@ -123,12 +155,12 @@ def evaluate_family(family: Family, recipes: Mapping[str, Mapping[str, Recipe]],
                 if on_model is not None:
                     on_model(report)
                 done += 1
-        finally:
-            wb.close()
-        if on_language is not None:
-            on_language(report)
-        if report.cancelled:
-            break
+            if on_language is not None:
+                on_language(report)
+            if report.cancelled:
+                break
+    finally:
+        wb.close()
     p(1.0, "cancelled" if report.cancelled else "done")
     return report
 
@@ -145,4 +177,4 @@ def _add(report: EvalReport, part: EvalReport, rename: dict[str, str]) -> None:
     report.cancelled = report.cancelled or part.cancelled
 
 
-__all__ = ["check_recipes", "check_test_sets", "evaluate_family", "preflight"]
+__all__ = ["check_recipes", "check_test_sets", "evaluate_family", "family_plan", "preflight"]

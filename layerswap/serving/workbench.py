@@ -29,6 +29,7 @@ from layerswap.models.adapters import open_expert
 from layerswap.analysis import Analysis, MergedStats, analyze, analyze_family
 from layerswap.models.checkpoints import Checkpoint, CompatReport
 from layerswap.models.pairing import Pairing, check_mergeable
+from layerswap.serving import switching
 from layerswap.serving.answering import Answering, Merges, Trio
 from layerswap.engines import EngineSettings, Releasing, VLLMSettings, resolve_engine_choice
 from layerswap.engines import choice  # `choice.choose_engines`: the one engine decision
@@ -97,14 +98,16 @@ class Workbench:
         return report
 
     def check(self, math: str, lang: str, base: str | None = None, *, force: bool = False,
-              progress: Progress | None = None, releasing: Releasing = Releasing()) -> CompatReport:
+              progress: Progress | None = None, releasing: Releasing = Releasing(),
+              plan: EnginePlan | None = None) -> CompatReport:
         """Open the checkpoints and check them; nothing is loaded and the models held so far stay (`releasing`: the
         engines the caller releases before starting these, which the engine plan counts as freed).
 
         Checks headers (architecture, layers, names, shapes, dtypes), sampled distances from the
         base and, for the transformers engine, that both experts fit in memory; raises UserError
         if they cannot be merged (the distance check is waived with `force`). PEFT adapters are
-        merged into their base first (the base given here, or the adapter's own).
+        merged into their base first (the base given here, or the adapter's own). `plan`: the engine plan already
+        asked for these models (a family's trio, `engines.choice.choose_family`) instead of asking again.
         """
         p = progress or no_progress
         p(0.0, "reading checkpoint headers")
@@ -116,7 +119,7 @@ class Workbench:
         self.report = report = check.report
         check.raise_if_bad()
         pairing = check.pairing
-        plan = choice.choose_engines(self.settings, cks, vllm=self.vllm_settings, releasing=releasing).plan
+        plan = plan or choice.choose_engines(self.settings, cks, vllm=self.vllm_settings, releasing=releasing).plan
         self.close()
         self.checkpoints, self.report, self.pairing, self.engine_plan = cks, report, pairing, plan
         return report
@@ -167,6 +170,27 @@ class Workbench:
                 fallback=self.engine_choice == "auto")
         self.answering_engines.start(progress or no_progress, lock=lock, ready=ready)
         (progress or no_progress)(1.0, "loaded")
+
+    def switch_lang(self, lang: str, *, keep: bool = False, force: bool = False,
+                    progress: Progress | None = None) -> CompatReport:
+        """A family's language switch: another language expert, checked against the math expert and the base as
+        `check` checks it, loaded into the running engines in place of the current one (`switching.switch_lang`);
+        the math expert and its engine stay. `keep`: the previous expert stays in memory (``resident``)."""
+        self._need(*EXPERTS)
+        cks, old = self.checkpoints, self.checkpoints["lang"]
+        ck = open_expert(lang, str(cks["base"].path) if "base" in cks else None)
+        try:
+            adapter_pair(cks["math"], ck)
+            check = check_mergeable(cks["math"], ck, cks.get("base"), force=force)
+            check.raise_if_bad()
+            switching.switch_lang(self.answering_engines, ck, progress or no_progress, keep)
+        except BaseException:
+            ck.close()
+            raise
+        cks["lang"] = ck  # (the trio's checkpoints are these)
+        old.close()
+        self.report, self.pairing, self.layer_weights, self._analysis = check.report, check.pairing, None, None
+        return check.report
 
     def drop_scratch(self) -> None:
         """Remove the scratch merge from disk now (on exit: even while a job still holds the models)."""

@@ -294,3 +294,34 @@ def test_the_page_serves_lora_experts_as_adapters_on_one_vllm_engine(vllm_trio, 
     finally:
         app.close()
         ref.close()
+
+
+def test_family_evaluation_keeps_one_vllm_engine_and_reloads_each_language(engine, vllm_trio, mgsm_dir, tmp_path,
+                                                                          monkeypatch):
+    """A family of two on vLLM's CPU build, one engine swapped (the plan's ``reload``: sleep mode is for GPUs): the
+    module's one engine serves every model of both languages (nothing else starts), each language expert and merge
+    reloaded into it, and the table is the transformers engine's, cell for cell."""
+    from layerswap.engines import EngineSettings
+    from layerswap.evaluation.run import EvalConfig
+    from layerswap.models.family import Family
+    from layerswap.recipe.recipes import Recipe
+    from layerswap.serving.family import evaluate_family
+    from layerswap.shipped.demo import perturb
+
+    eng, _ = engine
+    second = perturb(vllm_trio["base"], tmp_path / "lang2", scale=0.3, seed=3)
+    fam = Family.parse(str(vllm_trio["math"]), [f"sw={vllm_trio['lang']}", f"en={second}"])
+    recipes = {c: {"swap": Recipe(plan=Plan(b=1, u=1, tb=0, tu=0))} for c in fam.codes}
+    cfg = EvalConfig(langs=list(fam.codes), limit=2, max_new_tokens=NEW, source=str(mgsm_dir))
+    running, notes, acquired = VLLMEngine.pooled(), [], []
+    real = VLLMEngine.acquire.__func__
+    monkeypatch.setattr(VLLMEngine, "acquire", classmethod(lambda cls, *a, **k: acquired.append(a[0]) or
+                                                            real(cls, *a, **k)))
+    got = evaluate_family(fam, recipes, cfg, EngineSettings(engine="vllm", serving="one"), note=notes.append)
+    assert VLLMEngine.pooled() == running and not eng.in_use  # the pooled engine, reused and given back
+    assert len(acquired) == 1  # taken once for the family (not once per language)
+    assert notes[0].startswith("family plan: reload (") and "sleep mode is for GPUs" in notes[0]
+    assert set(got.engines.values()) == {"vllm"}
+    want = evaluate_family(fam, recipes, cfg, EngineSettings(engine="transformers", device="cpu"))
+    cells = lambda rep: sorted((r.model, r.lang, r.index, r.output) for r in rep.results)  # noqa: E731
+    assert cells(got) == cells(want) and len(got.results) == 2 * 3 * 2

@@ -190,6 +190,7 @@ def evaluate_family(ctx: Context, job: Job, methods, plans, limit, shots, mode, 
     check_recipes(fam, rs, loaded.check.num_layers, have_base=bool(fam.base))
     updates: queue.Queue = queue.Queue()
     done: dict = {}
+    notes: list[str] = []  # the first: the family plan's outcome that runs, and why
     shared = [c for c in fam.codes if c not in own]
     swap = "".join(f" · {', '.join(cs)}: {text(rs[cs[0]]['swap'].title())}" for cs in
                    [shared, *[[c] for c in fam.codes if c in own]] if cs) if "swap" in picked else ""
@@ -199,7 +200,7 @@ def evaluate_family(ctx: Context, job: Job, methods, plans, limit, shots, mode, 
             with ctx.shared.lock:  # the one lane: nothing else loads models meanwhile
                 done["report"] = run(fam, rs, cfg, ctx.d.engine, force=loaded.force, cancel=v.stop,
                                      progress=lambda f, d: job.bar(f, desc=d + job.time_left(f)),
-                                     on_model=lambda r: updates.put(snapshot(r)))
+                                     on_model=lambda r: updates.put(snapshot(r)), note=notes.append)
         except BaseException as e:  # said by the event (a dialog), after what was shown
             done["error"] = e
         finally:
@@ -211,7 +212,8 @@ def evaluate_family(ctx: Context, job: Job, methods, plans, limit, shots, mode, 
     def shown(now: tuple, state: str):
         table, answers = now
         title = f"MGSM {cfg.mode}, {cfg.shots}-shot: the family's table" + (" (partial)" if state else "")
-        status = f"{state or '**Done:**'} {answers} answers in {time.perf_counter() - t0:.0f} s{swap}"
+        status = f"{state or '**Done:**'} {answers} answers in {time.perf_counter() - t0:.0f} s{swap}" + \
+            (f"\n\nEngines: {text(notes[0])}" if notes else "")
         return (status, gr.update(value=table.markdown(), visible=True),
                 gr.update(value=family_bars(table, title=title), visible=True), gr.update())
 

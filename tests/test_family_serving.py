@@ -102,7 +102,7 @@ def test_family_loads_the_math_expert_once_and_matches_the_per_language_table(mg
     math = open_expert(FAMILY.math, FAMILY.base)
     fp = plan_family(math, {c: open_expert(r, FAMILY.base) for c, r in LANGS.items()}, engine="transformers",
                      device="cpu")
-    assert fp.residency == "resident" and notes[0].startswith(f"family plan: {fp.residency} ({fp.why})")
+    assert fp.residency == "resident" and notes[0] == f"family plan: resident; {fp.describe()}" and fp.why in notes[0]
 
 
 def test_without_the_ram_for_every_expert_each_language_is_reloaded(mgsm_dir, per_language, monkeypatch):
@@ -119,7 +119,7 @@ def test_without_the_ram_for_every_expert_each_language_is_reloaded(mgsm_dir, pe
     assert fp.residency == "reload" and fp.runs == ("reload", fp.why)
     loads, notes = spy_loads(monkeypatch), []
     report = evaluate_family(FAMILY, {c: RECIPES for c in LANGS}, config(mgsm_dir), SETTINGS, note=notes.append)
-    assert notes[0].startswith(f"family plan: reload ({fp.why})")
+    assert notes[0] == f"family plan: reload; {fp.describe()}" and fp.why in notes[0]
     assert loads == expected_loads() and cells(report) == per_language
 
 

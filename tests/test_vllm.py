@@ -320,7 +320,7 @@ def test_family_evaluation_keeps_one_vllm_engine_and_reloads_each_language(engin
     got = evaluate_family(fam, recipes, cfg, EngineSettings(engine="vllm", serving="one"), note=notes.append)
     assert VLLMEngine.pooled() == running and not eng.in_use  # the pooled engine, reused and given back
     assert len(acquired) == 1  # taken once for the family (not once per language)
-    assert notes[0].startswith("family plan: reload (") and "sleep mode is for GPUs" in notes[0]
+    assert notes[0].startswith("family plan: reload; A family of 2") and "sleep mode is for GPUs" in notes[0]
     assert set(got.engines.values()) == {"vllm"}
     want = evaluate_family(fam, recipes, cfg, EngineSettings(engine="transformers", device="cpu"))
     cells = lambda rep: sorted((r.model, r.lang, r.index, r.output) for r in rep.results)  # noqa: E731

@@ -91,7 +91,8 @@ class FamilyPlan:
              f"{self.trio.title}; {_gib(self.need_memory)} of {where}")
         if self.host_pinned:
             s += f", {_gib(self.host_pinned)} of host RAM pinned by {self.asleep} sleeping engines"
-        cost = "no cost" if not self.switch_seconds else f"about {_duration(self.switch_seconds)}"
+        took = _duration(self.switch_seconds or 0)
+        cost = "no cost" if not self.switch_seconds else took if took.startswith("under") else f"about {took}"
         return s + f"; a language switch: {cost} ({self.why})."
 
     @property

@@ -123,9 +123,9 @@ def evaluate_family(family: Family, recipes: Mapping[str, Mapping[str, Recipe]],
     fp = family_plan(family, settings)  # asked once, before anything starts
     outcome, why = fp.runs
     if note is not None:
-        note(f"family plan: {outcome} ({why}); {fp.describe()}")
+        note(f"family plan: {outcome}{'' if outcome == fp.residency else f' ({why})'}; {fp.describe()}")
     if not fp.fits:
-        raise UserError(fp.describe())
+        raise UserError(fp.describe().replace("**", ""))
     wb = Workbench.from_settings(settings)
     try:
         for i, code in enumerate(family.codes):

@@ -16,9 +16,9 @@ its engine are loaded once, with the first language's expert, on the plan's trio
 each later language is a language switch (`Workbench.switch_lang`: its expert into the running engines, the
 previous one kept in memory when the plan is ``resident``, else released). Per language both experts are evaluated
 on its set, then each recipe is built (`Workbench.build`) and only the merge is evaluated. Its `EvalReport` has a
-model per table row (the two experts under their role names, each recipe under its label) and a language per column; `on_language(report)` sees it after every
-language (what is done is never lost), `on_model(report)` after each model's answers, and `cancel` stops it
-between batches, keeping what is answered.
+model per table row (the two experts under their role names, each recipe under its label) and a language per column;
+`on_language(report)` sees it after every language (what is done is never lost), `on_model(report)` after each model's
+answers, and `cancel` stops it between batches, keeping what is answered.
 """
 
 from __future__ import annotations

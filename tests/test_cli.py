@@ -192,15 +192,17 @@ def test_eval_stdout_is_only_the_table():
 
 
 def test_eval_help_says_how_many_questions_the_shipped_sets_hold(capsys):
-    """Issue 41, point 13: `--limit`'s default is what the sets hold (the demo sets: 1,000), read from the data."""
+    """Issue 41, point 13: `--limit`'s default is what the sets hold (demo, demo2: 1,000; demo3: 500), read from the
+    data."""
     from layerswap.models.presets import assets_dir
 
     with pytest.raises(SystemExit):
         cli(["eval", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     n = {len(mgsm.load(p.stem.removeprefix("mgsm_"), p.parent)) for p in assets_dir().glob("*/mgsm/mgsm_*.tsv")}
-    assert n == {1000} and "250" not in text
-    assert "the shipped demo and demo2 sets hold 1,000 per language" in text
+    assert n == {500, 1000} and "250" not in text
+    assert "the shipped demo3 sets hold 500 per language; the shipped demo and demo2 sets hold 1,000 per language" \
+        in text
 
 
 def _readme_blocks() -> list[str]:

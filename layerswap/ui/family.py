@@ -275,7 +275,7 @@ def render_eval(ctx: Context, page: Page, limit, shots, mode, max_new) -> dict:
     run_btn.click(ctx.job(evaluate_family, plan=True, models=True),
                   [methods, plans, limit, shots, mode, max_new, *page.plan, page.models], [status, table, bars, saved],
                   api_name="evaluate_family", **ctx.lane, show_progress_on=[status])
-    return dict(stop=stop_btn, status=status)
+    return dict(stop=stop_btn, status=status, plans=plans)
 
 
 def wire(ctx: Context, page: Page, parts: dict) -> None:

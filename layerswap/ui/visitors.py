@@ -53,6 +53,8 @@ class Visitor:
     last_export: str | None = None  # the visitor's latest export folder (what Push to Hub uploads)
     exported_at: float = 0.0  # time.monotonic() of that export
     family: Any = None  # the family it loaded (`ui.family.Loaded`), checked
+    family_lang: str | None = None  # the family's language the analysis tab shows (`ui.family_views`)
+    family_analyses: Any = None  # (family, ks, code -> Analysis) of that family (`ui.family_views`)
     eval_recipe: dict | None = None  # the merged model's recipe in `last_eval` (its results go on that card)
     closing: bool = False  # its tab closed while a job ran: dropped when the job ends
     dropped: bool = False

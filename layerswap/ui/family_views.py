@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import time
 from collections.abc import Callable, Iterator
 
 import gradio as gr
@@ -27,10 +28,10 @@ from layerswap.ui.controls import PlanControls
 from layerswap.ui.events import Job
 from layerswap.ui.family import Loaded, own_plans
 from layerswap.ui.files import Budget
+from layerswap.ui.visitors import FAMILY_FILES
 
 PAIR = "pair"  # the menu's first entry: the pair loaded above
-FAMILY_NAME = "layerswap-family"
-ZIP_DIR = "family-download"
+FAMILY_NAME, ZIP_DIR = FAMILY_FILES
 
 
 def _loaded(v) -> Loaded:
@@ -137,8 +138,10 @@ def export_family(ctx: Context, job: Job, plans, controls: PlanControls):
     own = own_plans(fam, plans)
     rs = {c: controls.variant(**own[c]) if c in own else controls.recipe for c in fam.codes}
     folder = ctx.shared.folder(v)
-    for old in (FAMILY_NAME, ZIP_DIR):
+    for old in FAMILY_FILES:  # each export replaces the last
         shutil.rmtree(folder / old, ignore_errors=True)
+    v.family_exported_at = 0.0
+    ctx.shared.visitors.expire_exports()
     cap = ctx.policy.limits.zip_bytes
     with opened(loaded) as (base, math, langs):
         size = math.nbytes * len(langs)
@@ -148,6 +151,7 @@ def export_family(ctx: Context, job: Job, plans, controls: PlanControls):
         with ctx.shared.lock:
             done = write(math, langs, rs, folder / FAMILY_NAME, base=base, overwrite=True, force=loaded.force,
                          protect=protect, progress=lambda f, d: job.progress(0.9 * f, d))
+    v.family_exported_at = time.monotonic()  # kept for the export TTL (`ui.visitors`)
     written = sum(p.stat().st_size for p in (folder / FAMILY_NAME).rglob("*") if p.is_file())
     plan = "".join(f"\n- **{c}**: {text(rs[c].title())}" + (" (its own plan)" if c in own else "") for c in done)
     msg = (f"Wrote {FAMILY_NAME}: {len(done)} merged models, one folder per language (weights, model card, "

@@ -64,7 +64,7 @@ def menu(ctx: Context, job: Job):
     v = job.visitor
     loaded = getattr(v, "family", None)
     members = loaded.family.members if loaded is not None else ()
-    choices = [("the pair above", PAIR)] + [(f"{m.code}: {text(m.ref)[:60]}", m.code) for m in members]
+    choices = [("the pair above", PAIR)] + [(f"{m.code}: {m.ref[:60]}", m.code) for m in members]
     return gr.update(choices=choices, value=chosen(v) or PAIR, visible=bool(members))
 
 

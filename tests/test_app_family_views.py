@@ -97,3 +97,23 @@ def test_export_writes_one_folder_per_language_in_the_visitors_folder(app, cks, 
     assert len(written) == 1 and sorted(x.name for x in written[0].iterdir() if x.is_dir()) == ["en", "xx"]
     after = {p for p in work.rglob("*") if "scratch" not in p.relative_to(work).parts[:1]}
     assert not {p for p in after - before if "cache" not in p.relative_to(work).parts[:1] and p.name != "app.log"}
+
+
+def test_hosted_the_familys_export_is_held_to_the_visitors_disk(tmp_path_factory):
+    """Hosted: the family's export goes to the visitor's folder under the served root, within its disk budget: over
+    it, refused with the numbers and nothing written."""
+    work = tmp_path_factory.mktemp("famhosted")
+    (work / "files").mkdir()
+    env = {"LAYERSWAP_HOSTED": "1", "LAYERSWAP_FILES_ROOT": str(work / "files"),
+           "LAYERSWAP_MAX_VISITOR_DISK_BYTES": "1000"}
+    gen = launch_app(work, mgsm_dir=None, env_extra=env)
+    client = Client(next(gen), verbose=False)
+    try:
+        client.predict(BASE, MATH_REF, FAMILY, False, api_name="/load_family")
+        with pytest.raises(AppError, match="per visitor"):
+            client.predict("", *PLAN_ARGS, api_name="/export_family")
+        assert not list((work / "files").rglob("layerswap-family*"))
+        _, summary, *_ = client.predict("xx", *HEAT, *PLAN_ARGS, api_name="/family_heatmap")
+        assert summary.startswith("**Language xx:**")
+    finally:
+        gen.close()

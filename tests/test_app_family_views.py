@@ -117,3 +117,12 @@ def test_hosted_the_familys_export_is_held_to_the_visitors_disk(tmp_path_factory
         assert summary.startswith("**Language xx:**")
     finally:
         gen.close()
+
+
+def test_a_family_without_a_base_has_no_language_heatmaps(app):
+    _, client = app
+    client.predict("", MATH_REF, FAMILY, False, api_name="/load_family")
+    with pytest.raises(AppError, match="compare its experts with their base"):
+        client.predict("en", *HEAT, *PLAN_ARGS, api_name="/family_heatmap")
+    _, summary, *_ = client.predict(*HEAT, *PLAN_ARGS, api_name="/heatmap")  # the pair above, as before
+    assert not summary.startswith("**Language")

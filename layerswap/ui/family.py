@@ -14,6 +14,7 @@ The swap is the page's plan, shared by every language unless a ``CODE=b,u,tb,tu`
 (`evaluation.table.family_table`, Markdown) and its plot (`plots.family_bars`) fill in as each model's answers of a
 language are in; Stop ends it after its batch, keeping what is done; at the end the table downloads as JSON (as
 ``layerswap eval --json``). The share link carries the family's lines (`specs`), read back bounded (`restore`).
+Its heatmaps per language and its export are `ui.family_views`'.
 """
 
 from __future__ import annotations

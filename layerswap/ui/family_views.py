@@ -45,7 +45,7 @@ def _loaded(v) -> Loaded:
 def chosen(v) -> str | None:
     """The language whose pair the analysis tab shows: a code of the visitor's family, or None (the pair above)."""
     loaded, c = getattr(v, "family", None), getattr(v, "family_lang", None)
-    return c if loaded is not None and c in loaded.family.codes else None
+    return c if loaded is not None and loaded.family.base and c in loaded.family.codes else None
 
 
 def choose(v, value: object) -> None:
@@ -56,6 +56,9 @@ def choose(v, value: object) -> None:
     loaded = _loaded(v)
     if not isinstance(value, str) or value not in loaded.family.codes:
         raise UserError(f"Choose the pair above or one of the family's languages ({', '.join(loaded.family.codes)}).")
+    if not loaded.family.base:
+        raise UserError("A language's heatmaps compare its experts with their base: give the base above and press "
+                        "Load family again.")
     v.family_lang = value
 
 
@@ -115,8 +118,6 @@ def pair_view(v, wb, k: float | None, progress=None) -> Iterator[tuple[object, C
         yield wb.analysis(k, progress=progress), wb.merged_stats, ""
         return
     loaded = v.family
-    if not loaded.family.base:
-        raise UserError("The family has no base model: give the base above and press Load family again.")
     with opened(loaded) as (base, math, langs):
         an = _analyses(v, base, math, langs, k, wb.analysis_device, progress)[c]
         device = wb.analysis_device

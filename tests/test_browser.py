@@ -316,7 +316,7 @@ def test_a_familys_language_heatmap_and_export_in_the_page(browser, app_url):
     expect(page.locator("#heatmap .js-plotly-plot")).to_be_visible()
     page.get_by_role("tab", name="Evaluate").click()
     page.locator("#family-export").click()
-    expect(page.locator("#family-export-status")).to_contain_text("Wrote layerswap-family: 2 merged models",
+    expect(page.locator("#family-export-status")).to_contain_text("layerswap-family: 2 merged models",
                                                                   timeout=120_000)
     expect(page.locator("#family-download")).to_be_visible()
     no_error_toast(page)

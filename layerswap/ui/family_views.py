@@ -146,8 +146,9 @@ def export_family(ctx: Context, job: Job, plans, controls: PlanControls):
     cap = ctx.policy.limits.zip_bytes
     with opened(loaded) as (base, math, langs):
         size = math.nbytes * len(langs)
-        Budget(ctx.policy.limits).check(size + (size if size <= cap else 0), folder, ctx.shared.root,
-                                        "this family's export")
+        if ctx.policy.hosted:  # the visitors' disk budgets (locally, the export's own free-disk check)
+            Budget(ctx.policy.limits).check(size + (size if size <= cap else 0), folder, ctx.shared.root,
+                                            "this family's export")
         protect = tuple(p for p in (loaded.source,) if p)
         with ctx.shared.lock:
             done = write(math, langs, rs, folder / FAMILY_NAME, base=base, overwrite=True, force=loaded.force,
@@ -155,7 +156,8 @@ def export_family(ctx: Context, job: Job, plans, controls: PlanControls):
     v.family_exported_at = time.monotonic()  # kept for the export TTL (`ui.visitors`)
     written = sum(p.stat().st_size for p in (folder / FAMILY_NAME).rglob("*") if p.is_file())
     plan = "".join(f"\n- **{c}**: {text(rs[c].title())}" + (" (its own plan)" if c in own else "") for c in done)
-    msg = (f"Wrote {FAMILY_NAME}: {len(done)} merged models, one folder per language (weights, model card, "
+    where = FAMILY_NAME if ctx.policy.hosted else f"`{folder / FAMILY_NAME}`"  # hosted: no server path
+    msg = (f"Wrote {where}: {len(done)} merged models, one folder per language (weights, model card, "
            f"mergekit YAML), {written / 1e6:.1f} MB:{plan}")
     if written > cap:
         return msg + f"\n\nIt is over the {cap / 1e9:.1f} GB download cap.", gr.update(value=None, visible=False)

@@ -305,11 +305,13 @@ def test_a_familys_language_heatmap_and_export_in_the_page(browser, app_url):
     page = ctx.new_page()
     page.goto(app_url, wait_until="load")
     expect(page.locator("#report")).to_contain_text("compatible", timeout=120_000)
+    page.get_by_role("tab", name="Where each expert changed").click()  # open before the family loads
+    expect(page.locator("#heatmap .js-plotly-plot")).to_be_visible(timeout=120_000)
+    expect(page.locator("#family-lang")).to_be_hidden()
     page.locator("#family textarea").fill("xx=assets:demo/lang\nen=assets:demo/unlocalised/lang")
     page.locator("#family-load").click()
     expect(page.locator("#family-report")).to_contain_text("Family loaded", timeout=120_000)
-    page.get_by_role("tab", name="Where each expert changed").click()
-    expect(page.locator("#family-lang")).to_be_visible(timeout=60_000)
+    expect(page.locator("#family-lang")).to_be_visible(timeout=60_000)  # filled by Load family
     page.locator("#family-lang input").click()
     page.get_by_role("option", name=re.compile(r"^en: ")).click()
     expect(page.locator("#analysis-summary")).to_contain_text("Language en:", timeout=120_000)

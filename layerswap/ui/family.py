@@ -279,10 +279,12 @@ def render_eval(ctx: Context, page: Page, limit, shots, mode, max_new) -> dict:
     return dict(stop=stop_btn, status=status, plans=plans)
 
 
-def wire(ctx: Context, page: Page, parts: dict) -> None:
-    """Load family: checked in the lane, then the share link carries it. A family's preset fills the lines."""
+def wire(ctx: Context, page: Page, parts: dict):
+    """Load family: checked in the lane, then the share link carries it (the event is returned). A family's preset
+    fills the lines."""
     parts["preset"].input(ctx.job(preset_lines, clear_stop=False), [parts["preset"]], [page.family],
                           api_visibility="private", queue=False)
     dep = parts["load"].click(ctx.job(load_family), [*page.refs[:2], page.family, parts["force"]], [parts["report"]],
                               api_name="load_family", **ctx.lane, **page.on)
     dep.success(**page.link)
+    return dep

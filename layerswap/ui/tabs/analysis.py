@@ -98,6 +98,7 @@ def render(ctx: Context, page: Page) -> None:
             lang = gr.Dropdown([("the pair above", family_views.PAIR)], value=family_views.PAIR, visible=False,
                                label="Language expert (a loaded family's: its pair with the math expert)",
                                elem_id="family-lang", allow_custom_value=True, scale=2)  # checked by the handler
+            page.family_lang = lang
             panels = gr.CheckboxGroup([(label, key) for key, label in PANELS.items()], value=DEFAULT_PANELS,
                                       label="Panels", elem_id="panels", scale=3)
             metric = gr.Radio(METRIC_CHOICES, value="relative", label="Metric", elem_id="metric", scale=2)

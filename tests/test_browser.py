@@ -296,6 +296,35 @@ def test_a_family_loads_and_evaluate_shows_its_table_and_plot(browser, app_url):
     fresh.close()
 
 
+def test_a_familys_language_heatmap_and_export_in_the_page(browser, app_url):
+    """Issue 40: with a family loaded, the analysis tab's language menu lists its codes and draws the chosen
+    language's pair; Export the family (Evaluate) writes one folder per language and offers the zip."""
+    from playwright.sync_api import expect
+
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = ctx.new_page()
+    page.goto(app_url, wait_until="load")
+    expect(page.locator("#report")).to_contain_text("compatible", timeout=120_000)
+    page.get_by_role("tab", name="Where each expert changed").click()  # open before the family loads
+    expect(page.locator("#heatmap .js-plotly-plot")).to_be_visible(timeout=120_000)
+    expect(page.locator("#family-lang")).to_be_hidden()
+    page.locator("#family textarea").fill("xx=assets:demo/lang\nen=assets:demo/unlocalised/lang")
+    page.locator("#family-load").click()
+    expect(page.locator("#family-report")).to_contain_text("Family loaded", timeout=120_000)
+    expect(page.locator("#family-lang")).to_be_visible(timeout=60_000)  # filled by Load family
+    page.locator("#family-lang input").click()
+    page.get_by_role("option", name=re.compile(r"^en: ")).click()
+    expect(page.locator("#analysis-summary")).to_contain_text("Language en:", timeout=120_000)
+    expect(page.locator("#heatmap .js-plotly-plot")).to_be_visible()
+    page.get_by_role("tab", name="Evaluate").click()
+    page.locator("#family-export").click()
+    expect(page.locator("#family-export-status")).to_contain_text("layerswap-family: 2 merged models",
+                                                                  timeout=120_000)
+    expect(page.locator("#family-download")).to_be_visible()
+    no_error_toast(page)
+    ctx.close()
+
+
 def test_the_family_preset_loads_builds_and_shows_its_table(browser, app_url):
     """Issue 40's page check on the shipped family (`assets:demo3`, a preset whose `langs:` names its experts):
     picking it fills the family's lines, Load family checks them, and Evaluate builds each language's merges and

@@ -211,3 +211,20 @@ def test_start_up_work_behind_the_page_yields_the_cores(trio):
         assert nice() == own
     finally:
         s.close()
+
+
+def test_a_familys_export_goes_when_its_ttl_passed(shared):
+    import time
+
+    from layerswap.ui.visitors import FAMILY_FILES
+
+    v = shared.visitor("family exporter")
+    made = [shared.folder(v) / name for name in FAMILY_FILES]
+    for p in made:
+        p.mkdir()
+    v.family_exported_at = time.monotonic()
+    shared.visitors.expire_exports()
+    assert all(p.exists() for p in made) and shared.visitors.protected(v)
+    v.family_exported_at -= shared.visitors.export_ttl
+    shared.visitors.expire_exports()
+    assert not any(p.exists() for p in made) and v.family_exported_at == 0 and not shared.visitors.protected(v)

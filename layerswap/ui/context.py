@@ -66,6 +66,7 @@ class Page:
     share: Any = None
     link: dict = field(default_factory=dict)  # the share link's event (`models.wire`): chained after what changes it
     family: Any = None  # the family's CODE=REF lines (`ui.family`)
+    family_lang: Any = None  # the analysis tab's language menu (`ui.family_views.menu`)
     tabs: Any = None
     push_group: Any = None
     tab: Any = None  # the visitor's open tab (a gr.State), for the share link

@@ -14,6 +14,7 @@ The swap is the page's plan, shared by every language unless a ``CODE=b,u,tb,tu`
 (`evaluation.table.family_table`, Markdown) and its plot (`plots.family_bars`) fill in as each model's answers of a
 language are in; Stop ends it after its batch, keeping what is done; at the end the table downloads as JSON (as
 ``layerswap eval --json``). The share link carries the family's lines (`specs`), read back bounded (`restore`).
+Its heatmaps per language and its export are `ui.family_views`'.
 """
 
 from __future__ import annotations
@@ -277,13 +278,15 @@ def render_eval(ctx: Context, page: Page, limit, shots, mode, max_new) -> dict:
     run_btn.click(ctx.job(evaluate_family, plan=True, models=True),
                   [methods, plans, limit, shots, mode, max_new, *page.plan, page.models], [status, table, bars, saved],
                   api_name="evaluate_family", **ctx.lane, show_progress_on=[status])
-    return dict(stop=stop_btn, status=status)
+    return dict(stop=stop_btn, status=status, plans=plans)
 
 
-def wire(ctx: Context, page: Page, parts: dict) -> None:
-    """Load family: checked in the lane, then the share link carries it. A family's preset fills the lines."""
+def wire(ctx: Context, page: Page, parts: dict):
+    """Load family: checked in the lane, then the share link carries it (the event is returned). A family's preset
+    fills the lines."""
     parts["preset"].input(ctx.job(preset_lines, clear_stop=False), [parts["preset"]], [page.family],
                           api_visibility="private", queue=False)
     dep = parts["load"].click(ctx.job(load_family), [*page.refs[:2], page.family, parts["force"]], [parts["report"]],
                               api_name="load_family", **ctx.lane, **page.on)
     dep.success(**page.link)
+    return dep

@@ -39,6 +39,9 @@ def new_sid() -> str:
     return secrets.token_hex(16)
 
 
+FAMILY_FILES = ("layerswap-family", "family-download")  # a family's export and its zip (`ui.family_views`)
+
+
 @dataclass
 class Visitor:
     sid: str = field(default_factory=new_sid)
@@ -53,6 +56,9 @@ class Visitor:
     last_export: str | None = None  # the visitor's latest export folder (what Push to Hub uploads)
     exported_at: float = 0.0  # time.monotonic() of that export
     family: Any = None  # the family it loaded (`ui.family.Loaded`), checked
+    family_lang: str | None = None  # the family's language the analysis tab shows (`ui.family_views`)
+    family_analyses: Any = None  # (family, ks, code -> Analysis) of that family (`ui.family_views`)
+    family_exported_at: float = 0.0  # time.monotonic() of its family's export (`FAMILY_FILES`), 0: none
     eval_recipe: dict | None = None  # the merged model's recipe in `last_eval` (its results go on that card)
     closing: bool = False  # its tab closed while a job ran: dropped when the job ends
     dropped: bool = False
@@ -80,7 +86,9 @@ class Visitors:
     def protected(self, v: Visitor) -> bool:
         """Work in progress: a handler running, a job queued, running or still sending its reply (its files), or
         an export younger than the export TTL."""
-        young = v.last_export is not None and time.monotonic() - v.exported_at < self.export_ttl
+        now = time.monotonic()
+        young = (v.last_export is not None and now - v.exported_at < self.export_ttl) or (
+            v.family_exported_at > 0 and now - v.family_exported_at < self.export_ttl)
         return v.busy > 0 or self.alive(v) or young
 
     def protected_session(self, session_hash: str) -> bool:
@@ -120,6 +128,10 @@ class Visitors:
                     for name in ("layerswap-merge", "download"):
                         shutil.rmtree(self.root / v.sid / name, ignore_errors=True)
                     v.last_export = None
+                if v.family_exported_at and v.busy <= 0 and now - v.family_exported_at >= self.export_ttl:
+                    for name in FAMILY_FILES:
+                        shutil.rmtree(self.root / v.sid / name, ignore_errors=True)
+                    v.family_exported_at = 0.0
 
     def end(self, session_hash: str) -> None:
         """The tab was closed: its visitor and files go (once its running job ends)."""

@@ -14,6 +14,7 @@ from layerswap.analysis.plots import analysis_heatmaps, layer_profile
 from layerswap.ui.context import Context, Page
 from layerswap.ui.controls import PlanControls
 from layerswap.ui.events import Job
+from layerswap.ui import family_views
 from layerswap.ui.tabs import lens
 
 K_CHOICES = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0]
@@ -35,21 +36,21 @@ def _table(rows: list[dict]) -> dict:
 
 
 def view(ctx: Context, job: Job, panels, metric, overlap_metric, k, norm, controls: PlanControls):
-    """Everything in the tab for the controls and the visitor's plan (no overlay for methods without one)."""
+    """Everything in the tab for the controls and the visitor's plan (no overlay for methods without one), for the
+    pair above or the family's language chosen in the menu (`family_views.pair_view`)."""
     wb = ctx.workbench(job)
-    if "base" not in wb.checkpoints:
+    if "base" not in wb.checkpoints and family_views.chosen(job.visitor) is None:
         return [gr.update(visible=False), NO_BASE] + [gr.update(visible=False)] * 4
     plan = controls.recipe.plan  # None for methods without a layer map: no overlay
     k = float(k) if k not in (None, "") else 1.0
-    with ctx.shared.lock:
-        an = wb.analysis(k, progress=job.part(0, 0.9))
-        note = ""
+    with ctx.shared.lock, family_views.pair_view(job.visitor, wb, k, job.part(0, 0.9)) as (an, merged_of, who):
+        note = who
         if plan is not None:
             try:
                 controls.sources(an.num_layers)  # the plan against the model
             except UserError as e:
-                plan, note = None, f"**No plan overlay:** {e}\n\n"
-        merged = wb.merged_stats(plan) if plan is not None else None
+                plan, note = None, f"{who}**No plan overlay:** {e}\n\n"
+        merged = merged_of(plan) if plan is not None else None
     panels = [x for x in (panels or []) if merged is not None or not x.startswith("merged")]
     heat = analysis_heatmaps(an, panels or ["math", "lang"], metric=metric, overlap_metric=overlap_metric, k=k,
                              norm=norm, merged=merged, plan=plan)
@@ -63,14 +64,20 @@ def view(ctx: Context, job: Job, panels, metric, overlap_metric, k, norm, contro
     return [shown[0], note + an.report(k, merged), *shown[1:], gr.update(value=str(csv_path), visible=True)]
 
 
+def pick_language(ctx: Context, job: Job, lang, panels, metric, overlap_metric, k, norm, controls: PlanControls):
+    """The menu's pair (the pair above, or one language of the visitor's family), kept for the tab's next views."""
+    family_views.choose(job.visitor, lang)
+    return view(ctx, job, panels, metric, overlap_metric, k, norm, controls)
+
+
 def suggest(ctx: Context, job: Job, metric, k):
     """The weight-diff prior's b, u, tb, tu on the sliders (a prior, not an answer: Find a plan tests plans)."""
     wb = ctx.workbench(job)
-    if "base" not in wb.checkpoints:
+    if "base" not in wb.checkpoints and family_views.chosen(job.visitor) is None:
         raise UserError("Suggesting a plan needs the analysis against the base: load a base model too.")
     k = float(k) if k not in (None, "") else 1.0
-    with ctx.shared.lock:
-        an = wb.analysis(k)
+    with ctx.shared.lock, family_views.pair_view(job.visitor, wb, k) as (an, _, _):
+        pass
     s = an.suggest_plan(metric if metric in METRICS else "relative", k)
     md = s.markdown()
     if not any((s.plan.b, s.plan.u, s.plan.tb, s.plan.tu)):
@@ -88,6 +95,10 @@ def render(ctx: Context, page: Page) -> None:
                     "reconstruction of the paper's analysis: its exact metric and normalisation are not in its "
                     "public text, so several are offered.")
         with gr.Row():
+            lang = gr.Dropdown([("the pair above", family_views.PAIR)], value=family_views.PAIR, visible=False,
+                               label="Language expert (a loaded family's: its pair with the math expert)",
+                               elem_id="family-lang", allow_custom_value=True, scale=2)  # checked by the handler
+            page.family_lang = lang
             panels = gr.CheckboxGroup([(label, key) for key, label in PANELS.items()], value=DEFAULT_PANELS,
                                       label="Panels", elem_id="panels", scale=3)
             metric = gr.Radio(METRIC_CHOICES, value="relative", label="Metric", elem_id="metric", scale=2)
@@ -118,6 +129,9 @@ def render(ctx: Context, page: Page) -> None:
     # redrawn when its controls change and whenever the tab is opened (the plan may have changed)
     gr.on([c.change for c in controls] + [tab.select], handler, inputs, outputs,
           api_name="heatmap", trigger_mode="always_last", **ctx.lane, **page.on)
+    lang.input(ctx.job(pick_language, plan=True, models=True), [lang, *inputs], outputs, api_name="family_heatmap",
+               **ctx.lane, **page.on)
+    tab.select(ctx.job(family_views.menu, clear_stop=False), None, [lang], api_visibility="private", queue=False)
     redraw = ctx.job(view, plan=True, models="redraw")  # queued behind a Load, it would show the old models: dropped
     page.set_redraw(lambda dep: dep.then(redraw, inputs, outputs, api_visibility="private", **ctx.lane, **page.on))
     page.redraw(suggest_btn.click(ctx.job(suggest, models=True), [metric, k, page.models], [*page.sliders, suggest_md], api_name="weight_diff_prior",

@@ -16,7 +16,7 @@ from layerswap.core.errors import UserError, whole_number
 from layerswap.core.markup import block, code, text
 from layerswap.analysis.plots import eval_bars
 from layerswap.core.roles import ANSWERING, ROLE_NAMES
-from layerswap.ui import family
+from layerswap.ui import family, family_views
 from layerswap.ui.context import Context, Page
 from layerswap.ui.controls import PlanControls
 from layerswap.ui.events import Job
@@ -161,6 +161,7 @@ def render(ctx: Context, page: Page) -> None:
             b_pos = gr.Slider(0, 249, 0, step=1, label="Question", elem_id="eval-browse-pos")
         detail = gr.Markdown("Run an evaluation to browse its questions.", elem_id="eval-detail")
         fam = family.render_eval(ctx, page, limit, shots, mode, max_new)
+        family_views.render_export(ctx, page, fam["plans"])
     page.on_models([langs, limit], lambda c, refs: [gr.update(**m) for m in menus(c, refs)])
     quick = dict(clear_stop=False)
     run_btn.click(ctx.job(evaluate, plan=True, models=True),

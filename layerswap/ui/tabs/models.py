@@ -22,7 +22,7 @@ from layerswap.core.errors import UserError
 from layerswap.recipe.fields import FIELDS
 from layerswap.core.markup import text
 from layerswap.shipped.organisms import opening_plan, preset_of
-from layerswap.ui import family
+from layerswap.ui import family, family_views
 from layerswap.ui.context import Context, Page
 from layerswap.ui.controls import TABS, PlanControls, plan_values, query_string, restore
 from layerswap.ui.events import Job, page_models
@@ -261,4 +261,6 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
     gr.on([x.change for x in page.plan], trigger_mode="always_last", **link)
     for tab_id, item in page.tab_items.items():
         item.select(lambda t=tab_id: t, None, page.tab, **off).then(**link)
-    family.wire(ctx, page, {**c["family"], "force": c["force"], "preset": c["preset"]})
+    loaded = family.wire(ctx, page, {**c["family"], "force": c["force"], "preset": c["preset"]})
+    loaded.success(ctx.job(family_views.menu, **quick), None, [page.family_lang], api_visibility="private",
+                   queue=False)  # the analysis tab's language menu: the new family's codes

@@ -40,7 +40,7 @@ from layerswap.recipe.recipes import Recipe
 from layerswap.search.report import SearchResult, Trial, accuracy, compare
 from layerswap.search.run import SearchConfig, default_results, for_models, search
 from layerswap.search.split import split_questions
-from layerswap.search.store import Answers, Identity, Tally, model_of, scorer
+from layerswap.search.store import Answers, Identity, Tally, identities, model_of, scorer
 from layerswap.sweeps.log import ResultsLog
 
 SHARED_TOP = 3  # each language's best plans that race for the shared plan
@@ -250,10 +250,7 @@ class _Language:
             self.wb.close()
             raise
         # the keys `search.run.search` gives its records, so its answers are found, never asked again
-        eng = {"engine": self.wb.engine_choice, "chat_template": self.wb.chat_template or None}
-        self.test = Identity.of(self.wb.checkpoints, force, cfg.source, cfg.evals(), eng, cfg.langs)
-        self.dev = self.test if cfg.dev_source is None else Identity.of(self.wb.checkpoints, force, cfg.dev_source,
-                                                                        cfg.evals(), eng, cfg.langs)
+        self.test, self.dev = identities(self.wb, cfg, force)
 
     def answers(self, ident: Identity, plan: Plan, ids, answers: Answers, log, tally: Tally, cancel, name: str,
                 progress) -> list[bool] | None:

@@ -39,7 +39,7 @@ from layerswap.search.race import Z, Race, rungs
 from layerswap.search.report import SearchResult, Trial, accuracy, compare
 from layerswap.search.space import TRANSITIONS, Space
 from layerswap.search.split import split_questions
-from layerswap.search.store import Answers, Identity, Tally, model_of, race_job, race_plan, scorer
+from layerswap.search.store import Answers, Identity, Tally, identities, model_of, race_job, race_plan, scorer
 from layerswap.search.strategy import choose
 
 MAX_BUDGET = 10_000
@@ -154,10 +154,7 @@ def search(math: str, lang: str, base: str | None = None, config: SearchConfig |
         space = cfg.space(wb.num_layers)
         if space.revert and "base" not in wb.checkpoints:
             raise UserError("Searching reverted ranges needs the base model: give --base.")
-        eng = {"engine": wb.engine_choice, "chat_template": wb.chat_template or None}  # one key: None and False are plain prompts
-        test_ident = Identity.of(wb.checkpoints, force, cfg.source, cfg.evals(), eng, cfg.langs)
-        ident = test_ident if cfg.dev_source is None else Identity.of(wb.checkpoints, force, cfg.dev_source,
-                                                                      cfg.evals(), eng, cfg.langs)
+        test_ident, ident = identities(wb, cfg, force)
         opening = organisms.opening_plan((base or "", math, lang), wb.num_layers)
         an = wb.analysis() if "base" in wb.checkpoints else None
         pri = prior_plans(space, an, opening)

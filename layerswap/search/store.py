@@ -79,6 +79,17 @@ class Identity:
                 "n": {lang: len(c) for lang, c in correct.items()}, "engine_used": engine_used, "seconds": seconds}
 
 
+def identities(wb, cfg, force: bool) -> tuple[Identity, Identity]:
+    """The keys of a search's held-out and dev records on the workbench `wb` (`cfg`: a `SearchConfig`): every
+    search over the same experts, sets and engine finds the same records."""
+    # one key for plain prompts: a chat template of None and of False
+    eng = {"engine": wb.engine_choice, "chat_template": wb.chat_template or None}
+    test = Identity.of(wb.checkpoints, force, cfg.source, cfg.evals(), eng, cfg.langs)
+    dev = test if cfg.dev_source is None else Identity.of(wb.checkpoints, force, cfg.dev_source, cfg.evals(), eng,
+                                                          cfg.langs)
+    return test, dev
+
+
 @dataclass
 class Answers:
     """Per-question correctness by model key, from a results file's search records."""

@@ -23,8 +23,9 @@ use). Every measurement is its own process, so peak RSS is clean; all run in one
 (`bench_common.build_extra_langs`: 16 GB each at 8b), all cold, in one invocation: `cat` of the
 N + 2 models' files and of one trio's (the read floors, real ``cat`` into /dev/null), the family
 analysis (`analyze_family`: base and math read once), and each of the N pair analyses (`analyze`,
-one process each). It reports each against its `cat`, and the family's time against the N pairs'
-summed, next to the read ratio (N + 2) / 3N it should reach.
+one process each; the analyses' order turns each repeat, so a cache beneath this machine's helps each alike).
+It reports each against its `cat`, and the family's time against the N pairs' summed, next to the read ratio
+(N + 2) / 3N it should reach.
 
 "cold" runs drop the files from the page cache first (posix_fadvise DONTNEED, no privileges
 needed); "warm" runs read them from the page cache (not at 8b: 48 GB do not fit in memory, nor
@@ -407,12 +408,16 @@ def family_main(args, root: str) -> None:
     trio = {r: paths[r] for r in ROLES}
     started, where = dt.datetime.now().astimezone().isoformat(timespec="minutes"), machine()
     tmp = Path(tempfile.mkdtemp(prefix="bench-analysis-"))
-    plan = [("cat-family", "cat", fam), ("cat-trio", "cat", trio), ("family", "family", fam)]
-    plan += [(f"pair-{r}", "streaming", {"base": paths["base"], "math": paths["math"], "lang": paths[r]})
-             for r in langs]
+    cats = [("cat-family", "cat", fam), ("cat-trio", "cat", trio)]
+    analyses = [("family", "family", fam)]
+    analyses += [(f"pair-{r}", "streaming", {"base": paths["base"], "math": paths["math"], "lang": paths[r]})
+                 for r in langs]
     runs: dict[str, list[dict]] = {}
     for rep in range(args.repeat):
-        for label, worker, ps in plan:
+        # the analyses' order turns each repeat (family first, then a pair first, ...): whatever a run leaves in a
+        # cache beneath this machine's (a VM host's: fadvise empties only ours) helps each analysis alike
+        turn = rep % len(analyses)
+        for label, worker, ps in cats + analyses[turn:] + analyses[:turn]:
             r = run_worker(worker, ps, args, True, str(tmp / f"{label}.npz"))
             runs.setdefault(label, []).append(r)
             print(f"cold {label:<12} {r['wall']:7.1f} s wall {r['cpu']:7.1f} s cpu  {r['bytes'] / 1e9:6.2f} GB  "
@@ -440,7 +445,8 @@ def family_main(args, root: str) -> None:
     if args.markdown:
         load = os.getloadavg()
         print(f"\nRun {started} on {where}; {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end. k = {args.k:g}%, "
-              f"{args.threads} torch thread(s), device {args.device}, median of {args.repeat}, every run cold. "
+              f"{args.threads} torch thread(s), device {args.device}, median of {args.repeat}, every run cold, the "
+              f"analyses' order turned each repeat. "
               f"Family: {paths['base'].parent} ({args.size}), {n} language experts.")
 
 

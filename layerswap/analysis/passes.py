@@ -138,6 +138,11 @@ def split(tensors: Sequence[TensorMeta], workers: int) -> list[list[int]]:
     return [sorted(g) for g in groups if g]
 
 
+# The reader's requests: 16 MiB per file (at most 64 MiB a slot, however many files), 4 slots ahead. Against 8 MiB
+# and 2 ahead, the cold 8B pair and family analyses took 15-17 % less time (docs/benchmarks.md, 2026-11-29).
+READ_BYTES, SLOT_BYTES, PREFETCH = 16 << 20, 64 << 20, 4
+
+
 def run_pass(cks: list[Checkpoint], tensors: Sequence[TensorMeta], make_handler: Callable, device: torch.device,
              chunk: int, progress: Progress | None, label: str, p0: float, p1: float, workers: int = 1):
     """Feed every slice of every tensor (base, math, lang) to a handler (see `kernels`).
@@ -159,7 +164,8 @@ def run_pass(cks: list[Checkpoint], tensors: Sequence[TensorMeta], make_handler:
         last_report = -1.0
         try:
             with ChunkStream(cks, [tensors[i].name for i in idx], chunk_elems=chunk, device=str(device),
-                             read_bytes=max(1 << 20, (8 << 20) // len(groups))) as s:
+                             read_bytes=max(1 << 20, min(READ_BYTES, SLOT_BYTES // len(cks)) // len(groups)),
+                             prefetch=PREFETCH) as s:
                 for c in s:
                     t = idx[c.index]
                     if c.n:

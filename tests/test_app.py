@@ -76,7 +76,7 @@ def test_user_errors_show_the_fix(client, num_layers):
 def test_heatmap_switch_and_export(client, tmp_path, num_layers):
     base, math, lang = _demo_paths(client)
     client.predict(base, math, lang, api_name="/load")
-    heat, *_ = client.predict(["lang"], "relative", "cosine", 1.0, "raw", 2, 1, 1, 1, "flat", 0.5, "neighbour",
+    heat, *_ = client.predict(["lang"], "relative", "cosine", 1.0, "raw", "", 2, 1, 1, 1, "flat", 0.5, "neighbour",
                               api_name="/heatmap")
     fig = json.loads(shown(heat)["plot"])
     assert len(fig["data"]) == 1 and "language expert vs base" in fig["layout"]["annotations"][0]["text"]

@@ -34,7 +34,7 @@ def loaded(client, tmp_path_factory):
 
 
 def heatmap(client, panels, metric="relative", overlap="cosine", k=1.0, norm="raw", plan=PLAN_ARGS):
-    heat, summary, profile, nonlayer, top, csv_file = client.predict(panels, metric, overlap, k, norm, *plan,
+    heat, summary, profile, nonlayer, top, csv_file = client.predict(panels, metric, overlap, k, norm, "", *plan,
                                                                      api_name="/heatmap")
     heat, profile, nonlayer, top = (shown(x) for x in (heat, profile, nonlayer, top))
     return json.loads(heat["plot"]), summary, json.loads(profile["plot"]), nonlayer, top, csv_file

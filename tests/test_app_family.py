@@ -82,7 +82,7 @@ def test_one_language_can_have_its_own_plan(client):
     assert re.search(r" · xx: swap b=2 u=0 tb=0 tu=0.* · en: swap b=1 u=1 tb=0 tu=0", status), status
     # the family's engine plan, asked once: the outcome that runs and why (the demo's experts: transformers)
     assert re.search(r"\n\nEngines: family plan: (resident|reload); A family of 2 \(5 models\)", status), status
-    for plans, msg in [("ja=1,1,0,0", "CODE one of the family's \\(xx, en\\)"), ("en=1,1", "give four numbers"),
+    for plans, msg in [("ja=1,1,0,0", "CODE one of the family's \\(xx, en\\)"), ("en=1,1", "four whole numbers"),
                        ("en=1,1,0,0\nen=2,0,0,0", "Two per-language plans for en"),
                        ("en=99,0,0,0", "exceeds the model.s 8 layers")]:
         with pytest.raises(AppError, match=msg):
@@ -136,17 +136,24 @@ def test_no_family_no_methods_and_an_empty_family_keep_the_pair_page(client):
 
 
 def test_a_links_family_is_read_back_bounded():
-    from layerswap.ui import family
+    from layerswap.ui import controls, family
     from layerswap.ui.controls import query_string
 
     local, hosted = SimpleNamespace(policy=Policy()), SimpleNamespace(policy=Policy(hosted=True))
     q = query_string(("b", "m", "l"), (), "evaluate", ["sw=org/sw", "te=org/te"])
     assert "family=sw%3Dorg%2Fsw%0Ate%3Dorg%2Fte" in q and "family" not in query_string(("b", "m", "l"), ())
-    assert family.restore(local, {"family": "sw=org/sw\nte=org/te"})["value"] == "sw=org/sw\nte=org/te"
-    assert family.restore(hosted, {"family": "sw=org/sw\nte=org/te"})["value"] == "sw=org/sw\nte=org/te"
+    assert family.restore(local, {"family": "sw=org/sw\nte=org/te"})[0]["value"] == "sw=org/sw\nte=org/te"
+    assert family.restore(hosted, {"family": "sw=org/sw\nte=org/te"})[0]["value"] == "sw=org/sw\nte=org/te"
     for bad in ["sw=/srv/models/sw", "\n".join(f"l{i}x=org/m" for i in range(5)), "SW=org/sw", "sw=a\nsw=b",
                 "x" * 20_000, "sw=org/" + "x" * 2000]:
-        assert "value" not in family.restore(hosted, {"family": bad}), bad  # refused: the text area stays as it is
+        assert "value" not in family.restore(hosted, {"family": bad})[0], bad  # refused: the text area stays as it is
+    # the per-language plans: written normalised, read back with every number bounded by its field
+    q = query_string(("b", "m", "l"), (), "analysis", ["sw=org/sw"], controls.plan_specs("sw=2, 1,0,0"))
+    assert "family_plans=sw%3D2%2C1%2C0%2C0" in q
+    assert family.restore(hosted, {"family_plans": "sw=2,1,0,0\nte = 3 1 1 1"})[1]["value"] == "sw=2,1,0,0\nte=3,1,1,1"
+    for bad in ["sw=2,1,0", "sw=2,1,0,0\nsw=1,1,1,1", "SW=2,1,0,0", "sw=99999,1,0,0", "sw=a,b,c,d", "x" * 20_000,
+                "\n".join(f"l{i}x=1,1,1,1" for i in range(9)), "/etc=1,1,1,1"]:
+        assert "value" not in family.restore(hosted, {"family_plans": bad})[1], bad
 
 
 def test_hosted_mode_caps_the_family_and_takes_hub_ids_only():

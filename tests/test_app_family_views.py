@@ -20,7 +20,7 @@ from tests.helpers import launch_app, read_dir, shown
 BASE, MATH_REF = "assets:demo/base", "assets:demo/math"
 FAMILY = "xx=assets:demo/lang\nen=assets:demo/unlocalised/lang"
 PLAN_ARGS = (2, 1, 1, 1, "flat", 0.5, "neighbour")
-HEAT = (["math", "lang", "merged"], "relative", "cosine", 1.0, "raw")
+HEAT = (["math", "lang", "merged"], "relative", "cosine", 1.0, "raw", "")  # no per-language plans
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,16 @@ def test_a_second_languages_heatmap_is_its_pair_analysis_with_the_plan_overlay(a
     again, summary2, *_ = client.predict(*HEAT, *PLAN_ARGS, api_name="/heatmap")
     assert summary2.startswith("**Language en:**")
     np.testing.assert_allclose(_z(json.loads(shown(again)["plot"])["data"][1]), _z(fig["data"][1]), rtol=0)
+    # a per-language plan line gives en its own plan: that plan is drawn and its merged panel is that plan's
+    with pytest.raises(AppError, match="Per-language plan for de"):
+        client.predict("en", *HEAT[:-1], "de=1,1,0,0", *PLAN_ARGS, api_name="/family_heatmap")
+    own, summary4, *_ = client.predict("en", *HEAT[:-1], "xx=3,1,0,0\nen=1,1,0,0", *PLAN_ARGS,
+                                       api_name="/family_heatmap")
+    assert summary4.startswith("**Language en:**") and "**Its own plan:** " in summary4 and "b=1 u=1" in summary4
+    own_merged = an.merged(Plan(1, 1, 0, 0, *PLAN_ARGS[4:]), cks["math"], cks["en"], cks["base"])
+    got = _z(json.loads(shown(own)["plot"])["data"][2])
+    np.testing.assert_allclose(got, an.grid(an.values("merged", "relative", merged=own_merged)), rtol=1e-9)
+    assert not np.allclose(np.nan_to_num(got), np.nan_to_num(_z(fig["data"][2])))  # not the page's plan
     # back to the pair above: its own language expert (assets:demo/lang) differs from en's
     pair, summary3, *_ = client.predict("pair", *HEAT, *PLAN_ARGS, api_name="/family_heatmap")
     assert not summary3.startswith("**Language")

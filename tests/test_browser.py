@@ -255,8 +255,8 @@ def test_find_a_plan_shows_progress_stops_and_sets_the_sliders(browser, app_url)
 
 def test_a_family_loads_and_evaluate_shows_its_table_and_plot(browser, app_url):
     """Issue 40: language experts typed as CODE=REF lines under Models, Load family, then Evaluate shows the
-    family's table and plot (each language's merges built with the page's plan); the share link carries the family
-    and a fresh page opened from it holds the same lines."""
+    family's table and plot (xx's merges built with the page's plan, en's swap with its own line of the per-language
+    plans); the share link carries the family and its plans, and a fresh page opened from it holds the same lines."""
     from playwright.sync_api import expect
 
     lines = "xx=assets:demo/lang\nen=assets:demo/unlocalised/lang"
@@ -269,6 +269,9 @@ def test_a_family_loads_and_evaluate_shows_its_table_and_plot(browser, app_url):
     expect(page.locator("#family-report")).to_contain_text("Family loaded", timeout=120_000)
     expect(page.locator("#family-report")).to_contain_text("2 language experts")
     expect(page.locator("#share textarea, #share input")).to_have_value(re.compile(r"family=xx%3D"), timeout=30_000)
+    page.locator("#family-plans textarea").fill("en=1,1,0,0")  # en's own swap, beside the lines
+    expect(page.locator("#share textarea, #share input")).to_have_value(
+        re.compile(r"family_plans=en%3D1%2C1%2C0%2C0"), timeout=30_000)
     query = page.locator("#share textarea, #share input").input_value()
 
     page.get_by_role("tab", name="Evaluate").click()
@@ -276,7 +279,8 @@ def test_a_family_loads_and_evaluate_shows_its_table_and_plot(browser, app_url):
     page.locator("#family-methods label").filter(has_text="TIES").locator("input").uncheck()
     page.locator("#family-run").click()
     expect(page.locator("#family-status")).to_contain_text("Done: 16 answers", timeout=240_000)
-    expect(page.locator("#family-status")).to_contain_text("xx, en: swap b=")
+    expect(page.locator("#family-status")).to_contain_text("xx: swap b=")
+    expect(page.locator("#family-status")).to_contain_text("en: swap b=1 u=1")
     table = page.locator("#family-table table")
     expect(table).to_be_visible()
     expect(table.locator("th")).to_have_text(["model", "xx", "en", "average"])
@@ -292,6 +296,7 @@ def test_a_family_loads_and_evaluate_shows_its_table_and_plot(browser, app_url):
     page = fresh.new_page()
     page.goto(app_url + "/" + query, wait_until="load")
     expect(page.locator("#family textarea")).to_have_value(lines, timeout=60_000)
+    expect(page.locator("#family-plans textarea")).to_have_value("en=1,1,0,0")
     no_error_toast(page)
     fresh.close()
 

@@ -264,16 +264,20 @@ def test_one_shared_plan_or_one_per_language(tmp_path):
 
 
 def test_one_lang_with_its_code_in_a_pair_command():
-    """A pair command keeps one --lang; CODE=L gives the reference and makes CODE the default --langs."""
+    """A pair command keeps one --lang (CODE=L gives the reference); a plain --lang L stays a pair everywhere; one
+    CODE=L is a family of one where a family is taken (eval, search, sweep: scored on CODE, as the table)."""
     from layerswap.cli import build_parser
     from layerswap.cli.options import read_langs
 
-    args = build_parser().parse_args(["sweep", "--math", "m", "--lang", "xx=org/l"])
+    args = build_parser().parse_args(["ask", "--math", "m", "--lang", "xx=org/l"])
     read_langs(args)
-    assert (args.lang, args.langs, args.family) == ("org/l", "xx", None)
+    assert (args.lang, args.family) == ("org/l", None)
+    with pytest.raises(UserError, match="takes one language expert"):
+        read_langs(build_parser().parse_args(["ask", "--math", "m", "--lang", "xx=a", "--lang", "en=b"]))
     args = build_parser().parse_args(["sweep", "--math", "m", "--lang", "org/l", "--langs", "en"])
     read_langs(args)
     assert (args.lang, args.langs, args.family) == ("org/l", "en", None)
-    args = build_parser().parse_args(["eval", "--math", "m", "--lang", "xx=org/l"])
-    read_langs(args)
-    assert args.family.codes == ("xx",) and args.lang == "org/l"  # eval: a family of one (the table)
+    for cmd in ("eval", "sweep", "search"):
+        args = build_parser().parse_args([cmd, "--math", "m", "--lang", "xx=org/l"])
+        read_langs(args)
+        assert args.family.codes == ("xx",) and args.lang == "org/l", cmd

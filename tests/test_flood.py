@@ -111,7 +111,7 @@ def _flood(url: str, pid: int, rss: dict) -> list[int]:
     return statuses
 
 
-MODELS_OUT = -2  # open_page's outputs end with the visitor's models key, then the family lines
+MODELS_OUT = -3  # open_page's outputs end with the visitor's models key, then the family's lines and plans
 
 
 def test_flood(hosted):
@@ -136,7 +136,7 @@ def test_flood(hosted):
     refusals, t0 = [], time.perf_counter()
     for i in range(QUEUED):
         r = attacker.join("build" if i % 2 else "heatmap", [*PLAN, ""] if i % 2 else
-                          [["math"], "relative", "cosine", 1.0, "raw", *PLAN, ""])
+                          [["math"], "relative", "cosine", 1.0, "raw", "", *PLAN, ""])
         refusals.append((r.status_code, r.json().get("detail", "")))
     refused_in = time.perf_counter() - t0
     assert all(code == 400 and "You already have a job running" in str(d) for code, d in refusals), refusals[:3]

@@ -42,6 +42,19 @@ def test_each_shipped_pair_brings_its_set_and_plan(name):
     assert organisms.preset_of(TRIOS[name]) == name
 
 
+@pytest.mark.parametrize("code", ["qa", "qb", "qc"])
+def test_a_shipped_familys_members_open_on_its_tables_plan(code):
+    """demo3 has no dev-chosen plan: each member opens on the swap its family table was measured with (read here
+    from the JSON itself), and so does `layerswap eval` over the family when no plan flag is given."""
+    raw = json.loads((A / "demo3/family_table.json").read_text())["recipes"][code]["swap"]["plan"]
+    refs = ("assets:demo3/base", "assets:demo3/math", f"assets:demo3/lang_{code}")
+    opening = organisms.opening_plan(refs, 8)
+    assert (opening.plan.b, opening.plan.u, opening.plan.tb, opening.plan.tu) == (raw["b"], raw["u"], raw["tb"],
+                                                                                   raw["tu"]) == (2, 1, 0, 0)
+    assert "family table for " + code in opening.why
+    assert organisms.opening_plan(refs, 2).plan == default_plan(2)  # a plan that does not fit: the literature's
+
+
 def test_other_models_bring_nothing(trio):
     refs = (str(trio["base"]), str(trio["math"]), str(trio["lang"]))
     assert organisms.test_set(*refs) is None and organisms.test_set("org/model", "assets:nothing/here") is None

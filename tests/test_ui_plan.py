@@ -105,8 +105,8 @@ def test_every_plan_event_reads_the_controls_once(ctx, seen):
         "export_yaml": (build.export_yaml, [], True),
         "yaml_written": (build.yaml_written, [], False),
         "first_view": (models.first_view, [], True),
-        "share_link": (models.share_link, ["analysis"], False),
-        "heatmap": (analysis.view, [["math", "lang", "merged"], "relative", "cosine", 1.0, "raw"], True),
+        "share_link": (models.share_link, ["analysis", ""], False),
+        "heatmap": (analysis.view, [["math", "lang", "merged"], "relative", "cosine", 1.0, "raw", ""], True),
         "evaluate": (evaluate.evaluate, [["xx"], ["merged"], 1, 0, "native_cot", 16], True),
         "ask": (ask.ask, ["xx", 0, "", 16], True),
     }

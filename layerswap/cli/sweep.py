@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
                                       "ablation suite from flags; tables and plots")
     s.add_argument("file", nargs="?", metavar="SWEEP.yaml",
                    help="a sweep file (layerswap.sweeps.spec): experts, recipes or grid, test sets, settings")
-    models(s, optional="flag form: ")
+    models(s, optional="flag form: ", family=True)
     s.add_argument("--suite", choices=("grid", "ablations"), default="grid",
                    help="grid: (b, u, t) swap plans; ablations: transition, location, module and baseline variants")
     s.add_argument("--b-values", default="0-3", help="grid: bottom layer counts (default 0-3)")
@@ -63,7 +63,10 @@ def run(args) -> int:
     inputs = [ref for es in spec.expert_sets for ref in (es.math, es.lang, es.base)] + [t.path for t in spec.test_sets]
     check_outputs([out, *csv_out, args.html, *(args.plot or [])], extra=tuple(inputs))  # before any point runs
     n = len(spec.points)
-    print(f"{spec.name}: {n} recipe{'s' if n != 1 else ''} x {len(spec.expert_sets)} expert set(s) x "
+    codes = [es.name for es in spec.expert_sets if es.family]
+    sets = f"a family of {len(codes)} ({', '.join(codes)}: each on its own language)" if codes else \
+        f"{len(spec.expert_sets)} expert set(s)"
+    print(f"{spec.name}: {n} recipe{'s' if n != 1 else ''} x {sets} x "
           f"{len(spec.test_sets)} test set(s); MGSM {spec.eval.get('mode', mgsm.TASK.mode)}, "
           f"{spec.eval.get('shots', mgsm.TASK.shots)}-shot, " + ("first " + str(spec.eval['limit']) if spec.eval.get("limit") else "all")
           + " questions" + (f"; results in {out}" if out else ""))
@@ -88,12 +91,7 @@ def run(args) -> int:
     print(table_text(run.rows, "flexible"))
     for row in stats_table(run.rows):
         print("  " + ", ".join(f"{k}: {v}" for k, v in row.items()))
-    merges = [r for r in run.rows if r["kind"] == "merge"]
-    if merges:
-        from layerswap.sweeps.report import scores
-
-        best = max(merges, key=lambda r: scores(r)["average"])
-        print(f"\nbest merge (average flexible accuracy; best of {len(merges)}, so optimistic): {best['name']}")
+    _best(run.rows)
     for path in csv_out:
         write_csv(run.rows, path)
         print(f"wrote {path}")
@@ -113,16 +111,37 @@ def run(args) -> int:
     return 0
 
 
+def _best(rows: list[dict]) -> None:
+    """The merge with the best average flexible accuracy (a family's: over its languages), said to be optimistic."""
+    from layerswap.sweeps.report import family_table, scores
+
+    family = [(r, r["average"]) for r in family_table(rows) if r["kind"] == "merge" and r["average"] is not None]
+    merges = family or [(r, scores(r)["average"]) for r in rows if r["kind"] == "merge"]
+    if merges:
+        best = max(merges, key=lambda m: m[1])[0]
+        over = "the family's languages" if family else "languages"
+        print(f"\nbest merge (flexible accuracy averaged over {over}; best of {len(merges)}, so optimistic): "
+              f"{best['recipe'] if family else best['name']}")
+
+
 def _sweep_spec(args):
     """The sweep of the flag form (`--math --lang` plus a grid or the ablation suite), as a SweepSpec."""
     from layerswap.models.adapters import open_expert
     from layerswap.sweeps import ExpertSet, SweepSpec, TestSet, ablation_suite, swap_grid
     from layerswap.sweeps.spec import set_name
 
-    if not (args.math and args.lang):
+    fam = args.family
+    if not (args.math and (args.lang or fam)):
         raise UserError("Give a sweep file (layerswap sweep SWEEP.yaml), or --math M --lang L for a grid or the "
-                        "ablation suite.")
-    test_data(args, args.math, args.lang, args.base)
+                        "ablation suite (--lang CODE=L repeated: a family, each language scored on its own).")
+    if fam is not None and args.langs:
+        raise UserError(f"A family's languages are its codes ({', '.join(fam.codes)}); drop --langs.")
+    test_data(args, args.math, *([m.ref for m in fam.members] if fam else [args.lang]), args.base)
+    if fam is not None:
+        from layerswap.serving.family import check_test_sets
+
+        check_test_sets(fam, args.mgsm_dir)
+        args.langs = ",".join(fam.codes)
     cfg = eval_config(args)
     L = open_expert(args.math, args.base).num_layers
     if args.suite == "grid":
@@ -131,9 +150,12 @@ def _sweep_spec(args):
                            non_layer=args.non_layer or "neighbour")
     else:
         points = ablation_suite(L, recipe_from(args, L).plan, with_base=args.base is not None)
+    sets = ([ExpertSet(m.code, args.math, m.ref, args.base, args.force, (m.code,), "family") for m in fam.members]
+            if fam is not None else [ExpertSet(set_name(args.math, args.lang), args.math, args.lang, args.base,
+                                               args.force)])
     return SweepSpec(
         name=f"{args.suite} sweep",
-        expert_sets=[ExpertSet(set_name(args.math, args.lang), args.math, args.lang, args.base, args.force)],
+        expert_sets=sets,
         points=points, test_sets=[TestSet(Path(cfg.source).name if cfg.source else "mgsm", cfg.source, tuple(cfg.langs))],
         eval={"limit": cfg.limit, "shots": cfg.shots, "mode": cfg.mode, "max_new_tokens": cfg.max_new_tokens},
         engine=asdict(engine_settings(args)),

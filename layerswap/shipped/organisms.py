@@ -13,6 +13,8 @@ here, so they test on the same set and open on the same plan:
         # Choice(dev=.../assets/demo2/mgsm/dev, questions=200, max_new_tokens=32): how its plan was chosen
     opening_plan(("assets:demo/base", "assets:demo/math", "assets:demo/lang"), 8)
         # Opening(Plan(b=2, u=0, ...), "the plan recommended for assets:demo (math + lang), chosen on its dev set")
+    opening_plan(("assets:demo3/base", "assets:demo3/math", "assets:demo3/lang_qb"), 8)
+        # Opening(Plan(b=2, u=1, ...), "the swap plan of assets:demo3's family table for qb, ...")
 
 Models that are not shipped bring nothing: their test set is the one given (``--mgsm-dir``,
 ``$LAYERSWAP_MGSM_DIR``, the Hub) and they open on the literature's plan scaled to their layers.
@@ -20,6 +22,7 @@ Models that are not shipped bring nothing: their test set is the one given (``--
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -29,6 +32,7 @@ from layerswap.shipped import demo
 from layerswap.shipped.results import Results, results_file
 from layerswap.core.errors import UserError
 from layerswap.recipe.plans import Plan, default_plan
+from layerswap.recipe.recipes import Recipe
 from layerswap.models.presets import ASSETS_PREFIX, assets_dir, assets_path, portable_ref, presets
 
 Refs = tuple[str, str, str]  # base, math, lang, as the page and the CLI name them
@@ -174,8 +178,29 @@ def opening_plan(refs: Refs, num_layers: int) -> Opening:
             continue
         return Opening(plan, f"the plan recommended for {portable_ref(folder)} (math + {lang}), chosen on its dev "
                              f"set{why}")
+    fam = _family_plan(refs[1], refs[2])
+    if fam is not None:
+        try:
+            fam[0].validate(num_layers)
+            return Opening(fam[0], f"the swap plan of {portable_ref(fam[1])}'s family table for "
+                                   f"{language_of(refs[2])}, fixed before it was measured (its card)")
+        except UserError:
+            pass
     return Opening(default_plan(num_layers), f"the literature's b=5 u=2 tb=1 tu=1 at 32 layers, scaled to "
                                              f"{num_layers} layers")
+
+
+def _family_plan(math: str | None, lang: str | None) -> tuple[Plan, Path] | None:
+    """The swap plan a shipped family's table (its organism's ``family_table.json``, as `layerswap eval --json`
+    wrote it) gives this member, and the organism; None for any other two models."""
+    code, org = language_of(lang), organism(math)
+    if code is None or org is None or org != organism(lang):
+        return None
+    try:
+        raw = json.loads((org / "family_table.json").read_text())["recipes"][code]["swap"]
+        return Recipe.from_dict(raw).plan, org
+    except (OSError, ValueError, KeyError, TypeError, UserError):
+        return None
 
 
 def showcase(refs: Refs) -> tuple[str, int] | None:

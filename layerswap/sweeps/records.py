@@ -34,7 +34,7 @@ class Unit:
 def identity_of_test_set(t: TestSet) -> dict:
     if t.path is None:
         return {"path": None, "langs": list(t.langs)}
-    files = sorted(f for f in Path(t.path).iterdir() if f.suffix in (".tsv", ".json"))
+    files = sorted(f for f in mgsm.folder(t.path).iterdir() if f.suffix in (".tsv", ".json"))  # or assets:
     return {"name": t.name, "fingerprint": content_hash((f.name, f.read_bytes()) for f in files),
             "langs": list(t.langs)}
 
@@ -73,7 +73,7 @@ def units_of(spec: SweepSpec, s: ExpertSet, cks: dict, left_out: dict) -> list[U
     if dropped:
         left_out[s.name] = dropped
     evals = spec.eval_settings()
-    tests = [(t, identity_of_test_set(t)) for t in spec.test_sets]
+    tests = [(t, identity_of_test_set(t)) for t in s.scored_on(spec.test_sets)]
     for t, tid in tests:
         if spec.include_experts:
             for role in EXPERTS:
@@ -93,13 +93,18 @@ NOT_RUN = "not run"  # a merge point its experts cannot take (the record's messa
 def record(spec: SweepSpec, s: ExpertSet, u: Unit, **extra) -> dict:
     r = {"key": u.key, "sweep": spec.name, "set": s.name, "kind": u.kind, "name": u.name,
          "recipe": u.point.recipe.to_dict() if u.point else None, "vars": dict(u.point.vars) if u.point else {},
-         "role": u.role, "experts": u.experts or u.identity["experts"], "force": s.force}
+         "role": u.role, "experts": u.experts or u.identity["experts"], "force": s.force, **_family(s)}
     if u.test is not None:
         r.update(test_set={"name": u.test.name, "path": u.test.path and portable_ref(u.test.path),
                            **u.identity["test"]},
                  eval={"langs": list(u.test.langs), **u.identity["eval"]}, engine=u.identity["engine"])
     r.update(extra)
     return r
+
+
+def _family(s: ExpertSet) -> dict:
+    """A family member's records name its family (`report.family_table` lays them out as the paper's table)."""
+    return {"family": s.family} if s.family else {}
 
 
 def evaluation_fields(report: EvalReport, model: str) -> dict:
@@ -143,7 +148,7 @@ def ordered(plan: list, refusal: dict[str, str], rows: dict[str, dict]) -> list[
         for u in units:
             if u.key in rows:
                 out.append({**rows[u.key], "name": u.name, "set": s.name,
-                            "vars": dict(u.point.vars) if u.point else {}})
+                            "vars": dict(u.point.vars) if u.point else {}, **_family(s)})
     return out
 
 

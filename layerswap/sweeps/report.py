@@ -100,7 +100,8 @@ def results_table(rows: Sequence[dict], metric: str = "flexible") -> list[dict]:
         if r["kind"] not in ("expert", "merge"):
             continue
         s = scores(r, metric)
-        row = {"set": r["set"], "recipe": r["name"], "kind": r["kind"], "test set": r["test_set"]["name"]}
+        row = {"set": r["set"], "recipe": r["name"], "kind": r["kind"], "test set": r["test_set"]["name"],
+               **({"family": r["family"]} if r.get("family") else {})}
         for lang in r["eval"]["langs"]:
             row[lang] = round(s["acc"][lang], 1)
             row[f"{lang} ±"] = round(s["se"][lang], 1)
@@ -151,14 +152,22 @@ def _headers(rows: Sequence[dict]) -> list[str]:
 
 def table_text(rows: Sequence[dict], metric: str = "flexible") -> str:
     """The results table as Markdown: each language's accuracy with its exact 95 % interval, ``a [lo, hi]`` (%),
-    the average as ``a ± se``."""
-    table = results_table(rows, metric)
-    if not table:
+    the average as ``a ± se``; a family's points as its own table (`family_table`), after the others'."""
+    family = family_table(rows, metric)
+    table = [r for r in results_table(rows, metric) if not r.get("family")]
+    if not table and not family:
         return "(no evaluated points yet)"
+    parts = [_markdown(table, "set", ["max"]) if table else "",
+             _markdown(family, "family", []) if family else ""]
+    return "\n\n".join(p for p in parts if p)
+
+
+def _markdown(table: list[dict], group: str, extra: list[str]) -> str:
     langs = [h for h in _headers(table) if f"{h} ±" in _headers(table) and h != "average"]
-    multi_set = len({r["set"] for r in table}) > 1
+    multi_set = len({r[group] for r in table}) > 1
     multi_test = len({r["test set"] for r in table}) > 1
-    head = (["set"] if multi_set else []) + ["recipe"] + (["test set"] if multi_test else []) + langs + ["average", "max", "n"]
+    head = ([group] if multi_set else []) + ["recipe"] + (["test set"] if multi_test else []) + langs + \
+        ["average", *extra, "n"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table:
         cells = []
@@ -171,6 +180,34 @@ def table_text(rows: Sequence[dict], metric: str = "flexible") -> str:
                 cells.append(str(r.get(h, "–")))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def family_table(rows: Sequence[dict], metric: str = "flexible") -> list[dict]:
+    """A family's points (`spec` ``family:``) in the paper's layout: per family and test set a row per model (the
+    math expert, the language experts, each recipe), a column per language (each scored in its own expert set), and
+    the average over the family's languages once every one has the row (± sqrt(sum se^2) / k: each language's
+    models differ, so their errors are independent)."""
+    members = [r for r in evaluated(rows) if r.get("family")]
+    codes: dict[str, list[str]] = {}
+    for r in members:
+        codes.setdefault(r["family"], []).extend(x for x in r["eval"]["langs"] if x not in codes[r["family"]])
+    out: dict[tuple, dict] = {}
+    for r in members:
+        s = scores(r, metric)
+        row = out.setdefault((r["family"], r["test_set"]["name"], r["kind"], r["name"]), {
+            "family": r["family"], "recipe": r["name"], "kind": r["kind"], "test set": r["test_set"]["name"], "n": 0})
+        for lang in r["eval"]["langs"]:
+            row.update({lang: round(s["acc"][lang], 1), f"{lang} ±": round(s["se"][lang], 1),
+                        f"{lang} 95% CI": "[{:.1f}, {:.1f}]".format(*s["ci"][lang])})
+            row.setdefault("_exact", {})[lang] = (s["acc"][lang], s["se"][lang])
+        row["n"] += s["n"]
+        row.update({f"var {k}": v for k, v in r.get("vars", {}).items()})
+    for row in out.values():
+        got, langs = row.pop("_exact"), codes[row["family"]]
+        done = all(x in got for x in langs)
+        row["average"] = round(sum(got[x][0] for x in langs) / len(langs), 1) if done else None
+        row["average ±"] = round(math.sqrt(sum(got[x][1] ** 2 for x in langs)) / len(langs), 1) if done else None
+    return list(out.values())
 
 
 def write_csv(rows: Sequence[dict], path: str | os.PathLike, metric: str = "flexible") -> Path:
@@ -301,6 +338,10 @@ def write_html(rows: Sequence[dict], path: str | os.PathLike, title: str = "Swee
              "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>", f"<p>accuracy %, {metric} extraction, ± one binomial standard error</p>",
              _html_table(table)]
+    family = family_table(rows, metric)
+    if family:
+        parts += ["<h2>The family: a column per language, each scored in its own expert set</h2>",
+                  _html_table(family)]
     if stats:
         parts += ["<h2>Experts</h2>", _html_table(stats)]
     for i, (_, fig) in enumerate(sweep_figures(rows, metric)):

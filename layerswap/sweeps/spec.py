@@ -2,6 +2,8 @@
 
     name: transition zone
     experts: {math: ../demo/math, lang: ../demo/lang, base: ../demo/base}   # or expert_sets: [{name, ...}]
+    # or a family: one math expert, a language expert per MGSM code, each scored on its own language only
+    # family: {math: ../demo3/math, base: ../demo3/base, langs: {qa: ../demo3/lang_qa, qb: ../demo3/lang_qb}}
     recipes:                                                # a list of named recipes (layerswap.recipe.recipes)
       - {name: none, plan: {b: 2, u: 1, tb: 0, tu: 0}}
       - {name: soup, method: {name: soup, weight: 0.5}}
@@ -16,6 +18,9 @@
     stats: true                                             # each expert's distance from the base
     build: python scripts/build_demo_experts.py --ablation-experts   # said when experts are missing
 
+A ``family:`` becomes one expert set per language, named by its code (the math expert with that language's expert),
+each evaluated on its own language's questions only; its test sets' ``langs`` default to the family's codes, and the
+report shows the paper's table (a row per model, a column per language, `report.family_table`).
 Relative paths are read from the sweep file's folder; ``assets:`` references name shipped models and sets
 wherever the file is. Grid points that do not fit the experts'
 layer count are left out (and counted); listed recipes that do not fit are refused.
@@ -33,29 +38,17 @@ from layerswap.engines import EngineSettings
 from layerswap.core.errors import UserError
 from layerswap.evaluation.run import EvalConfig
 from layerswap.recipe.fields import PLAN_FILE_KEYS
+from layerswap.models.family import MAX_LANGS, Family, Member, check_code
 from layerswap.models.hub import looks_like_hub_id
 from layerswap.recipe.methods import METHODS
 from layerswap.models.presets import ASSETS_PREFIX, assets_dir, portable_ref
 from layerswap.recipe.recipes import Recipe, read_data_file, refuse_unknown
 
-TOP_KEYS = ("name", "experts", "expert_sets", "recipes", "grid", "test_sets", "langs", "eval", "engine",
+TOP_KEYS = ("name", "experts", "expert_sets", "family", "recipes", "grid", "test_sets", "langs", "eval", "engine",
             "include_experts", "stats", "build")
 EVAL_KEYS = ("limit", "shots", "mode", "max_new_tokens")
 ENGINE_KEYS = tuple(f.name for f in fields(EngineSettings))
-
-
-@dataclass(frozen=True)
-class ExpertSet:
-    """Two experts (and their base) merged by every recipe; `force` merges a pair that seems not to share the base."""
-
-    name: str
-    math: str
-    lang: str
-    base: str | None = None
-    force: bool = False
-
-    def refs(self) -> dict[str, str]:
-        return {r: getattr(self, r) for r in ("math", "lang", "base") if getattr(self, r)}
+FAMILY_KEYS = ("name", "math", "base", "langs", "force")
 
 
 @dataclass(frozen=True)
@@ -68,6 +61,29 @@ class TestSet:
 
     def config(self, settings: dict) -> EvalConfig:
         return EvalConfig(langs=list(self.langs), source=self.path, **settings)
+
+
+@dataclass(frozen=True)
+class ExpertSet:
+    """Two experts (and their base) merged by every recipe; `force` merges a pair that seems not to share the base."""
+
+    name: str
+    math: str
+    lang: str
+    base: str | None = None
+    force: bool = False
+    langs: tuple[str, ...] = ()  # a family member's own language: scored on it only (empty: every test set's)
+    family: str | None = None  # the family it is a member of (the sweep file's ``family:``)
+
+    def refs(self) -> dict[str, str]:
+        return {r: getattr(self, r) for r in ("math", "lang", "base") if getattr(self, r)}
+
+    def scored_on(self, tests: list[TestSet]) -> list[TestSet]:
+        """The test sets this set is evaluated on, each holding only the languages it is scored on."""
+        if not self.langs:
+            return list(tests)
+        kept = [replace(t, langs=tuple(x for x in t.langs if x in self.langs)) for t in tests]
+        return [t for t in kept if t.langs]
 
 
 @dataclass(frozen=True)
@@ -133,7 +149,13 @@ def spec_from_dict(d: Any, folder: Path | None = None, path: Path | None = None)
     folder = folder or Path.cwd()
     sets = _expert_sets(d, folder, where)
     points = _points(d, where)
-    tests = _test_sets(d, folder, where)
+    codes = tuple(x for s in sets for x in s.langs)
+    tests = _test_sets(d, folder, where, codes)
+    for c in codes:
+        if not any(c in t.langs for t in tests):
+            raise UserError(f"{where}: the family's {c} expert is scored on {c} questions, but no test set lists "
+                            f"{c}: add it to the test set's langs (or leave langs out: a family's default is its "
+                            "codes).")
     ev = _mapping(d.get("eval", {}), EVAL_KEYS, f"{where}: eval")
     eng = _mapping(d.get("engine", {}), ENGINE_KEYS, f"{where}: engine")
     for t in tests:
@@ -181,8 +203,11 @@ def set_name(math: str, lang: str) -> str:
 
 
 def _expert_sets(d: dict, folder: Path, where: str) -> list[ExpertSet]:
-    if ("experts" in d) == ("expert_sets" in d):
-        raise UserError(f"{where}: give the experts once, as experts: {{math, lang, base}} or as expert_sets: [...].")
+    if sum(k in d for k in ("experts", "expert_sets", "family")) != 1:
+        raise UserError(f"{where}: give the experts once, as experts: {{math, lang, base}}, as expert_sets: [...] "
+                        "or as family: {math, base, langs: {CODE: language expert}}.")
+    if "family" in d:
+        return _family(d["family"], folder, where)
     raw = [d["experts"]] if "experts" in d else d["expert_sets"]
     if not isinstance(raw, list) or not raw:
         raise UserError(f"{where}: expert_sets is a list of {{name, math, lang, base, force}}.")
@@ -203,6 +228,26 @@ def _expert_sets(d: dict, folder: Path, where: str) -> list[ExpertSet]:
         out.append(ExpertSet(name, math, lang, _path(s["base"], folder, f"{what} base") if s.get("base") else None,
                              bool(s.get("force", False))))
     return out
+
+
+def _family(f: Any, folder: Path, where: str) -> list[ExpertSet]:
+    """A ``family:`` as one expert set per language (named by its code, scored on that language only), checked as
+    `models.family.Family` checks the CLI's ``--lang CODE=REF`` (codes, each once, at most MAX_LANGS)."""
+    shape = "a family is {math: M, base: B, langs: {CODE: L, ...}, force, name}"
+    if not isinstance(f, dict):
+        raise UserError(f"{where}: {shape}.")
+    refuse_unknown(f, FAMILY_KEYS, f"{where}: family", shape)
+    langs = f.get("langs")
+    if not isinstance(langs, dict) or not langs or "math" not in f:
+        raise UserError(f"{where}: {shape}, with its math expert and at least one language.")
+    if len(langs) > MAX_LANGS:
+        raise UserError(f"{where}: the family has {len(langs)} language experts; at most {MAX_LANGS}.")
+    members = tuple(Member(check_code(str(c)), _path(r, folder, f"{where}: family {c}")) for c, r in langs.items())
+    family = Family(_path(f["math"], folder, f"{where}: family math"), members,
+                    _path(f["base"], folder, f"{where}: family base") if f.get("base") else None)
+    family.validate()
+    name, force = str(f.get("name") or "family"), bool(f.get("force", False))
+    return [ExpertSet(m.code, family.math, m.ref, family.base, force, (m.code,), name) for m in members]
 
 
 def _points(d: dict, where: str) -> list[SweepPoint]:
@@ -269,8 +314,8 @@ def _grid(g: Any, where: str) -> list[SweepPoint]:
     return out
 
 
-def _test_sets(d: dict, folder: Path, where: str) -> list[TestSet]:
-    langs = d.get("langs")
+def _test_sets(d: dict, folder: Path, where: str, family: tuple[str, ...] = ()) -> list[TestSet]:
+    langs = d.get("langs") or (list(family) if family else None)
     raw = d.get("test_sets")
     if not raw:
         raise UserError(f"{where}: give test_sets: [{{path: MGSM_FOLDER, langs: [sw, te]}}] (path null: "

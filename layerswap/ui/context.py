@@ -66,6 +66,7 @@ class Page:
     share: Any = None
     link: dict = field(default_factory=dict)  # the share link's event (`models.wire`): chained after what changes it
     family: Any = None  # the family's CODE=REF lines (`ui.family`)
+    family_plans: Any = None  # its per-language plans, CODE=b,u,tb,tu lines (`controls.own_plans`)
     family_lang: Any = None  # the analysis tab's language menu (`ui.family_views.menu`)
     tabs: Any = None
     push_group: Any = None

@@ -5,7 +5,8 @@ keys (`layerswap.recipe.fields.LINK_KEYS`), so each visitor's events use that vi
 the page's controls in that order. `read_plan` reads them once per event (`Context.job(plan=True)`) into
 `PlanControls`: the one `Recipe` every handler and library call of the event is given, and its `Sources` for the
 visitor's model, made once. `query_string` writes the values (with the models and tab) for a link; `restore`
-reads such a link back into control updates, each value read and bounded by its field.
+reads such a link back into control updates, each value read and bounded by its field. A family's per-language
+plans are ``CODE=b,u,tb,tu`` lines (`plan_lines`, `own_plans`): one language's variant of the page's plan.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from urllib.parse import urlencode
 import gradio as gr
 
 from layerswap.core.errors import UserError
+from layerswap.core.markup import text
+from layerswap.models.family import MAX_LANGS, MAX_SPEC_CHARS, Family, check_code, split_spec
 from layerswap.recipe.fields import FIELDS, LINK_KEYS
 from layerswap.recipe.plans import Plan, format_layers
 from layerswap.analysis.plots import layer_strip
@@ -115,11 +118,14 @@ def plan_values(plan: Plan) -> list:
     return updates
 
 
-def query_string(refs: tuple[str, str, str], values, tab: str = "build", family: list[str] = ()) -> str:
+def query_string(refs: tuple[str, str, str], values, tab: str = "build", family: list[str] = (),
+                 plans: str = "") -> str:
     """`?base=..&math=..&lang=..&b=..` for the page address: opening it restores this view (`family`: the
-    visitor's family as ``CODE=REF`` lines, `ui.family.restore` reads them back)."""
+    visitor's family as ``CODE=REF`` lines, `plans` its per-language plans, `plan_specs`; `ui.family.restore`
+    reads both back)."""
     q = dict(zip(("base", "math", "lang"), refs))
     q["family"] = "\n".join(family)
+    q["family_plans"] = plans
     q.update(zip(LINK_KEYS, values))
     q["tab"] = tab
     return "?" + urlencode({k: v for k, v in q.items() if v not in (None, "")})
@@ -141,3 +147,57 @@ def restore(params: dict) -> tuple[list, str | None]:
             out.append(gr.update(value=str(raw) if f.kind in ("floats", "layers") else value))
     tab = params.get("tab")
     return out, tab if tab in TABS else None
+
+
+# ---- a family's lines: CODE=REF (the experts, `ui.family`) and CODE=b,u,tb,tu (per-language plans) ----------------
+
+MAX_TEXT = MAX_LANGS * (MAX_SPEC_CHARS + 2)  # a family's text area (and a link's value): a full family, no more
+PLAN_KEYS = ("b", "u", "tb", "tu")
+
+
+def lines_of(value: object, cap: int, what: str = "language experts") -> list[str]:
+    """A text area's ``CODE=...`` lines (blank ones skipped), at most `cap`, bounded before anything reads them."""
+    if value is None:
+        return []
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise UserError(f"Give at most {MAX_TEXT:,} characters of {what}: one CODE=... line each.")
+    lines = [line.strip() for line in value.splitlines() if line.strip()]
+    if len(lines) > cap:
+        raise UserError(f"{len(lines)} lines of {what}; at most {cap} are allowed here: drop "
+                        f"{', '.join(text(x[:20]) for x in lines[cap:])}.")
+    return lines
+
+
+def plan_lines(value: object) -> dict[str, dict[str, int]]:
+    """Per-language plans: ``CODE=b,u,tb,tu`` lines (each code once, at most MAX_LANGS), every number read and
+    bounded by its field; code -> plan values (checked against a model where the plan is used)."""
+    out: dict[str, dict[str, int]] = {}
+    for line in lines_of(value, MAX_LANGS, "per-language plans"):
+        code_, rest = split_spec(line)
+        parts = rest.replace(",", " ").split()
+        if code_ is None or len(parts) != len(PLAN_KEYS):
+            raise UserError(f"Per-language plan {text(line[:40])}: write CODE=b,u,tb,tu, four whole numbers "
+                            f"(e.g. sw=2,1,1,1).")
+        check_code(code_)
+        if code_ in out:
+            raise UserError(f"Two per-language plans for {code_}; keep one line.")
+        out[code_] = {k: _BY_KEY[k].read(x) for k, x in zip(PLAN_KEYS, parts)}
+    return out
+
+
+def own_plans(fam: Family, value: object) -> dict[str, dict[str, int]]:
+    """`plan_lines` for family `fam`: each code one of its members'."""
+    out = plan_lines(value)
+    for code_ in out:
+        if code_ not in fam.codes:
+            raise UserError(f"Per-language plan for {code_}: write CODE=b,u,tb,tu with CODE one of the family's "
+                            f"({', '.join(fam.codes)}).")
+    return out
+
+
+def plan_specs(value: object) -> str:
+    """The per-language plans a share link carries: the lines normalised, or nothing when they are refused."""
+    try:
+        return "\n".join(f"{c}={','.join(str(p[k]) for k in PLAN_KEYS)}" for c, p in plan_lines(value).items())
+    except UserError:
+        return ""

@@ -29,13 +29,12 @@ import gradio as gr
 
 from layerswap.core.errors import UserError
 from layerswap.core.markup import code, text
-from layerswap.models.family import MAX_LANGS, MAX_SPEC_CHARS, Family, FamilyCheck, split_spec
+from layerswap.models.family import MAX_LANGS, Family, FamilyCheck
 from layerswap.recipe.methods import FAMILY_METHODS, method_list
 from layerswap.ui.context import Context, Page
-from layerswap.ui.controls import PlanControls
+from layerswap.ui.controls import MAX_TEXT, PlanControls, lines_of, own_plans, plan_specs
 from layerswap.ui.events import Job
 
-MAX_TEXT = MAX_LANGS * (MAX_SPEC_CHARS + 2)  # the text area (and a link's value): a full family, no more
 METHODS = [("swap (the page's plan)", "swap"), ("soup", "soup"), ("task arithmetic", "ta"), ("TIES", "ties")]
 
 
@@ -47,19 +46,6 @@ class Loaded:
     source: str | None
     check: FamilyCheck
     force: bool = False  # loaded with Force: its members load again the same way
-
-
-def lines_of(value: object, cap: int, what: str = "language experts") -> list[str]:
-    """A text area's ``CODE=...`` lines (blank ones skipped), at most `cap`, bounded before anything reads them."""
-    if value is None:
-        return []
-    if not isinstance(value, str) or len(value) > MAX_TEXT:
-        raise UserError(f"Give at most {MAX_TEXT:,} characters of {what}: one CODE=... line each.")
-    lines = [line.strip() for line in value.splitlines() if line.strip()]
-    if len(lines) > cap:
-        raise UserError(f"{len(lines)} lines of {what}; at most {cap} are allowed here: drop "
-                        f"{', '.join(text(x[:20]) for x in lines[cap:])}.")
-    return lines
 
 
 def parse(ctx: Context, math: str, base: str, value: object) -> Family | None:
@@ -109,39 +95,21 @@ def specs(v) -> list[str]:
     return [m.spec for m in v.family.family.members] if getattr(v, "family", None) is not None else []
 
 
-def restore(ctx: Context, params: dict):
-    """The text area from a link's ``family`` value: read back bounded (size, lines, codes, references); a value
-    refused is ignored (the visitor loads the family with Load family)."""
+def restore(ctx: Context, params: dict) -> list:
+    """The text areas from a link's ``family`` and ``family_plans`` values, each read back bounded (size, lines,
+    codes, references; the plans' numbers by their fields); a value refused is ignored (the visitor loads the
+    family with Load family)."""
+    plans = plan_specs(params.get("family_plans"))
+    out = [gr.update(), gr.update(value=plans) if plans else gr.update()]
     try:
         cap = ctx.policy.family_cap
         lines = lines_of(params.get("family"), cap)
         if lines:
             for m in Family.parse("(the link's math expert)", lines, cap=cap).members:
                 ctx.policy.check_ref(m.ref, f"{m.code} expert")
-            return gr.update(value="\n".join(lines))
+            out[0] = gr.update(value="\n".join(lines))
     except UserError:
         pass
-    return gr.update()
-
-
-PLAN_KEYS = ("b", "u", "tb", "tu")
-
-
-def own_plans(fam: Family, value: object) -> dict[str, dict[str, str]]:
-    """Per-language plans: ``CODE=b,u,tb,tu`` lines (each code a member's, once), bounded; code -> plan values."""
-    out: dict[str, dict[str, str]] = {}
-    for line in lines_of(value, len(fam.codes), "per-language plans"):
-        code_, rest = split_spec(line)
-        if code_ not in fam.codes:
-            raise UserError(f"Per-language plan {text(line[:40])}: write CODE=b,u,tb,tu with CODE one of the "
-                            f"family's ({', '.join(fam.codes)}).")
-        if code_ in out:
-            raise UserError(f"Two per-language plans for {code_}; keep one line.")
-        parts = rest.replace(",", " ").split()
-        if len(parts) != len(PLAN_KEYS):
-            raise UserError(f"Per-language plan {text(line[:40])}: give four numbers, b,u,tb,tu "
-                            f"(e.g. {code_}=2,1,1,1).")
-        out[code_] = dict(zip(PLAN_KEYS, parts))
     return out
 
 
@@ -253,6 +221,9 @@ def render_models(ctx: Context, page: Page) -> dict:
                                  label=f"Language family (optional): one CODE=REF line per language expert, up to "
                                        f"{ctx.policy.family_cap} (MGSM code = {src}), e.g. sw=org/swahili-expert")
         load_btn = gr.Button("Load family", variant="primary", elem_id="family-load", scale=1)
+        page.family_plans = gr.Textbox("", lines=1, max_lines=MAX_LANGS, max_length=MAX_TEXT, scale=2,
+                                       elem_id="family-plans", label="Per-language swap plans (optional): "
+                                       "CODE=b,u,tb,tu lines; the others take the page's plan")
     report = gr.Markdown("", elem_id="family-report")
     return dict(load=load_btn, report=report)
 
@@ -264,9 +235,6 @@ def render_eval(ctx: Context, page: Page, limit, shots, mode, max_new) -> dict:
     with gr.Row():
         methods = gr.CheckboxGroup(METHODS, value=FAMILY_METHODS.split(","), label="Merges per language",
                                    elem_id="family-methods", scale=3)
-        plans = gr.Textbox("", lines=1, max_lines=MAX_LANGS, max_length=MAX_TEXT, elem_id="family-plans", scale=2,
-                           label="Per-language swap plans (optional): CODE=b,u,tb,tu lines; the others take the "
-                                 "page's plan")
         run_btn = gr.Button("Build and evaluate the family", variant="primary", elem_id="family-run", scale=1)
         stop_btn = gr.Button("Stop", variant="stop", elem_id="family-stop", scale=1)
     status = gr.Markdown("Load a family, then evaluate it: the table fills in as each model finishes.",
@@ -276,9 +244,10 @@ def render_eval(ctx: Context, page: Page, limit, shots, mode, max_new) -> dict:
     saved = gr.File(label="The table (JSON: per language and model n, accuracy, interval, p; as layerswap eval --json)",
                     visible=False, elem_id="family-file")
     run_btn.click(ctx.job(evaluate_family, plan=True, models=True),
-                  [methods, plans, limit, shots, mode, max_new, *page.plan, page.models], [status, table, bars, saved],
+                  [methods, page.family_plans, limit, shots, mode, max_new, *page.plan, page.models],
+                  [status, table, bars, saved],
                   api_name="evaluate_family", **ctx.lane, show_progress_on=[status])
-    return dict(stop=stop_btn, status=status, plans=plans)
+    return dict(stop=stop_btn, status=status)
 
 
 def wire(ctx: Context, page: Page, parts: dict):

@@ -5,11 +5,12 @@
   heatmaps, depth profile, tables, plan overlay and the weight-diff prior) that language's pair: the family's math
   expert and that language expert against the family's base (`pair_view`). The analyses of all the languages come
   from one `analysis.analyze_family` run (base and math read once, every pair cached on disk as `analyze` caches
-  it) and are kept on the visitor for its family; the plan overlay is the page's plan.
+  it) and are kept on the visitor for its family; the plan overlay is that language's own plan when the
+  per-language plans give it one, else the page's (`overlay`).
 - **Export per family**: the Evaluate tab's family section writes one folder per language
   (`merge.family_export.export_family`: weights, card, mergekit YAML) into the visitor's own folder, never a server
   path, within the disk budgets (`files.Budget`), each language with the page's plan or its own per-language plan
-  (`family.own_plans`), then offers the whole family as one zip when it is within the download cap.
+  (`controls.own_plans`), then offers the whole family as one zip when it is within the download cap.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import gradio as gr
 from layerswap.core.errors import UserError
 from layerswap.core.markup import code, text
 from layerswap.ui.context import Context, Page
-from layerswap.ui.controls import PlanControls
+from layerswap.recipe.recipes import Recipe
+from layerswap.ui.controls import PlanControls, own_plans
 from layerswap.ui.events import Job
-from layerswap.ui.family import Loaded, own_plans
+from layerswap.ui.family import Loaded
 from layerswap.ui.files import Budget
 from layerswap.ui.visitors import FAMILY_FILES
 
@@ -129,6 +131,14 @@ def pair_view(v, wb, k: float | None, progress=None) -> Iterator[tuple[object, C
         yield an, merged, f"**Language {c}:** the family's math expert and {code(m.ref)}.\n\n"
 
 
+def overlay(v, plans, controls: PlanControls) -> Recipe:
+    """The recipe the analysis tab draws on the heatmaps: the chosen language's own plan when the per-language plans
+    give it one (`controls.own_plans`), else the page's."""
+    c = chosen(v)
+    own = own_plans(v.family.family, plans) if c is not None else {}
+    return controls.variant(**own[c]) if c in own else controls.recipe
+
+
 def export_family(ctx: Context, job: Job, plans, controls: PlanControls):
     """One folder per language of the visitor's family in its own folder (replaced by each export), zipped."""
     from layerswap.merge.family_export import export_family as write
@@ -167,12 +177,12 @@ def export_family(ctx: Context, job: Job, plans, controls: PlanControls):
     return msg, gr.update(value=path, visible=True)
 
 
-def render_export(ctx: Context, page: Page, plans) -> None:
-    """The family's Export button, its status and download (under the family's table; `plans`: the per-language
-    plans box)."""
+def render_export(ctx: Context, page: Page) -> None:
+    """The family's Export button, its status and download (under the family's table)."""
     with gr.Row():
         btn = gr.Button("Export the family (one folder per language)", elem_id="family-export", scale=1)
         download = gr.DownloadButton("Download the family (zip)", visible=False, elem_id="family-download", scale=1)
     status = gr.Markdown(elem_id="family-export-status")
-    btn.click(ctx.job(export_family, plan=True, models=True), [plans, *page.plan, page.models], [status, download],
+    btn.click(ctx.job(export_family, plan=True, models=True), [page.family_plans, *page.plan, page.models],
+              [status, download],
               api_name="export_family", **ctx.lane, **page.on)

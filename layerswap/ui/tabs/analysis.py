@@ -10,6 +10,8 @@ import gradio as gr
 
 from layerswap.analysis import PANELS, format_row, write_csv
 from layerswap.core.errors import UserError
+from layerswap.core.markup import text
+from layerswap.recipe.sources import Sources
 from layerswap.analysis.plots import analysis_heatmaps, layer_profile
 from layerswap.ui.context import Context, Page
 from layerswap.ui.controls import PlanControls
@@ -35,19 +37,21 @@ def _table(rows: list[dict]) -> dict:
     return {"headers": headers, "data": [[r.get(h, "") for h in headers] for r in rows]}
 
 
-def view(ctx: Context, job: Job, panels, metric, overlap_metric, k, norm, controls: PlanControls):
+def view(ctx: Context, job: Job, panels, metric, overlap_metric, k, norm, plans, controls: PlanControls):
     """Everything in the tab for the controls and the visitor's plan (no overlay for methods without one), for the
-    pair above or the family's language chosen in the menu (`family_views.pair_view`)."""
+    pair above or the family's language chosen in the menu (`family_views.pair_view`), whose own plan (`plans`, the
+    per-language plans) is drawn when it has one."""
     wb = ctx.workbench(job)
     if "base" not in wb.checkpoints and family_views.chosen(job.visitor) is None:
         return [gr.update(visible=False), NO_BASE] + [gr.update(visible=False)] * 4
-    plan = controls.recipe.plan  # None for methods without a layer map: no overlay
+    recipe = family_views.overlay(job.visitor, plans, controls)
+    plan = recipe.plan  # None for methods without a layer map: no overlay
     k = float(k) if k not in (None, "") else 1.0
     with ctx.shared.lock, family_views.pair_view(job.visitor, wb, k, job.part(0, 0.9)) as (an, merged_of, who):
-        note = who
+        note = who if recipe is controls.recipe else f"{who}**Its own plan:** {text(recipe.title())}.\n\n"
         if plan is not None:
-            try:
-                controls.sources(an.num_layers)  # the plan against the model
+            try:  # the plan against the model
+                controls.sources(an.num_layers) if recipe is controls.recipe else Sources(recipe, an.num_layers)
             except UserError as e:
                 plan, note = None, f"{who}**No plan overlay:** {e}\n\n"
         merged = merged_of(plan) if plan is not None else None
@@ -64,10 +68,11 @@ def view(ctx: Context, job: Job, panels, metric, overlap_metric, k, norm, contro
     return [shown[0], note + an.report(k, merged), *shown[1:], gr.update(value=str(csv_path), visible=True)]
 
 
-def pick_language(ctx: Context, job: Job, lang, panels, metric, overlap_metric, k, norm, controls: PlanControls):
+def pick_language(ctx: Context, job: Job, lang, panels, metric, overlap_metric, k, norm, plans,
+                  controls: PlanControls):
     """The menu's pair (the pair above, or one language of the visitor's family), kept for the tab's next views."""
     family_views.choose(job.visitor, lang)
-    return view(ctx, job, panels, metric, overlap_metric, k, norm, controls)
+    return view(ctx, job, panels, metric, overlap_metric, k, norm, plans, controls)
 
 
 def suggest(ctx: Context, job: Job, metric, k):
@@ -125,7 +130,7 @@ def render(ctx: Context, page: Page) -> None:
     controls = [panels, metric, overlap_metric, k, norm]
     outputs = [heat, summary_md, profile, nonlayer_df, top_df, top_csv]
     handler = ctx.job(view, plan=True, models=True)
-    inputs = [*controls, *page.plan, page.models]
+    inputs = [*controls, page.family_plans, *page.plan, page.models]
     # redrawn when its controls change and whenever the tab is opened (the plan may have changed)
     gr.on([c.change for c in controls] + [tab.select], handler, inputs, outputs,
           api_name="heatmap", trigger_mode="always_last", **ctx.lane, **page.on)

@@ -161,7 +161,7 @@ def render(ctx: Context, page: Page) -> None:
             b_pos = gr.Slider(0, 249, 0, step=1, label="Question", elem_id="eval-browse-pos")
         detail = gr.Markdown("Run an evaluation to browse its questions.", elem_id="eval-detail")
         fam = family.render_eval(ctx, page, limit, shots, mode, max_new)
-        family_views.render_export(ctx, page, fam["plans"])
+        family_views.render_export(ctx, page)
     page.on_models([langs, limit], lambda c, refs: [gr.update(**m) for m in menus(c, refs)])
     quick = dict(clear_stop=False)
     run_btn.click(ctx.job(evaluate, plan=True, models=True),

@@ -24,7 +24,7 @@ from layerswap.core.markup import text
 from layerswap.shipped.organisms import opening_plan, preset_of
 from layerswap.ui import family, family_views
 from layerswap.ui.context import Context, Page
-from layerswap.ui.controls import TABS, PlanControls, plan_values, query_string, restore
+from layerswap.ui.controls import TABS, PlanControls, plan_specs, plan_values, query_string, restore
 from layerswap.ui.events import Job, page_models
 
 
@@ -114,10 +114,10 @@ def open_page(ctx: Context, job: Job):
     status = ctx.shared.status if not ctx.shared.ready.is_set() else "Models ready."
     moved = [gr.Tabs(selected=tab), tab] if tab else [gr.update(), gr.update()]
     return [status, *[gr.update(value=r) for r in v.refs], *updates, *moved, page_models(v.refs),
-            family.restore(ctx, params)]
+            *family.restore(ctx, params)]
 
 
-def glance(ctx: Context, page: Page, job: Job, tab: str, controls: PlanControls, with_views: bool) -> list:
+def glance(ctx: Context, page: Page, job: Job, tab: str, plans, controls: PlanControls, with_views: bool) -> list:
     """What can be shown at once for the visitor's models, never waiting for them: the report and strip if they
     are loaded (else what the loading is doing), the share link, and (`with_views`, for models other than the
     page was laid out for) what belongs to the models (`views`)."""
@@ -135,7 +135,7 @@ def glance(ctx: Context, page: Page, job: Job, tab: str, controls: PlanControls,
             strip, md = None, f"**Invalid plan:** {e}"
         shown = [ctx.models_md(wb), strip, md, *[gr.update(maximum=wb.num_layers)] * 4]
     rest = views(ctx, page, v.refs) if with_views and v.refs != ctx.key else [gr.update()] * len(page.view_outputs)
-    return [*shown, share_link(ctx, job, tab, controls), *rest]
+    return [*shown, share_link(ctx, job, tab, plans, controls), *rest]
 
 
 def views(ctx: Context, page: Page, refs: tuple[str, str, str]) -> list:
@@ -152,10 +152,11 @@ def first_view(ctx: Context, job: Job, controls: PlanControls):
     return [ctx.models_md(wb), *ctx.strip_and_md(wb, controls, built=built), *sliders]
 
 
-def share_link(ctx: Context, job: Job, tab: str, controls: PlanControls) -> str:
-    """The share link of the current values: the visitor's models and family, every plan control, the open tab."""
+def share_link(ctx: Context, job: Job, tab: str, plans, controls: PlanControls) -> str:
+    """The share link of the current values: the visitor's models and family (with its per-language plans), every
+    plan control, the open tab."""
     return query_string(job.visitor.refs, controls.values, tab if tab in TABS else "build",
-                        family.specs(job.visitor))
+                        family.specs(job.visitor), plan_specs(plans))
 
 
 def unloading(request: gr.Request, session: str) -> bool:
@@ -206,14 +207,15 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
     page.view_outputs = [o for outs, _ in page.views for o in outs]
     shown = [page.report, page.strip, page.plan_md, *page.sliders]
     at_once = [*shown, page.share, *page.view_outputs]
+    linked = [page.tab, page.family_plans, *page.plan]  # what the share link carries besides the models
 
-    def opened_view(ctx: Context, job: Job, tab: str, controls: PlanControls):
+    def opened_view(ctx: Context, job: Job, tab: str, plans, controls: PlanControls):
         """The page's first view, at once (off the queue, nothing waited for)."""
-        return glance(ctx, page, job, tab, controls, with_views=True)
+        return glance(ctx, page, job, tab, plans, controls, with_views=True)
 
-    def loaded_view(ctx: Context, job: Job, tab: str, controls: PlanControls):
+    def loaded_view(ctx: Context, job: Job, tab: str, plans, controls: PlanControls):
         """After a Load: the same (the Load itself set what belongs to the new models)."""
-        return glance(ctx, page, job, tab, controls, with_views=False)
+        return glance(ctx, page, job, tab, plans, controls, with_views=False)
 
     def with_views(fn):
         """`fn` (a Load), also setting what belongs to the new models in the same event: an API caller's next Ask
@@ -227,11 +229,11 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
     def after_load(dep) -> None:
         dep = dep.success(ctx.job(held, **quick), None, [page.models], **off)
         dep = dep.success(ctx.job(opening, **quick), None, page.plan, **off)
-        page.redraw(dep.success(ctx.job(loaded_view, **quick, plan=True), [page.tab, *page.plan], at_once, **off))
+        page.redraw(dep.success(ctx.job(loaded_view, **quick, plan=True), linked, at_once, **off))
 
-    opened = demo.load(ctx.job(open_page, **quick), None,
-                       [page.status, *page.refs, *page.plan, page.tabs, page.tab, page.models, page.family], **off)
-    opened = opened.then(ctx.job(opened_view, **quick, plan=True), [page.tab, *page.plan], at_once, **off)
+    opened = demo.load(ctx.job(open_page, **quick), None, [page.status, *page.refs, *page.plan, page.tabs, page.tab,
+                                                           page.models, page.family, page.family_plans], **off)
+    opened = opened.then(ctx.job(opened_view, **quick, plan=True), linked, at_once, **off)
     page.redraw(opened.then(ctx.job(first_view, plan=True, models=True), [*page.plan, page.models], shown,
                             api_visibility="private", **ctx.views, **page.on)).then(
         lambda: "Models ready.", None, [page.status], **off)
@@ -256,9 +258,9 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
     c["ticks"].tick(ctx.job(engine_line, **quick), None, [c["engine_now"]], api_visibility="private", queue=False,
                     show_progress="hidden")
     # the share link follows every change of the plan and of the open tab
-    page.link = link = dict(fn=ctx.job(share_link, **quick, plan=True), inputs=[page.tab, *page.plan],
-                            outputs=page.share, show_progress="hidden", **off)
-    gr.on([x.change for x in page.plan], trigger_mode="always_last", **link)
+    page.link = link = dict(fn=ctx.job(share_link, **quick, plan=True), inputs=linked, outputs=page.share,
+                            show_progress="hidden", **off)
+    gr.on([x.change for x in (*page.plan, page.family_plans)], trigger_mode="always_last", **link)
     for tab_id, item in page.tab_items.items():
         item.select(lambda t=tab_id: t, None, page.tab, **off).then(**link)
     loaded = family.wire(ctx, page, {**c["family"], "force": c["force"], "preset": c["preset"]})

@@ -74,11 +74,13 @@ def show_sweep(ctx: Context, job: Job, name, custom, results, limit):
 def _view(rows, title: str, out: Path, cancelled, ran: int):
     import pandas as pd
 
-    from layerswap.sweeps.report import results_table, sweep_figures, write_csv, write_html
+    from layerswap.sweeps.report import family_table, results_table, sweep_figures, write_csv, write_html
 
-    table = results_table(rows)
+    # a family's points as the paper's table (a column per language), then any others (e.g. points not run)
+    points = results_table(rows)
+    table = family_table(rows) + [r for r in points if not r.get("family")]
     state = "stopped (Run again resumes)" if cancelled else "finished" if cancelled is not None else "so far"
-    status = f"**{title}:** {len(table)} points in the results file, {ran} computed now, {state}."
+    status = f"**{title}:** {len(points)} points in the results file, {ran} computed now, {state}."
     if not table:
         return [status + " Press Run.", gr.update(visible=False)] + [gr.update(visible=False)] * 4
     figs = [f for _, f in sweep_figures(rows)][:3]

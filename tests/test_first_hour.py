@@ -306,8 +306,11 @@ def test_a_fresh_start_walks_every_preset_and_tab(browser, tmp_path):  # noqa: F
                 continue
             org = p.math.removeprefix("assets:").split("/")[0]
             pair = A / p.math.removeprefix("assets:").rsplit("/", 1)[0]
-            if not (pair / "results.json").is_file():  # a family not measured as a pair (demo3): its own set
+            if not (pair / "results.json").is_file():  # a family not measured as a pair (demo3): its own set,
                 expect(page.locator("#test-set")).to_contain_text(f"assets:{org}/mgsm", timeout=120_000)
+                table = json.loads((A / org / "family_table.json").read_text())  # and its table's swap plan
+                lang = p.lang.removeprefix(f"assets:{org}/lang_")
+                expect_plan(page, table["recipes"][lang]["swap"]["plan"])
                 no_error_toast(page)
                 continue
             res = json.loads((pair / "results.json").read_text())

@@ -7,7 +7,10 @@ CPU build), checked end to end.
    with real weights, head size 64), serving forced to it: `Workbench.load` with vLLM starts exactly the plan's
    arrangement (the engine line says so); every model's greedy answer is compared with transformers on the same
    folder (tokens equal up to the first bf16 tie); a merge is built into the running engine (a refresh), exported
-   and answered again against transformers on the exported folder; a question's swaps are timed. On a GPU the plan
+   and answered again against transformers on the exported folder; a question's swaps are timed; then a family's
+   language switch (`Workbench.switch_lang`: a second language expert into the running engines, reloaded in its own
+   engine or swapped into a shared one), after which it, the untouched math expert and a merge with it answer as
+   transformers does on their folders. On a GPU the plan
    puts models that take turns in sleep mode where host RAM allows it, and the row says so. Every pass runs on
    vLLM's CPU build too (`passes_for`; CI runs ``--vllm --device cpu``): the same code, wrapped engines
    (`SwappedEngine`, `TurnEngine`) unwrapped the same way. Each pass is isolated: a failure is a row with its
@@ -65,9 +68,9 @@ def check_vllm(work: Path, device: str, shape_spec: dict, rep, new_tokens: int =
     if not ok:
         rep.add("vLLM", "NOT INSTALLED", f"{why}; the engine checks need it", ok=False)
         return
-    from bench_common import build_trio
+    from bench_common import build_extra_langs, build_trio
 
-    trio = build_trio(work, spec=shape_spec, log=lambda *_: None)
+    trio = build_extra_langs(work, 1, spec=shape_spec, log=lambda *_: None)  # and lang2: a family's switch
     for p in passes_for(device):
         isolated(rep, f"pass {p.serving} ({shape_spec['name']})", device, _serve, trio, shape_spec["name"], work, rep,
                  new_tokens, p)
@@ -137,8 +140,35 @@ def _serve(trio: dict[str, Path], shape: str, work: Path, rep, new_tokens: int, 
         rep.add(f"one question's engine switches ({shape}, {plan.arrangement})", f"{time.perf_counter() - t:.1f} s",
                 "a token from each model in turn (" + ("swaps in sleep mode" if plan.sleep else "weight swaps")
                 + " included)" if plan.arrangement != "three_vllm" else "a token from each model in turn (no swap)")
+        if "lang2" in trio:
+            _switch(wb, trio, shape, work, rep, new_tokens, p)
     finally:
         wb.close()
+
+
+def _switch(wb, trio: dict[str, Path], shape: str, work: Path, rep, new_tokens: int, p: Pass) -> None:
+    """A family's language switch (`Workbench.switch_lang`, `serving.switching`): the second language expert into
+    the running engines; it, the math expert (untouched) and a merge with it answer as transformers does."""
+    from layerswap import Plan
+
+    before = _vllm_ids(wb.engines["lang"], new_tokens)
+    t = time.perf_counter()
+    wb.switch_lang(str(trio["lang2"]), force=True)
+    took = time.perf_counter() - t
+    changed = _vllm_ids(wb.engines["lang"], new_tokens) != before  # the two experts' greedy answers differ
+    rep.add(f"a family's language switch ({shape}, {wb.engine_plan.arrangement})", f"{took:.1f} s",
+            "the second language expert loaded in place of the first (own engine: reloaded; shared engine: swapped "
+            "in); its answers " + ("changed with it" if changed else "DID NOT CHANGE"), ok=changed)
+    _compare(wb.engines["lang"], trio["lang2"], _tdev(wb), f"{shape} {p.serving}: language expert 2 after the "
+             "switch", rep, new_tokens)
+    _compare(wb.engines["math"], trio["math"], _tdev(wb), f"{shape} {p.serving}: math expert after the switch",
+             rep, new_tokens)
+    wb.build(Plan(b=1, u=1, tb=1, tu=1))
+    out = work / f"merged-{shape}-{p.serving}-lang2"
+    wb.export(out, overwrite=True)
+    _compare(wb.engines["merged"], out, _tdev(wb), f"{shape} {p.serving}: a merge with language expert 2", rep,
+             new_tokens)
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def _tdev(wb) -> str:

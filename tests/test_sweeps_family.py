@@ -54,8 +54,19 @@ def test_a_family_becomes_one_set_per_language_and_bad_families_are_refused(tmp_
 
 
 def test_a_family_sweep_is_the_papers_table_and_agrees_with_eval_over_the_family(tmp_path):
+    from layerswap.sweeps.run import workbench_for
+
+    calls: list[str] = []
+
+    def counted(spec):  # the sweep's own workbench, its loads and language switches counted
+        wb = workbench_for(spec)
+        for name in ("load", "switch_lang"):
+            setattr(wb, name, lambda *a, _f=getattr(wb, name), _n=name, **k: (calls.append(_n), _f(*a, **k))[1])
+        return wb
+
     out = tmp_path / "r.jsonl"
-    run = run_sweep(_file(tmp_path), out)
+    run = run_sweep(_file(tmp_path), out, workbench=counted)
+    assert calls == ["load", "switch_lang"]  # the math expert loaded once; qb's expert switched in
     rows = run.rows
     assert len(rows) == 2 * (2 + 3) and run.ran == len(rows)  # per language: 2 experts, soup, 2 swaps
     for r in rows:  # each set scored on its own language only

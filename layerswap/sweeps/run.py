@@ -4,7 +4,8 @@ point kept on disk.
     run = run_sweep("assets/sweeps/1-counts.yaml", "results.jsonl", progress=print)
     rows = load_results("results.jsonl")          # also while a sweep runs, or after it was killed
 
-`run_sweep` takes a sweep file or `SweepSpec` (`spec`): for each expert set it loads the experts once,
+`run_sweep` takes a sweep file or `SweepSpec` (`spec`): for each expert set it loads the experts once (a family's
+next member only switches its language expert in, `Workbench.switch_lang`: the math expert stays loaded),
 evaluates them as reference rows, then merges each recipe in memory (or refreshes the serving vLLM
 engine) and evaluates it on each test set. Each finished point is one record (`records`) appended to the
 results file and fsynced (`log`), with its full recipe, the experts' fingerprints and the evaluation
@@ -141,23 +142,32 @@ def run_sweep(spec: SweepSpec | str | Path, out: str | Path | None, progress: Pr
 
             tell(0.0, f"{done} already in the results file" if done else "starting")
 
-            for s, cks, units in plan:
-                todo = [u for u in units if u.key not in log]
-                if not todo or cancelled or refusal[s.name] in log:
-                    continue
-                reason = refusal_reason(s, cks)
-                if reason:  # different shapes, or a different base without force
-                    log.append(refused_record(spec, s, cks, refusal[s.name], reason))
-                    done += len(todo)
-                    continue
-                wb = make(spec)
-                try:
-                    tell(0.0, f"{s.name}: loading the experts")
-                    wb.load(s.math, s.lang, s.base, force=s.force,
-                            progress=lambda f, d, n=s.name: tell(0.0, f"{n}: loading the experts: {d}"))
+            wb, held = None, None  # a family's next member switches its language expert in: math loaded once
+            try:
+                for s, cks, units in plan:
+                    todo = [u for u in units if u.key not in log]
+                    if not todo or cancelled or refusal[s.name] in log:
+                        continue
+                    reason = refusal_reason(s, cks)
+                    if reason:  # different shapes, or a different base without force
+                        log.append(refused_record(spec, s, cks, refusal[s.name], reason))
+                        done += len(todo)
+                        continue
+                    say = lambda f, d, n=s.name: tell(0.0, f"{n}: loading the experts: {d}")  # noqa: E731
+                    if wb is not None and held == (s.family, s.math, s.base, s.force):
+                        tell(0.0, f"{s.name}: switching to its language expert")
+                        wb.switch_lang(s.lang, force=s.force, progress=say)
+                    else:
+                        if wb is not None:
+                            wb.close()
+                        wb = make(spec)
+                        tell(0.0, f"{s.name}: loading the experts")
+                        wb.load(s.math, s.lang, s.base, force=s.force, progress=say)
+                    held = (s.family, s.math, s.base, s.force) if s.family else None
                     execute(wb, spec, s, todo, keep, cancel, tell)
                     cancelled = cancel is not None and cancel.is_set()
-                finally:
+            finally:
+                if wb is not None:
                     wb.close()
             rows = ordered(plan, refusal, log.rows)
             p(1.0, "cancelled" if cancelled else "done")

@@ -124,3 +124,19 @@ def test_app_reuses_what_test_installed(dev, tmp_path, monkeypatch):
     ran.clear()
     dev.ensure_env(dev.install_plan("test"))
     assert ran
+
+
+def test_the_suite_runs_in_two_processes_unless_told_otherwise(dev, monkeypatch):
+    """`dev.py test` adds pytest-xdist's two processes, a whole file each, unless the caller's flags or
+    LAYERSWAP_TEST_WORKERS choose, or the machine has one core."""
+    monkeypatch.delenv("LAYERSWAP_TEST_WORKERS", raising=False)
+    monkeypatch.setattr(dev.os, "cpu_count", lambda: 2)
+    assert dev.workers(["-ra"]) == ["-n", "2", "--dist", "loadfile"]
+    for flags in (["-n", "4"], ["-n0"], ["--numprocesses=3"], ["-p", "no:xdist"], ["--dist", "load"]):
+        assert dev.workers(flags) == [], flags
+    monkeypatch.setenv("LAYERSWAP_TEST_WORKERS", "1")
+    assert dev.workers(["-ra"]) == []
+    monkeypatch.setenv("LAYERSWAP_TEST_WORKERS", "3")
+    assert dev.workers([]) == ["-n", "3", "--dist", "loadfile"]
+    monkeypatch.setattr(dev.os, "cpu_count", lambda: 1)
+    assert dev.workers([]) == []

@@ -180,3 +180,25 @@ def test_a_family_preset_fills_the_lines():
                                    "pair": SimpleNamespace(langs=())})
     assert family.preset_lines(ctx, None, "fam")["value"] == "qa=assets:demo3/lang_qa\nqb=assets:demo3/lang_qb"
     assert "value" not in family.preset_lines(ctx, None, "pair") and "value" not in family.preset_lines(ctx, None, 3)
+
+
+def test_the_heatmaps_draw_a_languages_own_plan_only_for_a_layer_swap():
+    """`family_views.overlay`: the chosen language's own line replaces the page's b,u,tb,tu (the rest kept); the pair
+    above, a language without a line, and a page plan that is not a layer swap keep the page's recipe."""
+    from layerswap.models.family import Family
+    from layerswap.recipe.fields import LINK_KEYS
+    from layerswap.ui import family_views
+    from layerswap.ui.controls import read_plan
+    from layerswap.ui.family import Loaded
+
+    def controls(**by_key):
+        return read_plan(tuple(by_key.get(k) for k in LINK_KEYS))
+
+    swap, soup = controls(b=2, u=0, tb=0, tu=0, transition="ramp"), controls(method="soup")
+    v = SimpleNamespace(family=Loaded(Family.parse("m", ["xx=a", "en=b"], "base"), None, None), family_lang="en")
+    got = family_views.overlay(v, "en=1,1,0,0", swap)
+    assert (got.plan.b, got.plan.u, got.plan.tb, got.plan.tu, got.plan.transition) == (1, 1, 0, 0, "ramp")
+    assert family_views.overlay(v, "xx=3,1,0,0", swap) is swap.recipe  # no line for en
+    assert family_views.overlay(v, "en=1,1,0,0", soup) is soup.recipe and soup.recipe.plan is None
+    v.family_lang = None  # the pair above
+    assert family_views.overlay(v, "en=1,1,0,0", swap) is swap.recipe

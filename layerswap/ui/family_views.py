@@ -133,10 +133,11 @@ def pair_view(v, wb, k: float | None, progress=None) -> Iterator[tuple[object, C
 
 def overlay(v, plans, controls: PlanControls) -> Recipe:
     """The recipe the analysis tab draws on the heatmaps: the chosen language's own plan when the per-language plans
-    give it one (`controls.own_plans`), else the page's."""
+    give it one (`controls.own_plans`; a layer swap's, as the family's table takes them), else the page's."""
     c = chosen(v)
     own = own_plans(v.family.family, plans) if c is not None else {}
-    return controls.variant(**own[c]) if c in own else controls.recipe
+    swap = controls.recipe.method.name == "layer_swap"
+    return controls.variant(**own[c]) if c in own and swap else controls.recipe
 
 
 def export_family(ctx: Context, job: Job, plans, controls: PlanControls):

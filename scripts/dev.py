@@ -217,7 +217,10 @@ def workers(rest: list[str]) -> list[str]:
     none when the flags already choose (``-n``, ``-p no:xdist``) or the machine has one core. The suite spends
     much of its time waiting (apps starting, a browser, engines), so two processes on 2 cores took 597 s
     against 827 s for one (2026-11-29)."""
-    n = int(os.environ.get("LAYERSWAP_TEST_WORKERS", "2"))
+    raw = os.environ.get("LAYERSWAP_TEST_WORKERS", "2")
+    if not raw.isdigit():
+        raise SystemExit(f"LAYERSWAP_TEST_WORKERS must be a whole number of pytest processes (got {raw!r}).")
+    n = int(raw)
     chosen = any(a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) or "xdist" in a for a in rest)
     return [] if chosen or n < 2 or (os.cpu_count() or 1) < 2 else ["-n", str(n), "--dist", "loadfile"]
 

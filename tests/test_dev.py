@@ -140,3 +140,6 @@ def test_the_suite_runs_in_two_processes_unless_told_otherwise(dev, monkeypatch)
     assert dev.workers([]) == ["-n", "3", "--dist", "loadfile"]
     monkeypatch.setattr(dev.os, "cpu_count", lambda: 1)
     assert dev.workers([]) == []
+    monkeypatch.setenv("LAYERSWAP_TEST_WORKERS", "two")
+    with pytest.raises(SystemExit, match="whole number of pytest processes"):
+        dev.workers([])

@@ -76,3 +76,15 @@ def vllm_trio(tmp_path_factory) -> dict[str, Path]:
         "math": perturb(base, root / "math", scale=0.3, seed=1),
         "lang": perturb(base, root / "lang", scale=0.3, seed=2),
     }
+
+
+@pytest.fixture()
+def no_engines(monkeypatch):
+    """Any engine start fails the test: the refusals come before."""
+    from layerswap.serving import workbench
+
+    def boom(*a, **k):
+        raise AssertionError("an engine was started")
+
+    monkeypatch.setattr(workbench.Workbench, "load", boom)
+    monkeypatch.setattr(workbench.Workbench, "start", boom)

@@ -220,6 +220,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def family_sets(d: Path) -> Path:
+    """An MGSM folder for a family on the demo: Kovani (xx) and English from the demo's set, and the demo's English
+    questions as a Swahili set (sw), in `d`."""
+    d.mkdir(parents=True, exist_ok=True)
+    for name in ("mgsm_xx.tsv", "mgsm_en.tsv", "languages.json"):
+        shutil.copy(DEMO_MGSM / name, d / name)
+    shutil.copy(DEMO_MGSM / "mgsm_en.tsv", d / "mgsm_sw.tsv")
+    return d
+
+
 APPS: dict[str, subprocess.Popen] = {}  # URL -> the running app's process (its memory, its files)
 
 

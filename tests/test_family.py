@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from layerswap.evaluation.table import LANG, MATH, family_table
 from layerswap.models.family import MAX_LANGS, Family, check_family, split_spec
 from layerswap.recipe.methods import method_list
 from layerswap.serving.hosting import Limits, Policy
-from tests.helpers import DEMO_MGSM, cli_in_process
+from tests.helpers import cli_in_process, family_sets
 
 DEMO = ["--math", "assets:demo/math", "--base", "assets:demo/base"]
 
@@ -104,11 +103,7 @@ def test_the_table_is_exact_intervals_and_paired_tests_against_the_better_expert
 @pytest.fixture(scope="module")
 def family_mgsm(tmp_path_factory) -> Path:
     """The demo's set (Kovani xx, English) plus a Swahili set (the demo's English questions in MGSM's sw format)."""
-    d = tmp_path_factory.mktemp("family_mgsm")
-    for name in ("mgsm_xx.tsv", "mgsm_en.tsv", "languages.json"):
-        shutil.copy(DEMO_MGSM / name, d / name)
-    shutil.copy(DEMO_MGSM / "mgsm_en.tsv", d / "mgsm_sw.tsv")
-    return d
+    return family_sets(tmp_path_factory.mktemp("family_mgsm"))
 
 
 def test_eval_prints_and_writes_the_family_table_and_sampled_rows_agree(family_mgsm, tmp_path):
@@ -173,18 +168,6 @@ def test_eval_prints_and_writes_the_family_table_and_sampled_rows_agree(family_m
 
 
 # ---- bad input, refused before anything heavy --------------------------------------------------------
-
-@pytest.fixture()
-def no_engines(monkeypatch):
-    """Any engine start fails the test: the refusals come before."""
-    from layerswap.serving import workbench
-
-    def boom(*a, **k):
-        raise AssertionError("an engine was started")
-
-    monkeypatch.setattr(workbench.Workbench, "load", boom)
-    monkeypatch.setattr(workbench.Workbench, "start", boom)
-
 
 @pytest.mark.parametrize("extra, msg", [
     (["--lang", "en=assets:demo/ablation/other_shape"],

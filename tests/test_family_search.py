@@ -5,7 +5,6 @@ recomputed here independently from the answers the results file records."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from layerswap.core.stats import clopper_pearson
 from layerswap.recipe.plans import Plan
 from layerswap.recipe.recipes import Recipe
 from layerswap.sweeps import load_results
-from tests.helpers import DEMO_MGSM, cli_in_process
+from tests.helpers import DEMO_MGSM, cli_in_process, family_sets
 
 LANGS = {"xx": "assets:demo/lang", "en": "assets:demo/unlocalised/lang"}
 SMALL = ["--budget", "8", "--dev", "20", "--test", "30", "--first-rung", "10", "--max-new-tokens", "24", "--z", "1",
@@ -32,10 +31,7 @@ def family_args(langs: dict[str, str] = LANGS) -> list[str]:
 def family_mgsm(tmp_path_factory) -> Path:
     """The demo's sets (Kovani xx, English; and its English as sw), parallel: each language's split is drawn from
     its set."""
-    d = tmp_path_factory.mktemp("family_mgsm")
-    for name in ("mgsm_xx.tsv", "mgsm_en.tsv", "languages.json"):
-        shutil.copy(DEMO_MGSM / name, d / name)
-    shutil.copy(DEMO_MGSM / "mgsm_en.tsv", d / "mgsm_sw.tsv")  # a third code with a set, for the refusals
+    d = family_sets(tmp_path_factory.mktemp("family_mgsm"))  # sw: a third code with a set, for the refusals
     lines = (DEMO_MGSM / "mgsm_en.tsv").read_text().splitlines(keepends=True)
     (d / "mgsm_te.tsv").write_text("".join(lines[:-1]))  # and a set one question short: not parallel
     return d
@@ -118,18 +114,6 @@ def test_search_over_a_family_reports_a_plan_per_language_held_out_and_the_share
     assert len(load_results(results)) == len(rows)
     assert d2["shared"] == shared and d2["held_out"] == data["held_out"]
     assert all(d2["languages"][c]["evaluated"]["questions_run"] == 0 for c in LANGS)
-
-
-@pytest.fixture()
-def no_engines(monkeypatch):
-    """Any engine start fails the test: the refusals come before."""
-    from layerswap.serving import workbench
-
-    def boom(*a, **k):
-        raise AssertionError("an engine was started")
-
-    monkeypatch.setattr(workbench.Workbench, "load", boom)
-    monkeypatch.setattr(workbench.Workbench, "start", boom)
 
 
 @pytest.mark.parametrize("extra, msg", [

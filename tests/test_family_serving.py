@@ -5,7 +5,6 @@ language's trio on its own; the outcome it says is `plan_family`'s."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from layerswap.recipe.recipes import Recipe
 from layerswap.serving import answering, switching
 from layerswap.serving.family import evaluate_family
 from layerswap.serving.workbench import Workbench
-from tests.helpers import DEMO_MGSM
+from tests.helpers import family_sets
 
 LANGS = {"xx": "assets:demo/lang", "en": "assets:demo/unlocalised/lang", "sw": "assets:demo/ablation/lang_lora"}
 FAMILY = Family.parse("assets:demo/math", [f"{c}={r}" for c, r in LANGS.items()], base="assets:demo/base")
@@ -34,11 +33,7 @@ SETTINGS = EngineSettings(engine="transformers", device="cpu")
 
 @pytest.fixture(scope="module")
 def mgsm_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("family_mgsm")
-    for name in ("mgsm_xx.tsv", "mgsm_en.tsv", "languages.json"):
-        shutil.copy(DEMO_MGSM / name, d / name)
-    shutil.copy(DEMO_MGSM / "mgsm_en.tsv", d / "mgsm_sw.tsv")
-    return d
+    return family_sets(tmp_path_factory.mktemp("family_mgsm"))
 
 
 def config(mgsm_dir: Path) -> EvalConfig:

@@ -6,7 +6,6 @@ an lm-eval run). `run` and `ray` write them; `report` reads them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from layerswap.models.cache import content_hash
 from layerswap.evaluation import mgsm

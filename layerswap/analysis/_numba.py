@@ -63,18 +63,26 @@ def _sums(a, m, l):
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def _hist(a, m, l, h0, h1, sel0, sel1, sel):
+def _bins(a, x, out):
+    """`out[i]` = the bin of |x[i] − a[i]| (a loop without stores to the histogram, so it vectorizes)."""
+    for i in range(a.size):
+        out[i] = _bin(np.float32(abs(f32(x[i]) - f32(a[i]))))  # exact for bf16 / fp16 inputs
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def _hist(a, m, l, h0, h1, sel0, sel1, sel, bins):
     """Adds every entry's bin to the histograms; writes the positions whose bin reaches `sel0` (math) or
-    `sel1` (lang) to `sel` (branch-free) and returns how many."""
+    `sel1` (lang) to `sel` (branch-free) and returns how many. `bins` is (2, block) scratch: the bins are
+    computed first in vector lanes, then counted."""
+    bm, bl = bins[0], bins[1]
+    _bins(a, m, bm)
+    _bins(a, l, bl)
     ns = 0
     for i in range(a.size):
-        fa = f32(a[i])
-        bm = _bin(np.float32(abs(f32(m[i]) - fa)))  # exact for bf16 / fp16 inputs
-        bl = _bin(np.float32(abs(f32(l[i]) - fa)))
-        h0[bm] += 1
-        h1[bl] += 1
+        h0[bm[i]] += 1
+        h1[bl[i]] += 1
         sel[ns] = i
-        ns += (bm >= sel0) | (bl >= sel1)
+        ns += (bm[i] >= sel0) | (bl[i] >= sel1)
     return ns
 
 
@@ -90,10 +98,11 @@ def main_slice(a, m, l, acc, hist, lo_sel, wlo, whi, nk, lo0, hi0, off0, dense0,
     sel0, sel1 = np.uint32(lo_sel[0]), np.uint32(lo_sel[1])
     h0, h1 = hist[0], hist[1]
     n = a.size
+    bins = np.empty((2, BLOCK), np.uint32)
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
         _add(acc, _sums(a[start:stop], m[start:stop], l[start:stop]))
-        ns = _hist(a[start:stop], m[start:stop], l[start:stop], h0, h1, sel0, sel1, sel)
+        ns = _hist(a[start:stop], m[start:stop], l[start:stop], h0, h1, sel0, sel1, sel, bins)
         for s in range(ns):
             i = start + sel[s]
             fa = f32(a[i])
@@ -117,15 +126,15 @@ def main_slice(a, m, l, acc, hist, lo_sel, wlo, whi, nk, lo0, hi0, off0, dense0,
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def _hist1(a, x, h, lo, sel):
+def _hist1(a, x, h, lo, sel, bins):
     """Adds every entry's bin of |x − a| to `h`; writes the positions whose bin reaches `lo` to `sel`
-    (branch-free) and returns how many."""
+    (branch-free) and returns how many (`bins`: block scratch, as in `_hist`)."""
+    _bins(a, x, bins)
     ns = 0
     for i in range(a.size):
-        b = _bin(np.float32(abs(f32(x[i]) - f32(a[i]))))
-        h[b] += 1
+        h[bins[i]] += 1
         sel[ns] = i
-        ns += b >= lo
+        ns += bins[i] >= lo
     return ns
 
 
@@ -135,9 +144,10 @@ def math_slice(a, m, hist, lo_sel, lo0, hi0, off0, dense0, sel):
     |Δm| to the histogram `hist` and counts the entries at or above `lo_sel` in the dense window arrays.
     In blocks that stay in cache; `sel` is scratch of the block size + 1."""
     n = a.size
+    bins = np.empty(BLOCK, np.uint32)
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
-        ns = _hist1(a[start:stop], m[start:stop], hist, np.uint32(lo_sel), sel)
+        ns = _hist1(a[start:stop], m[start:stop], hist, np.uint32(lo_sel), sel, bins)
         for s in range(ns):
             i = start + sel[s]
             vm = np.float32(abs(f32(m[i]) - f32(a[i])))
@@ -152,10 +162,11 @@ def lang_slice(a, m, l, acc, hist, lo_sel, wlo, whi, nk, lo1, hi1, off1, dense1,
     window j appended to `keys` (math bits << 32 | lang bits) from `nkeys` (a pair reaches a window
     only where the language does, so the language's selection finds them all). Returns the new key count."""
     n = a.size
+    bins = np.empty(BLOCK, np.uint32)
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
         _add(acc, _sums(a[start:stop], m[start:stop], l[start:stop]))
-        ns = _hist1(a[start:stop], l[start:stop], hist, np.uint32(lo_sel), sel)
+        ns = _hist1(a[start:stop], l[start:stop], hist, np.uint32(lo_sel), sel, bins)
         for s in range(ns):
             i = start + sel[s]
             fa = f32(a[i])
@@ -194,9 +205,10 @@ def _merged_sums(x, a, m, l):
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def _merged_hist(x, a, h):
+def _merged_hist(x, a, h, bins):
+    _bins(a, x, bins)
     for i in range(x.size):
-        h[_bin(np.float32(abs(f32(x[i]) - f32(a[i]))))] += 1
+        h[bins[i]] += 1
 
 
 @njit(nogil=True, cache=True)
@@ -204,7 +216,8 @@ def merged_slice(x, a, m, l, acc, hist):
     """One slice of the merged model `x` against base `a`, math `m`, lang `l`: the sums (see
     `_merged_sums`) into `acc` and the |x − a| histogram into `hist`, in blocks that stay in cache."""
     n = x.size
+    bins = np.empty(BLOCK, np.uint32)
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
         _add(acc, _merged_sums(x[start:stop], a[start:stop], m[start:stop], l[start:stop]))
-        _merged_hist(x[start:stop], a[start:stop], hist)
+        _merged_hist(x[start:stop], a[start:stop], hist, bins)

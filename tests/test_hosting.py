@@ -241,3 +241,33 @@ def test_the_hosted_numbers_live_in_one_table_the_docs_state():
     assert (env.search_plans, env.visitors, env.ref_chars) == (7, 9, 200)
     page = Limits().markdown()
     assert "plan searches up to 40 plans" in page and "kept 60 minutes" in page and "5 to 60 minutes" in page
+
+
+def test_the_sweep_cap_counts_every_evaluation_a_family_included():
+    """`SweepSpec.evaluations` is what the runner evaluates (`records.units_of` on the opened experts, a separate
+    count), a family's once per language; the hosted cap refuses past it, naming the count, and every shipped
+    sweep fits the default (the hosted page offers them all)."""
+    from layerswap.sweeps import load_spec
+    from layerswap.sweeps.records import open_set, units_of
+    from layerswap.ui.tabs.sweeps import shipped_sweeps
+
+    compared = []
+    for name, path in shipped_sweeps().items():
+        spec = load_spec(path)
+        Policy(hosted=True).check_sweep(spec.evaluations(), 10)
+        if spec.missing():  # experts its `build:` makes: nothing to open here
+            continue
+        left: dict = {}
+        units = [u for s in spec.expert_sets for u in units_of(spec, s, open_set(s), left) if u.kind != "stats"]
+        if left:  # grid points these experts' layers cannot take: dropped after opening, so a bound
+            assert spec.evaluations() > len(units), name
+        else:
+            assert spec.evaluations() == len(units), name
+        compared.append(name)
+    assert "7-family.yaml" in compared
+    family = load_spec(shipped_sweeps()["7-family.yaml"])
+    assert len(family.expert_sets) == 3 and family.evaluations() == 3 * (len(family.points) + 2)
+    tight = Policy(hosted=True, limits=Limits(sweep_points=family.evaluations() - 1))
+    with pytest.raises(UserError, match=f"asks for {family.evaluations()} evaluations.*runs up to"):
+        tight.check_sweep(family.evaluations(), 10)
+    Policy(hosted=False, limits=Limits(sweep_points=1)).check_sweep(family.evaluations(), None)  # local: no cap

@@ -98,7 +98,8 @@ class Limits:
     lens_questions: int = _limit(32, "LAYERSWAP_MAX_LENS_QUESTIONS", "parallel questions in one lens run")
     eval_questions: int = _limit(400, "LAYERSWAP_MAX_EVAL_QUESTIONS",
                                  "questions per language and model in an evaluation")
-    sweep_points: int = _limit(24, "LAYERSWAP_MAX_SWEEP_POINTS", "recipes in a sweep")
+    sweep_points: int = _limit(64, "LAYERSWAP_MAX_SWEEP_POINTS", "evaluations in one sweep (a model on a test set; "
+                               "each expert set's recipes and experts count, a family's once per language)")
     search_plans: int = _limit(40, "LAYERSWAP_MAX_SEARCH_PLANS", "plans one search may evaluate")
     family_langs: int = _limit(4, "LAYERSWAP_MAX_FAMILY_LANGS", "language experts in one family (at most "
                                f"{MAX_FAMILY_LANGS})")
@@ -134,7 +135,7 @@ class Limits:
         minutes = sorted({s // 60 for s in (*JOB_SECONDS.values(), DEFAULT_JOB_SECONDS)})
         return (f"questions and free text up to {self.text_chars:,} characters; answers up to {self.new_tokens:,} "
                 f"tokens; the lens up to {self.lens_questions} questions at once; evaluations up to "
-                f"{self.eval_questions:,} questions per language; sweeps up to {self.sweep_points} recipes; plan "
+                f"{self.eval_questions:,} questions per language; sweeps up to {self.sweep_points} evaluations; plan "
                 f"searches up to {self.search_plans} plans; families of up to {self.family_langs} language experts; "
                 f"Hub models up to {self.download_bytes / _GB:.0f} GB; export downloads up to "
                 f"{self.zip_bytes / _GB:.1f} GB; your files up to {self.visitor_disk_bytes / _GB:.0f} GB, kept "
@@ -199,13 +200,16 @@ class Policy:
         """Language experts one family may hold: the library's `models.family.MAX_LANGS`, hosted: the cap."""
         return min(self.limits.family_langs, MAX_FAMILY_LANGS) if self.hosted else MAX_FAMILY_LANGS
 
-    def check_sweep(self, points: int, eval_limit: int | None) -> None:
-        """A sweep's size: at most `sweep_points` recipes, each evaluated within the question cap (a sweep
-        without a question limit means whole sets: refused in hosted mode)."""
+    def check_sweep(self, evaluations: int, eval_limit: int | None) -> None:
+        """A sweep's size: at most `sweep_points` evaluations (`SweepSpec.evaluations`: recipes and experts times
+        expert sets and their test sets), each within the question cap (a sweep without a question limit means
+        whole sets: refused in hosted mode)."""
         if not self.hosted:
             return
-        if points > self.limits.sweep_points:
-            raise UserError(f"This sweep has {points} recipes; this server runs up to {self.limits.sweep_points}.")
+        if evaluations > self.limits.sweep_points:
+            raise UserError(f"This sweep asks for {evaluations} evaluations (each recipe and expert on each expert "
+                            f"set's test sets); this server runs up to {self.limits.sweep_points}: pick a smaller "
+                            "sweep file, or run it with `layerswap sweep` on your own machine.")
         self.check_eval(eval_limit, largest_set=10**9)
 
     def check_search(self, budget: int, dev: int, test: int) -> None:

@@ -134,6 +134,13 @@ class SweepSpec:
     def eval_settings(self) -> dict:
         return {k: self.eval[k] for k in EVAL_KEYS if k in self.eval}
 
+    def evaluations(self) -> int:
+        """The evaluations this sweep asks for, counted before any model opens (points a model's layers cannot
+        take are dropped later, so this bounds `records.units_of`): per expert set, each test set it is scored
+        on times its recipes, plus its two experts when `include_experts`. A family of N counts N times."""
+        models = len(self.points) + (2 if self.include_experts else 0)
+        return sum(models * len(s.scored_on(self.test_sets)) for s in self.expert_sets)
+
 
 def load_spec(path: str | os.PathLike) -> SweepSpec:
     """Read and check a sweep file (YAML or JSON)."""

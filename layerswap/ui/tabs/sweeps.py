@@ -55,7 +55,7 @@ def run_sweep(ctx: Context, job: Job, name, custom, results, limit):
     from layerswap.sweeps import run_sweep as run
 
     spec, out = _spec(ctx, job, name, custom, results, limit)
-    ctx.policy.check_sweep(len(spec.points), spec.eval.get("limit"))
+    ctx.policy.check_sweep(spec.evaluations(), spec.eval.get("limit"))
     check_output_file(out, input_paths(extra=[r for es in spec.expert_sets for r in es.refs().values()]))
     with ctx.shared.lock:  # one lane: a sweep holds the models' place in the queue
         # the sweep's own progress: points, what loads, an ETA from measured points (not the job's elapsed time)

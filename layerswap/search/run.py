@@ -169,7 +169,7 @@ def search(math: str, lang: str, base: str | None = None, config: SearchConfig |
                 pool = Pool(workers, settings, address=address, gpus_per_actor=gpus_per_worker)
             try:
                 out = _loop(wb, cfg, ident, split, sizes, strat, answers, log, p, cancel, t0, pool,
-                            (math, lang, base, force))
+                            (math, lang, base, force, None))
             finally:
                 if pool is not None:
                     pool.close()

@@ -5,7 +5,8 @@ engine spans, run jobs on the experts they are handed; the driver keeps the one 
         for records in pool.unordered(jobs): ...        # jobs: (experts, function, args); function(wb, *args)
 
 `actor_options` decides each worker's resources: its CPUs and, from the engine settings' tensor-parallel size, its
-GPUs. A worker keeps the last expert set it loaded between jobs. `run_sweep_ray` runs a sweep on a pool, writing
+GPUs. A worker keeps the last expert set it loaded between jobs; a family's next member only switches its language
+expert in (`Workbench.switch_lang`), as the sequential runner does. `run_sweep_ray` runs a sweep on a pool, writing
 the records the sequential runner writes (same keys and contents, apart from timings; lines may come in another
 order, `run.sweep_results` gives them in sweep order) under the same resume rules; `search` races candidates on
 one. Needs ``pip install ray``; `address` names a running cluster (else a local one is started and stopped).
@@ -26,7 +27,7 @@ from layerswap.sweeps.records import layout, ordered, refusal_reason, refused_re
 from layerswap.sweeps.run import SweepRun, execute
 from layerswap.sweeps.spec import SweepSpec, load_spec
 
-Experts = tuple  # (math, lang, base, force): what a worker loads
+Experts = tuple  # (math, lang, base, force, family): what a worker loads (family: the set's family name, or None)
 
 
 def need_ray():
@@ -60,19 +61,31 @@ class Worker:
 
             torch.set_num_threads(threads)
         self.settings, self.wb, self.loaded = settings, None, None
+        self.loads = self.switches = 0
 
     def run(self, experts: Experts, job: Callable, *args):
-        """`job(workbench, *args)` with `experts` loaded (loaded again only when they change)."""
+        """`job(workbench, *args)` with `experts` loaded (loaded again only when they change; a member of the
+        family already loaded is switched in)."""
         if self.loaded != experts:
             from layerswap.serving.workbench import Workbench
 
-            if self.wb is not None:
-                self.wb.close()
-            math, lang, base, force = experts
-            self.wb = Workbench.from_settings(self.settings)
-            self.wb.load(math, lang, base, force=force)
+            math, lang, base, force, family = experts
+            held = self.loaded
+            if self.wb is not None and family is not None and (held[0], *held[2:]) == (math, base, force, family):
+                self.wb.switch_lang(lang, force=force)
+                self.switches += 1
+            else:
+                if self.wb is not None:
+                    self.wb.close()
+                self.wb = Workbench.from_settings(self.settings)
+                self.wb.load(math, lang, base, force=force)
+                self.loads += 1
             self.loaded = experts
         return job(self.wb, *args)
+
+    def counts(self) -> tuple[int, int]:
+        """(loads, switches) so far."""
+        return self.loads, self.switches
 
 
 def worker_class(settings: EngineSettings, cpus: float = 1.0, gpus: float | None = None):
@@ -176,7 +189,7 @@ def run_sweep_ray(spec: SweepSpec | str | Path, out: str | Path, actors: int = 2
             if reason:
                 log.append(refused_record(spec, s, cks, refusal[s.name], reason))
                 continue
-            jobs += [((s.math, s.lang, s.base, s.force), sweep_job, (spec, s, job)) for job in _jobs(todo)]
+            jobs += [((s.math, s.lang, s.base, s.force, s.family), sweep_job, (spec, s, job)) for job in _jobs(todo)]
         total, ran, done = len(jobs), 0, 0
         stop = (lambda: cancel.is_set()) if cancel is not None else (lambda: False)
         if jobs:  # a sweep whose every point is recorded starts no cluster

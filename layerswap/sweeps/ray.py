@@ -61,7 +61,7 @@ class Worker:
 
             torch.set_num_threads(threads)
         self.settings, self.wb, self.loaded = settings, None, None
-        self.loads = self.switches = 0
+        self.loads = self.switches = 0  # how often it loaded experts, and switched a family's language in
 
     def run(self, experts: Experts, job: Callable, *args):
         """`job(workbench, *args)` with `experts` loaded (loaded again only when they change; a member of the
@@ -82,10 +82,6 @@ class Worker:
                 self.loads += 1
             self.loaded = experts
         return job(self.wb, *args)
-
-    def counts(self) -> tuple[int, int]:
-        """(loads, switches) so far."""
-        return self.loads, self.switches
 
 
 def worker_class(settings: EngineSettings, cpus: float = 1.0, gpus: float | None = None):

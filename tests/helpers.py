@@ -41,9 +41,9 @@ def make_trio(root: Path, tokenizer, *, layers: int = 6, dtype=torch.float32, **
 
 
 def make_adapter(base: Path, out: Path, kind: str, seed: int, *, layers=None, full: tuple[str, ...] = (),
-                 tokens: int = 4, embed: bool = False, scale: float = 0.05) -> Path:
+                 tokens: int = 4, embed: bool = False, scale: float = 0.05, rank: int = 4) -> Path:
     """A PEFT adapter of `kind` (lora, ia3, prefix) on `base`, built with peft, its weights moved off their
-    identity start (seeded): LoRA rank 4 on q, v, down (and the embeddings with `embed`), IA3 on k, v, down,
+    identity start (seeded): LoRA of `rank` on q, v, down (and the embeddings with `embed`), IA3 on k, v, down,
     a `tokens`-token prefix; only `layers` (default all) and full copies of the modules in `full`."""
     from peft import IA3Config, LoraConfig, PrefixTuningConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -53,7 +53,7 @@ def make_adapter(base: Path, out: Path, kind: str, seed: int, *, layers=None, fu
     at = rf".*\.layers\.({'|'.join(map(str, range(n) if layers is None else layers))})\."
     extra = dict(modules_to_save=list(full)) if full else {}
     if kind == "lora":
-        cfg = LoraConfig(r=4, lora_alpha=8, target_modules=at + r"(self_attn\.(q|v)_proj|mlp\.down_proj)"
+        cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=at + r"(self_attn\.(q|v)_proj|mlp\.down_proj)"
                          + (r"|.*embed_tokens" if embed else ""), **extra)
     elif kind == "ia3":
         cfg = IA3Config(target_modules=at + r"(self_attn\.(k|v)_proj|mlp\.down_proj)",

@@ -133,3 +133,34 @@ def test_hosting_docs_family_table_follows_the_plan(tmp_path):
     cks = {r: Checkpoint.open(sparse_llama(tmp_path / r, **LLAMA_8B)) for r in ("math", "sw", "te", "bn", "ja")}
     rows = family_hardware_table(cks.pop("math"), cks, list(hardware.FLAVOURS))
     assert family_table_markdown(rows) in (REPO / "docs" / "hosting.md").read_text()
+
+
+def test_a_lora_family_is_planned_for_the_highest_rank_any_member_needs(vllm_trio, tmp_path, monkeypatch):
+    """LoRA experts on one engine on the base: the family's trio is planned on the member whose merge needs the
+    highest rank (not the largest in bytes), in any order, so the engine serves every member; a member vLLM's LoRA
+    cannot serve (embedding LoRA) makes the whole family dense."""
+    from layerswap.engines.family import planned_on
+    from layerswap.engines.vllm_engine import VLLMSettings
+    from layerswap.models.adapters import open_expert
+    from tests.helpers import make_adapter
+
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    base = vllm_trio["base"]
+    math = open_expert(make_adapter(base, tmp_path / "m", "lora", 0))
+    wide = open_expert(make_adapter(base, tmp_path / "wide", "lora", 1))  # rank 4 on every layer
+    deep = open_expert(make_adapter(base, tmp_path / "deep", "lora", 2, layers=[1], rank=8))  # rank 8 on one layer
+    emb = open_expert(make_adapter(base, tmp_path / "emb", "lora", 3, embed=True))
+    assert wide.nbytes >= deep.nbytes  # the largest is not the one the engine must be started for
+    hw = dataclasses.replace(flavour("cpu-upgrade"), vllm=True, ram_available=100 * GiB)
+    s = VLLMSettings(kv_cache_gib=0.5)
+    for langs in ({"qa": wide, "qb": deep}, {"qb": deep, "qa": wide}):
+        assert planned_on(math, langs) is deep
+        fp = plan_family(math, langs, engine="vllm", settings=s, hardware=hw)
+        assert fp.trio.arrangement == "lora_vllm" and fp.residency == "adapters"
+        assert fp.trio.settings.max_lora_rank == 16  # 4 + 8 = 12, the next rank vLLM takes
+    assert planned_on(math, {"qa": wide}) is wide
+    dense = plan_family(math, {"qa": wide, "qe": emb}, engine="vllm", settings=s, hardware=hw)
+    assert planned_on(math, {"qa": wide, "qe": emb}) is emb
+    assert dense.trio.arrangement == "three_vllm" and "embedding LoRA" in dense.trio.dense_why
+    plain = {"l": Checkpoint.open(vllm_trio["lang"])}
+    assert planned_on(Checkpoint.open(vllm_trio["math"]), plain) is plain["l"]

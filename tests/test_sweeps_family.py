@@ -53,6 +53,26 @@ def test_a_family_becomes_one_set_per_language_and_bad_families_are_refused(tmp_
             load_spec(_file(tmp_path, **over))
 
 
+def test_a_member_the_running_engines_cannot_take_is_loaded_afresh(tmp_path):
+    """When the running engines cannot take the next member (`Workbench.switch_problem`: a LoRA rank past the
+    engine's), the sweep loads the experts again instead of switching, and every point is still measured."""
+    from layerswap.sweeps.run import workbench_for
+
+    calls: list[str] = []
+
+    def refusing(spec):
+        wb = workbench_for(spec)
+        for name in ("load", "switch_lang"):
+            setattr(wb, name, lambda *a, _f=getattr(wb, name), _n=name, **k: (calls.append(_n), _f(*a, **k))[1])
+        wb.switch_problem = lambda lang: f"{lang} needs LoRA rank 16 for its merge"
+        return wb
+
+    run = run_sweep(_file(tmp_path, grid=None), tmp_path / "r.jsonl", workbench=refusing)
+    assert calls == ["load", "load"] and run.ran == len(run.rows) == 2 * 3
+    assert sorted((r["set"], r["name"]) for r in run.rows) == sorted(
+        (c, n) for c in ("qa", "qb") for n in ("math expert", "language expert", "soup"))
+
+
 def test_a_family_sweep_is_the_papers_table_and_agrees_with_eval_over_the_family(tmp_path):
     from layerswap.sweeps.run import workbench_for
 

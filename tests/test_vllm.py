@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from layerswap import Plan
+from layerswap import Plan, UserError
 from layerswap.evaluation import mgsm
 from layerswap.cli import main as cli
 from layerswap.engines import TransformersEngine, VLLMEngine, open_engine
@@ -216,6 +216,26 @@ def test_lora_experts_are_adapters_on_one_base_engine(vllm_trio, probes, tmp_pat
             seen.add(tuple(got))
         assert served.vllm == [base] and base.weights_path == Path(vllm_trio["base"]).resolve()
     assert len(seen) >= 3, "the experts and merges must answer differently for this test to mean anything"
+    # a family's language switch: the next LoRA expert is another adapter on the same engine (nothing reloaded)
+    l2 = make_adapter(vllm_trio["base"], tmp_path / "l2", "lora", 3, scale=0.5)
+    before = wb.engines["lang"].generate(probes["short"], max_new_tokens=NEW)
+    assert wb.switch_problem(str(l2)) == ""
+    for w in (wb, tr):
+        w.switch_lang(str(l2), force=True)
+        w.build(Plan(b=1, u=1, tb=1, tu=0))
+    for role in ("math", "lang", "merged"):
+        got = wb.engines[role].generate(probes["short"], max_new_tokens=NEW)
+        assert got == tr.engines[role].generate(probes["short"], max_new_tokens=NEW), ("after the switch", role)
+    assert wb.engines["lang"].generate(probes["short"], max_new_tokens=NEW) != before
+    assert served.vllm == [base] and wb.answering_engines.current is served
+    # one whose merge needs a higher rank than the engine started with (4 + 8 > 8): refused, nothing changed
+    wide = make_adapter(vllm_trio["base"], tmp_path / "r8", "lora", 4, scale=0.5, rank=8)
+    problem = wb.switch_problem(str(wide))
+    assert "language expert r8 needs LoRA rank 16 for its merge; the running vLLM engine serves up to 8" in problem
+    with pytest.raises(UserError, match="needs LoRA rank 16"):
+        wb.switch_lang(str(wide), force=True)
+    assert Path(wb.checkpoints["lang"].adapter).name == "l2" and wb.engines["lang"].generate(
+        probes["short"], max_new_tokens=NEW) == tr.engines["lang"].generate(probes["short"], max_new_tokens=NEW)
     wb.close()
     tr.close()
 

@@ -5,9 +5,10 @@
     fp.row(hw)                                                             # a row of `inspect --hardware --lang ...`
 
 A family answers one language at a time: that language's trio (the math expert, its expert, its merge) is served
-as the trio's own plan says (`planning.plan_engines`, made for the family's largest language expert: every
-arrangement, size, sleep-mode and cost rule is the trio's). What the family adds is what happens to the other
-languages' models and what a **language switch** costs (`RESIDENCIES`):
+as the trio's own plan says (`planning.plan_engines`, made for the family's largest language expert, `planned_on`:
+every arrangement, size, sleep-mode and cost rule is the trio's; LoRA experts are planned on the member whose merge
+needs vLLM's highest LoRA rank, or on one vLLM's LoRA cannot serve, which serves the family dense). What the family
+adds is what happens to the other languages' models and what a **language switch** costs (`RESIDENCIES`):
 
 - ``trio``: one language, served as its trio; no switch;
 - ``adapters``: LoRA experts on one vLLM engine on the base (the trio's ``lora_vllm``): every language's expert and
@@ -40,7 +41,7 @@ from layerswap.core.hardware import GiB, Hardware, current
 from layerswap.engines.planning import (APP_HEADROOM, ASLEEP, GPU_ACTIVATIONS, PINNED_PER_WEIGHT, EnginePlan,
                                         Releasing, _duration, _gib, _round, plan_engines, sleep_swap_seconds,
                                         swap_seconds, weight_bytes)
-from layerswap.engines.sizing import USABLE_FRACTION, estimate
+from layerswap.engines.sizing import USABLE_FRACTION, estimate, vllm_lora_rank
 from layerswap.engines.vllm_engine import VLLMSettings
 from layerswap.models.checkpoints import Checkpoint
 
@@ -117,8 +118,18 @@ class FamilyPlan:
                 "note": row["note"] if not self.fits else f"{self.title}; {self.why}; the trio: {row['note']}"}
 
 
-def _largest(langs: dict[str, Checkpoint]) -> Checkpoint:
-    return max(langs.values(), key=lambda ck: ck.nbytes)
+def planned_on(math: Checkpoint, langs: dict[str, Checkpoint]) -> Checkpoint:
+    """The language expert the family's trio is planned on: the largest, so every member fits where it does. For
+    LoRA experts (`sizing.vllm_lora_rank`), the one whose merge needs the highest rank, so the one engine on the
+    base serves every member; if vLLM's LoRA cannot serve one of them, that one, so the family is served dense."""
+    largest = max(langs.values(), key=lambda ck: ck.nbytes)
+    if not (math.adapter_kind == "lora" and any(ck.adapter_kind == "lora" for ck in langs.values())):
+        return largest
+    ranks = [(vllm_lora_rank({"math": math, "lang": ck})[0], ck) for ck in langs.values()]
+    unserved = [ck for r, ck in ranks if r is None]
+    if unserved:
+        return max(unserved, key=lambda ck: ck.nbytes)
+    return max(ranks, key=lambda rc: (rc[0], rc[1].nbytes))[1]
 
 
 def plan_family(math: Checkpoint, langs: dict[str, Checkpoint], *, engine: str = "auto", serving: str = "auto",
@@ -128,8 +139,8 @@ def plan_family(math: Checkpoint, langs: dict[str, Checkpoint], *, engine: str =
     hw = hardware or current()
     settings = settings or VLLMSettings()
     n = len(langs)
-    trio = plan_engines({"math": math, "lang": _largest(langs)}, engine=engine, serving=serving, settings=settings,
-                        device=device, hardware=hw, releasing=releasing, alternatives=False)
+    trio = plan_engines({"math": math, "lang": planned_on(math, langs)}, engine=engine, serving=serving,
+                        settings=settings, device=device, hardware=hw, releasing=releasing, alternatives=False)
     if not trio.fits:
         return FamilyPlan(trio, n, "none", 0, 0, 0, None, 0, why=trio.problem)
     if n == 1:

@@ -10,7 +10,9 @@ outcomes (`engines.family.FamilyPlan.runs`) mean in the engines that exist:
 - ``three_vllm``: the language expert's engine loads the new weights in place (vLLM's live reload,
   `VLLMEngine.refresh`); two or one engine(s) with weights swapped: the new expert is swapped in before it answers;
   sleep-mode turns: its engine woken and reloaded;
-- ``lora_vllm``: another adapter on the same engine (nothing reloaded).
+- ``lora_vllm``: another adapter on the same engine (nothing reloaded), refused before anything changes when vLLM's
+  LoRA cannot serve it or its merge needs a higher rank than the engine started with (`switch_problem`; a family's
+  evaluation starts it for the family's highest, `engines.family.planned_on`).
 
 The merge is dropped in every case (it was the previous language's); `Answering.load_merged` builds the next.
 Refused while the transformers-first hand-over has the plan's engines still starting.
@@ -18,11 +20,13 @@ Refused while the transformers-first hand-over has the plan's engines still star
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from layerswap.core.errors import UserError
 from layerswap.core.hardware import HELD
 from layerswap.core.roles import ROLE_NAMES
 from layerswap.core.runtime import Progress, no_progress
-from layerswap.engines.sizing import check_memory
+from layerswap.engines.sizing import check_memory, vllm_lora_rank
 from layerswap.engines.transformers_engine import TransformersEngine, load_model
 from layerswap.engines.vllm_engine import LoRAEngine, SwappedEngine, TurnEngine
 from layerswap.models.adapters import prefix_of
@@ -35,8 +39,28 @@ def switch_lang(ans: Answering, ck: Checkpoint, progress: Progress = no_progress
     one, the math expert's left as they are; `keep`: the previous expert stays in memory (``resident``)."""
     if not ans.answering or ans.pending is not None:
         raise UserError("Load the two experts first (and let the plan's engines start).")
+    problem = switch_problem(ans.current, ck)
+    if problem:
+        raise UserError(problem)
     _switch(ans.current, ck, progress, keep)
     ans.recipe = None
+
+
+def switch_problem(arr: Arrangement, ck: Checkpoint) -> str:
+    """Why `ck` cannot be switched into `arr`'s engines ('' when it can): on the one engine with vLLM's LoRA, the
+    new expert must be an adapter it serves, its merge within the LoRA rank the engine started with."""
+    if not isinstance(arr, LoRAVLLM):
+        return ""
+    rank, why = vllm_lora_rank({"math": arr.trio.checkpoints["math"], "lang": ck})
+    have = arr.vllm[0].settings.max_lora_rank or 0
+    what = f"The {ROLE_NAMES['lang']} {Path(ck.adapter or ck.path).name}"
+    if rank is None:
+        return (f"{what} cannot join the running vLLM engine's LoRA adapters ({why}): load the experts again with it "
+                "(they are then served dense).")
+    if rank > have:
+        return (f"{what} needs LoRA rank {rank} for its merge; the running vLLM engine serves up to {have}: load the "
+                "experts again with it (a family's evaluation starts the engine for its highest rank).")
+    return ""
 
 
 def _switch(arr: Arrangement, ck: Checkpoint, progress: Progress, keep: bool) -> None:

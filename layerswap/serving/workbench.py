@@ -192,6 +192,17 @@ class Workbench:
         self.report, self.pairing, self.layer_weights, self._analysis = check.report, check.pairing, None, None
         return check.report
 
+    def switch_problem(self, lang: str) -> str:
+        """Why the running engines cannot take `lang` by `switch_lang` ('' when they can, or when none runs yet:
+        `switching.switch_problem`); a runner that gets a reason loads the experts again instead."""
+        if not self.answering:
+            return ""
+        ck = open_expert(lang, str(self.checkpoints["base"].path) if "base" in self.checkpoints else None)
+        try:
+            return switching.switch_problem(self.answering_engines.current, ck)
+        finally:
+            ck.close()
+
     def drop_scratch(self) -> None:
         """Remove the scratch merge from disk now (on exit: even while a job still holds the models)."""
         if self.answering_engines is not None:

@@ -71,7 +71,8 @@ class Worker:
 
             math, lang, base, force, family = experts
             held = self.loaded
-            if self.wb is not None and family is not None and (held[0], *held[2:]) == (math, base, force, family):
+            if (self.wb is not None and family is not None and (held[0], *held[2:]) == (math, base, force, family)
+                    and not self.wb.switch_problem(lang)):  # else (a LoRA rank the engine lacks): loaded afresh
                 self.wb.switch_lang(lang, force=force)
                 self.switches += 1
             else:

@@ -154,7 +154,8 @@ def run_sweep(spec: SweepSpec | str | Path, out: str | Path | None, progress: Pr
                         done += len(todo)
                         continue
                     say = lambda f, d, n=s.name: tell(0.0, f"{n}: loading the experts: {d}")  # noqa: E731
-                    if wb is not None and held == (s.family, s.math, s.base, s.force):
+                    family = wb is not None and held == (s.family, s.math, s.base, s.force)
+                    if family and not wb.switch_problem(s.lang):  # else (a LoRA rank it lacks): loaded afresh
                         tell(0.0, f"{s.name}: switching to its language expert")
                         wb.switch_lang(s.lang, force=s.force, progress=say)
                     else:

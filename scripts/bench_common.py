@@ -11,6 +11,8 @@ values written straight to safetensors, tensor by tensor, built once and cached 
     python3 scripts/bench_common.py /work/bench8b --size 8b
     python3 scripts/bench_common.py /work/bench8b --size 8b --extra-langs 1   # + lang2: a family of two languages
 
+    make_adapter(base, out, "lora", seed=1)              # a PEFT adapter of a small base (tests, gpu_check's LoRA pass)
+
 Sizes (`SIZES`), both untied lm_head, bfloat16:
 
 * ``1b``: TinyLlama-1.1B (22 layers, hidden 2048, intermediate 5632, 32 heads, 4 KV heads, vocab
@@ -323,6 +325,42 @@ def build_extra_langs(root: str | os.PathLike, count: int, spec: dict | None = N
         tmp.rename(folder)
         log(f"built {folder} in {time.perf_counter() - t0:.0f} s")
     return paths
+
+
+def make_adapter(base: Path, out: Path, kind: str, seed: int, *, layers=None, full: tuple[str, ...] = (),
+                 tokens: int = 4, embed: bool = False, scale: float = 0.05, rank: int = 4) -> Path:
+    """A PEFT adapter of `kind` (lora, ia3, prefix) on `base`, built with peft, its weights moved off their
+    identity start (seeded): LoRA of `rank` on q, v, down (and the embeddings with `embed`), IA3 on k, v, down,
+    a `tokens`-token prefix; only `layers` (default all) and full copies of the modules in `full`."""
+    from peft import IA3Config, LoraConfig, PrefixTuningConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base)
+    n = model.config.num_hidden_layers
+    at = rf".*\.layers\.({'|'.join(map(str, range(n) if layers is None else layers))})\."
+    extra = dict(modules_to_save=list(full)) if full else {}
+    if kind == "lora":
+        cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=at + r"(self_attn\.(q|v)_proj|mlp\.down_proj)"
+                         + (r"|.*embed_tokens" if embed else ""), **extra)
+    elif kind == "ia3":
+        cfg = IA3Config(target_modules=at + r"(self_attn\.(k|v)_proj|mlp\.down_proj)",
+                        feedforward_modules=at + r"mlp\.down_proj", **extra)
+    else:
+        cfg = PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=tokens, **extra)
+    pm = get_peft_model(model, cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name or "lora_embedding_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+            elif "ia3_l" in name:
+                p.copy_(1 + torch.randn(p.shape, generator=g) * 0.2)
+            elif "prompt_encoder" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif "modules_to_save" in name:
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    pm.save_pretrained(out)
+    return out
 
 
 def drop_page_cache(paths) -> None:

@@ -3,8 +3,9 @@ CPU build), checked end to end.
 
 1. hardware: what `layerswap.core.hardware` reads on this machine (GPUs, memory, RAM, disk), and the engine plan for
    an 8B-shaped trio on it (headers only) beside the plan for the Hub's flavours of the same size.
-2. one pass per vLLM arrangement (`PASSES`: three engines, two, one swapped) at a small shape (random bf16 experts
-   with real weights, head size 64), serving forced to it: `Workbench.load` with vLLM starts exactly the plan's
+2. one pass per vLLM arrangement (`PASSES`: three engines, two, one swapped, and LoRA: the experts as LoRA adapters
+   of the base, peft's, on one engine) at a small shape (random bf16 experts with real weights, head size 64),
+   serving forced to it: `Workbench.load` with vLLM starts exactly the plan's
    arrangement (the engine line says so); every model's greedy answer is compared with transformers on the same
    folder (tokens equal up to the first bf16 tie); a merge is built into the running engine (a refresh), exported
    and answered again against transformers on the exported folder; a question's swaps are timed; then a family's
@@ -36,9 +37,15 @@ class Pass:
     serving: str
     arrangement: str
     needs_cuda: str = ""  # why it cannot run on vLLM's CPU build ("": it can)
+    adapters: bool = False  # the experts are LoRA adapters of the trio's base (`_lora_trio`), not full models
+
+    @property
+    def name(self) -> str:
+        return "lora" if self.adapters else self.serving
 
 
-PASSES = (Pass("three", "three_vllm"), Pass("two", "two_vllm"), Pass("one", "one_vllm_swapped"))
+PASSES = (Pass("three", "three_vllm"), Pass("two", "two_vllm"), Pass("one", "one_vllm_swapped"),
+          Pass("auto", "lora_vllm", adapters=True))
 
 
 def passes_for(device: str) -> list[Pass]:
@@ -72,8 +79,9 @@ def check_vllm(work: Path, device: str, shape_spec: dict, rep, new_tokens: int =
 
     trio = build_extra_langs(work, 1, spec=shape_spec, log=lambda *_: None)  # and lang2: a family's switch
     for p in passes_for(device):
-        isolated(rep, f"pass {p.serving} ({shape_spec['name']})", device, _serve, trio, shape_spec["name"], work, rep,
-                 new_tokens, p)
+        isolated(rep, f"pass {p.arrangement} ({shape_spec['name']})", device,
+                 lambda p=p: _serve(_lora_trio(trio, work) if p.adapters else trio, shape_spec["name"], work, rep,
+                                    new_tokens, p))
     if disk_8b:
         from bench_common import SPEC_8B
 
@@ -108,6 +116,19 @@ def free_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def _lora_trio(trio: dict[str, Path], work: Path) -> dict[str, Path]:
+    """LoRA adapters of the trio's base (rank 4 on q, v and down, peft's) for the math expert and two language
+    experts: the LoRA pass's experts (each answer compared on its densified model)."""
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise RuntimeError("the LoRA pass builds its adapters with peft: pip install peft")
+    from bench_common import make_adapter
+
+    return {"base": trio["base"], **{r: make_adapter(trio["base"], work / f"lora-{r}", "lora", i + 1, scale=0.5)
+                                     for i, r in enumerate(("math", "lang", "lang2"))}}
+
+
 def _serve(trio: dict[str, Path], shape: str, work: Path, rep, new_tokens: int, p: Pass) -> None:
     from layerswap import Plan
     from layerswap.serving.workbench import Workbench
@@ -115,7 +136,7 @@ def _serve(trio: dict[str, Path], shape: str, work: Path, rep, new_tokens: int, 
     t = time.perf_counter()
     wb = Workbench(engine="vllm", serving=p.serving, chat_template=False)
     try:
-        wb.load(str(trio["math"]), str(trio["lang"]), force=True)
+        wb.load(str(trio["math"]), str(trio["lang"]), str(trio["base"]) if p.adapters else None, force=True)
         plan = wb.engine_plan
         started = time.perf_counter() - t
         line = wb.engine_note
@@ -123,23 +144,25 @@ def _serve(trio: dict[str, Path], shape: str, work: Path, rep, new_tokens: int, 
                 f"{started:.0f} s; engine line: {line}; CUDA graphs {'on' if plan.cuda_graphs else 'off'}; sleep "
                 f"mode {'on' if plan.sleep else 'off'}" + (f" ({plan.sleep_why})" if plan.sleep_why else ""),
                 ok=plan.arrangement == p.arrangement and line.startswith(plan.title))
-        for role in ("math", "lang"):
-            _compare(wb.engines[role], trio[role], _tdev(wb), f"{shape} {p.serving}: {role} expert", rep, new_tokens)
+        for role in ("math", "lang"):  # on the folder it was read from (an adapter: its densified model)
+            _compare(wb.engines[role], wb.checkpoints[role].path, _tdev(wb), f"{shape} {p.name}: {role} expert",
+                     rep, new_tokens)
         for i, plan_i in enumerate((Plan(b=1, u=1, tb=1, tu=1), Plan(b=2, u=1, tb=0, tu=1))):
             t = time.perf_counter()
             wb.build(plan_i)
             built = time.perf_counter() - t
-            out = work / f"merged-{shape}-{p.serving}-{i}"
+            out = work / f"merged-{shape}-{p.name}-{i}"
             wb.export(out, overwrite=True)
-            _compare(wb.engines["merged"], out, _tdev(wb), f"{shape} {p.serving}: merge {i + 1} after a refresh "
+            _compare(wb.engines["merged"], out, _tdev(wb), f"{shape} {p.name}: merge {i + 1} after a refresh "
                      f"({built:.1f} s, refresh {plan.refresh})", rep, new_tokens)
             shutil.rmtree(out, ignore_errors=True)
         t = time.perf_counter()
         for role in ("math", "lang", "merged"):
             wb.engines[role].generate(PROMPTS[:1], max_new_tokens=1)
+        swaps = plan.arrangement not in ("three_vllm", "lora_vllm")
         rep.add(f"one question's engine switches ({shape}, {plan.arrangement})", f"{time.perf_counter() - t:.1f} s",
                 "a token from each model in turn (" + ("swaps in sleep mode" if plan.sleep else "weight swaps")
-                + " included)" if plan.arrangement != "three_vllm" else "a token from each model in turn (no swap)")
+                + " included)" if swaps else "a token from each model in turn (no swap)")
         if "lang2" in trio:
             _switch(wb, trio, shape, work, rep, new_tokens, p)
     finally:
@@ -157,16 +180,18 @@ def _switch(wb, trio: dict[str, Path], shape: str, work: Path, rep, new_tokens: 
     took = time.perf_counter() - t
     changed = _vllm_ids(wb.engines["lang"], new_tokens) != before  # the two experts' greedy answers differ
     rep.add(f"a family's language switch ({shape}, {wb.engine_plan.arrangement})", f"{took:.1f} s",
-            "the second language expert loaded in place of the first (own engine: reloaded; shared engine: swapped "
-            "in); its answers " + ("changed with it" if changed else "DID NOT CHANGE"), ok=changed)
-    _compare(wb.engines["lang"], trio["lang2"], _tdev(wb), f"{shape} {p.serving}: language expert 2 after the "
-             "switch", rep, new_tokens)
-    _compare(wb.engines["math"], trio["math"], _tdev(wb), f"{shape} {p.serving}: math expert after the switch",
-             rep, new_tokens)
+            ("the second language expert as another adapter on the one engine (nothing reloaded)"
+             if wb.engine_plan.arrangement == "lora_vllm" else "the second language expert loaded in place of the "
+             "first (own engine: reloaded; shared engine: swapped in)") + "; its answers "
+            + ("changed with it" if changed else "DID NOT CHANGE"), ok=changed)
+    _compare(wb.engines["lang"], wb.checkpoints["lang"].path, _tdev(wb), f"{shape} {p.name}: language expert 2 "
+             "after the switch", rep, new_tokens)
+    _compare(wb.engines["math"], wb.checkpoints["math"].path, _tdev(wb), f"{shape} {p.name}: math expert after "
+             "the switch", rep, new_tokens)
     wb.build(Plan(b=1, u=1, tb=1, tu=1))
-    out = work / f"merged-{shape}-{p.serving}-lang2"
+    out = work / f"merged-{shape}-{p.name}-lang2"
     wb.export(out, overwrite=True)
-    _compare(wb.engines["merged"], out, _tdev(wb), f"{shape} {p.serving}: a merge with language expert 2", rep,
+    _compare(wb.engines["merged"], out, _tdev(wb), f"{shape} {p.name}: a merge with language expert 2", rep,
              new_tokens)
     shutil.rmtree(out, ignore_errors=True)
 
@@ -211,9 +236,13 @@ def _vllm_ids(eng, n: int) -> list[list[int]]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    eng = serving_engine(eng)
+    from layerswap.engines.vllm_engine import LoRAEngine
+
+    lora = eng.engine.lora_request(eng.adapter) if isinstance(eng, LoRAEngine) else None  # an adapter on its base
+    eng = eng.engine if lora is not None else serving_engine(eng)
     sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-    outs = eng.llm.generate([TokensPrompt(prompt_token_ids=eng.encode(p)) for p in PROMPTS], sp, use_tqdm=False)
+    outs = eng.llm.generate([TokensPrompt(prompt_token_ids=eng.encode(p)) for p in PROMPTS], sp, use_tqdm=False,
+                            lora_request=lora)
     return [list(o.outputs[0].token_ids) for o in outs]
 
 

@@ -23,6 +23,10 @@ from layerswap.shipped.demo import make_tiny_llama, perturb
 from layerswap.recipe.plans import Plan
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.append(str(REPO / "scripts"))  # bench_common: checkpoints and adapters for tests, checks and benchmarks
+import bench_common  # noqa: E402
+
+make_adapter = bench_common.make_adapter  # the tests' adapters are gpu_check's LoRA pass's
 DEMO = REPO / "assets" / "demo"
 DEMO_MGSM = DEMO / "mgsm"  # an MGSM-format folder shipped with the project (English and Kovani)
 CHROMIUM_FIX = "sudo apt-get install chromium (python3 scripts/dev.py test installs it itself when run as root)"
@@ -38,42 +42,6 @@ def make_trio(root: Path, tokenizer, *, layers: int = 6, dtype=torch.float32, **
         "math": perturb(base, root / "math", scale=0.05, seed=1),
         "lang": perturb(base, root / "lang", scale=0.05, seed=2),
     }
-
-
-def make_adapter(base: Path, out: Path, kind: str, seed: int, *, layers=None, full: tuple[str, ...] = (),
-                 tokens: int = 4, embed: bool = False, scale: float = 0.05, rank: int = 4) -> Path:
-    """A PEFT adapter of `kind` (lora, ia3, prefix) on `base`, built with peft, its weights moved off their
-    identity start (seeded): LoRA of `rank` on q, v, down (and the embeddings with `embed`), IA3 on k, v, down,
-    a `tokens`-token prefix; only `layers` (default all) and full copies of the modules in `full`."""
-    from peft import IA3Config, LoraConfig, PrefixTuningConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base)
-    n = model.config.num_hidden_layers
-    at = rf".*\.layers\.({'|'.join(map(str, range(n) if layers is None else layers))})\."
-    extra = dict(modules_to_save=list(full)) if full else {}
-    if kind == "lora":
-        cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=at + r"(self_attn\.(q|v)_proj|mlp\.down_proj)"
-                         + (r"|.*embed_tokens" if embed else ""), **extra)
-    elif kind == "ia3":
-        cfg = IA3Config(target_modules=at + r"(self_attn\.(k|v)_proj|mlp\.down_proj)",
-                        feedforward_modules=at + r"mlp\.down_proj", **extra)
-    else:
-        cfg = PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=tokens, **extra)
-    pm = get_peft_model(model, cfg)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_B" in name or "lora_embedding_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * scale)
-            elif "ia3_l" in name:
-                p.copy_(1 + torch.randn(p.shape, generator=g) * 0.2)
-            elif "prompt_encoder" in name:
-                p.copy_(torch.randn(p.shape, generator=g))
-            elif "modules_to_save" in name:
-                p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    pm.save_pretrained(out)
-    return out
 
 
 def read_dir(d: Path) -> dict[str, torch.Tensor]:

@@ -70,7 +70,7 @@ def test_every_pass_that_can_run_on_the_cpu_build_does(scripts):
     _, v = scripts
     on_cpu = v.passes_for("cpu")
     assert on_cpu == [p for p in v.PASSES if not p.needs_cuda] and v.passes_for("cuda") == list(v.PASSES)
-    assert {p.arrangement for p in on_cpu} == set(VLLM_ENGINES) - {"lora_vllm"}
+    assert {p.arrangement for p in on_cpu} == set(VLLM_ENGINES)  # LoRA adapters included (`_lora_trio`)
     assert not [p for p in v.PASSES if p.needs_cuda]  # sleep mode is checked inside the GPU passes, not apart
 
 

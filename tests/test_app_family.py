@@ -89,6 +89,33 @@ def test_one_language_can_have_its_own_plan(client):
             client.predict(["swap"], plans, 1, 0, "native_cot", 16, api_name="/evaluate_family")
 
 
+def test_the_family_strip_shows_each_languages_merge(client, app_url):
+    """/family_strip (the Models section's strip, following Load family, the plan lines and the plan controls): a row
+    per language, its cells the layer weights of its own plan or the page's, restated independently
+    (`expected_layer_weights`); a mistake in the lines is said in words, a method without a layer map keeps every
+    row the page's, and a visitor without a family sees none."""
+    from layerswap import Plan
+    from tests.helpers import expected_layer_weights
+
+    client.predict(BASE, MATH_REF, FAMILY, False, api_name="/load_family")
+    page = (2, 1, 1, 1, "flat", 0.5, "neighbour")  # b, u, tb, tu, transition, its weight, non-layer
+    fig, note = client.predict("en=1,1,0,0", *page, api_name="/family_strip")
+    heat = json.loads(shown(fig)["plot"])["data"][0]
+    assert heat["y"] == ["en", "xx"]  # drawn from the bottom: the family's first language on top
+    want = {"xx": Plan(b=2, u=1, tb=1, tu=1, transition_weight=0.5), "en": Plan(b=1, u=1, tb=0, tu=0)}
+    for code, row in zip(heat["y"], heat["z"]):
+        assert row == pytest.approx(expected_layer_weights(want[code], 8)), code
+    assert "xx: swap b=2 u=1 tb=1 tu=1" in note and "en: swap b=1 u=1 tb=0 tu=0" in note and "(its own)" in note
+    fig, note = client.predict("en=1,1", *page, api_name="/family_strip")
+    assert fig["visible"] is False and "four whole numbers" in note
+    soup = dict(zip(("method", "weight"), ("soup", 0.3)))
+    fig, note = client.predict("en=1,1,0,0", *page, api_name="/family_strip", **soup)
+    heat = json.loads(shown(fig)["plot"])["data"][0]
+    assert heat["z"] == [[0.5] * 8, [0.5] * 8] and "(its own)" not in note  # every tensor blended alike
+    fig, note = Client(app_url, verbose=False).predict("en=1,1,0,0", *page, api_name="/family_strip")
+    assert fig["visible"] is False and note == ""  # another visitor: no family loaded
+
+
 def test_stop_ends_the_family_evaluation_and_keeps_what_was_answered(client):
     client.predict(BASE, MATH_REF, FAMILY, False, api_name="/load_family")
     job = client.submit(["swap"], "", 0, 0, "native_cot", 16, api_name="/evaluate_family")  # every question: minutes

@@ -269,7 +269,10 @@ def test_a_family_loads_and_evaluate_shows_its_table_and_plot(browser, app_url):
     expect(page.locator("#family-report")).to_contain_text("Family loaded", timeout=120_000)
     expect(page.locator("#family-report")).to_contain_text("2 language experts")
     expect(page.locator("#share textarea, #share input")).to_have_value(re.compile(r"family=xx%3D"), timeout=30_000)
+    expect(page.locator("#family-strip .js-plotly-plot")).to_be_visible(timeout=30_000)  # a row per language
     page.locator("#family-plans textarea").fill("en=1,1,0,0")  # en's own swap, beside the lines
+    own = re.compile(r"en: swap b=1 u=1 tb=0 tu=0[^;]*\(its own\)")
+    expect(page.locator("#family-strip-note")).to_contain_text(own, timeout=30_000)
     expect(page.locator("#share textarea, #share input")).to_have_value(
         re.compile(r"family_plans=en%3D1%2C1%2C0%2C0"), timeout=30_000)
     query = page.locator("#share textarea, #share input").input_value()

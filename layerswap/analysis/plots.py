@@ -31,37 +31,44 @@ def layer_strip(recipe: Recipe | Plan | Sources, num_layers: int, height: int = 
     (`layerswap.recipe.sources`; given, or made for `recipe`) says; layers taken from the base model in blue, marked B.
     Methods without a layer map touch every layer alike (shown mid-scale)."""
     src = recipe if isinstance(recipe, Sources) else Sources(recipe, num_layers)
-    layers = src.layers()
+    return layer_strips({"source": src}, num_layers, height)
+
+
+def layer_strips(rows: dict[str, Sources], num_layers: int, height: int | None = None) -> go.Figure:
+    """`layer_strip` with one row per entry of `rows` (label -> planner), top to bottom: a family's plan per
+    language. One row hides its label."""
+    labels = list(rows)[::-1]  # the heatmap's first row is drawn at the bottom
+    layers = {k: rows[k].layers() for k in labels}
     x = list(range(num_layers))
-    w = [[None if s.from_base else 0.5 if s.w_lang is None else s.w_lang for s in layers]]
     fig = go.Figure(
         go.Heatmap(
-            z=w,
+            z=[[None if s.from_base else 0.5 if s.w_lang is None else s.w_lang for s in layers[k]] for k in labels],
             x=x,
-            y=["source"],
+            y=labels,
             zmin=0,
             zmax=1,
-            customdata=[[s.label(src.method_title) for s in layers]],
+            customdata=[[s.label(rows[k].method_title) for s in layers[k]] for k in labels],
             colorscale=[[0, MATH_COLOR], [1, LANG_COLOR]],
             colorbar={"title": {"text": "w lang"}, "tickvals": [0, 0.5, 1], "ticktext": ["math", "blend", "lang"]},
-            hovertemplate="layer %{x}: %{customdata} (w=%{z:.2f})<extra></extra>",
+            hovertemplate="%{y}, layer %{x}: %{customdata} (w=%{z:.2f})<extra></extra>",
             xgap=2,
+            ygap=4,
             text=[["" if s.w_lang is None else "L" if s.w_lang == 1 else "M" if s.w_lang == 0 else f"{s.w_lang:.2f}"
-                   for s in layers]],
+                   for s in layers[k]] for k in labels],
             texttemplate="%{text}",
         )
     )
-    if src.reverted:
+    if any(rows[k].reverted for k in labels):
         fig.add_trace(go.Heatmap(
-            z=[[1.0 if s.from_base else None for s in layers]], x=x,
-            y=["source"], colorscale=[[0, BASE_COLOR], [1, BASE_COLOR]], showscale=False, xgap=2,
-            text=[["B" if s.from_base else "" for s in layers]], texttemplate="%{text}",
-            hovertemplate=f"layer %{{x}}: {BASE_LABEL}<extra></extra>", name="base"))
+            z=[[1.0 if s.from_base else None for s in layers[k]] for k in labels], x=x,
+            y=labels, colorscale=[[0, BASE_COLOR], [1, BASE_COLOR]], showscale=False, xgap=2, ygap=4,
+            text=[["B" if s.from_base else "" for s in layers[k]] for k in labels], texttemplate="%{text}",
+            hovertemplate=f"%{{y}}, layer %{{x}}: {BASE_LABEL}<extra></extra>", name="base"))
     fig.update_layout(
         xaxis={"title": "layer", "dtick": 1 if num_layers <= 40 else 4},
-        yaxis={"showticklabels": False},
-        height=height,
-        margin={"l": 30, "r": 20, "t": 20, "b": 50},
+        yaxis={"showticklabels": len(labels) > 1, "type": "category"},
+        height=height or 140 + 50 * len(labels),
+        margin={"l": 30 if len(labels) == 1 else 50, "r": 20, "t": 20, "b": 50},
     )
     return fig
 

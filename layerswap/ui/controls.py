@@ -68,6 +68,13 @@ class PlanControls:
         self.recipe  # the controls themselves were accepted
         return recipe(*self.values, **by_key)
 
+    def for_language(self, own: dict[str, dict[str, int]], code: str) -> Recipe:
+        """Language `code`'s merge in a family: the page's plan with the language's own b, u, tb, tu (`own_plans`)
+        when it has a line and the page's plan is a layer swap (the rest of the plan kept), else the page's."""
+        if code in own and self.recipe.method.name == "layer_swap":
+            return self.variant(**own[code])
+        return self.recipe
+
     def sources(self, num_layers: int) -> Sources:
         """The planner of the recipe for a model of `num_layers` layers, made once per event: validated against
         the model (the check before a build), it draws the strip and writes the plan text."""

@@ -124,7 +124,7 @@ def recipes(fam: Family, methods: list[str], controls: PlanControls, own: dict[s
         shared[label] = controls.recipe if name == "layer_swap" else controls.variant(method=name)
     out = {}
     for c in fam.codes:
-        out[c] = {label: controls.variant(**own[c]) if c in own and r.method.name == "layer_swap" else r
+        out[c] = {label: controls.for_language(own, c) if r.method.name == "layer_swap" else r
                   for label, r in shared.items()}
     return out
 
@@ -225,7 +225,10 @@ def render_models(ctx: Context, page: Page) -> dict:
                                        elem_id="family-plans", label="Per-language swap plans (optional): "
                                        "CODE=b,u,tb,tu lines; the others take the page's plan")
     report = gr.Markdown("", elem_id="family-report")
-    return dict(load=load_btn, report=report)
+    strip = gr.Plot(label="Layer sources per language (`family_views.plan_strips`)", visible=False,
+                    elem_id="family-strip")
+    strip_note = gr.Markdown("", elem_id="family-strip-note")
+    return dict(load=load_btn, report=report, strip=strip, strip_note=strip_note)
 
 
 def render_eval(ctx: Context, page: Page, limit, shots, mode, max_new) -> dict:

@@ -1,4 +1,8 @@
-"""A loaded family's heatmaps and export in the page (the family itself is `ui.family`'s).
+"""A loaded family's strips, heatmaps and export in the page (the family itself is `ui.family`'s).
+
+- **Strips per language**: under the family's lines, the layer sources of each language's merge, a row per code
+  (`plan_strips`: its own line or the page's plan, `PlanControls.for_language`), following Load family, the lines
+  and the plan controls.
 
 - **Heatmaps per language**: the analysis tab's *Language expert* menu lists the visitor's family (`menu`, filled
   when the tab opens); choosing a code (`choose`, bounded to the family's codes) makes every view of the tab (its
@@ -22,10 +26,12 @@ from collections.abc import Callable, Iterator
 
 import gradio as gr
 
+from layerswap.analysis.plots import layer_strips
 from layerswap.core.errors import UserError
 from layerswap.core.markup import code, text
 from layerswap.ui.context import Context, Page
 from layerswap.recipe.recipes import Recipe
+from layerswap.recipe.sources import Sources
 from layerswap.ui.controls import PlanControls, own_plans
 from layerswap.ui.events import Job
 from layerswap.ui.family import Loaded
@@ -135,9 +141,36 @@ def overlay(v, plans, controls: PlanControls) -> Recipe:
     """The recipe the analysis tab draws on the heatmaps: the chosen language's own plan when the per-language plans
     give it one (`controls.own_plans`; a layer swap's, as the family's table takes them), else the page's."""
     c = chosen(v)
-    own = own_plans(v.family.family, plans) if c is not None else {}
-    swap = controls.recipe.method.name == "layer_swap"
-    return controls.variant(**own[c]) if c in own and swap else controls.recipe
+    return controls.for_language(own_plans(v.family.family, plans), c) if c is not None else controls.recipe
+
+
+def plan_strips(ctx: Context, job: Job, plans, controls: PlanControls):
+    """The layer sources of each language's merge in the visitor's family, a row per code (its own line or the
+    page's plan: `PlanControls.for_language`, as the table, the export and the heatmaps take them); hidden without a
+    family, and the mistake said in words while the lines or the controls are not a plan yet."""
+    loaded = getattr(job.visitor, "family", None)
+    if loaded is None:
+        return gr.update(visible=False), ""
+    fam, num_layers = loaded.family, loaded.check.num_layers
+    try:
+        own = own_plans(fam, plans)
+        rs = {c: controls.for_language(own, c) for c in fam.codes}
+        rows = {c: Sources(r, num_layers) for c, r in rs.items()}
+    except UserError as e:
+        return gr.update(visible=False), f"**Per-language plans:** {e}"
+    said = "; ".join(f"{c}: {text(r.title())}" + (" (its own)" if r is not controls.recipe else "")
+                     for c, r in rs.items())
+    return gr.update(value=layer_strips(rows, num_layers), visible=True), f"Each language's merge: {said}."
+
+
+def wire_strips(ctx: Context, page: Page, loaded, parts: dict) -> None:
+    """The family's strips follow Load family, its plan lines and the page's plan controls (off the queue, as the
+    Build tab's strip)."""
+    show = dict(fn=ctx.job(plan_strips, clear_stop=False, plan=True), inputs=[page.family_plans, *page.plan],
+                outputs=[parts["strip"], parts["strip_note"]], show_progress="hidden", queue=False)
+    gr.on([x.change for x in (page.family_plans, *page.plan)], api_name="family_strip", trigger_mode="always_last",
+          **show)
+    loaded.success(api_visibility="private", **show)
 
 
 def export_family(ctx: Context, job: Job, plans, controls: PlanControls):
@@ -148,7 +181,7 @@ def export_family(ctx: Context, job: Job, plans, controls: PlanControls):
     loaded = _loaded(v)
     fam = loaded.family
     own = own_plans(fam, plans)
-    rs = {c: controls.variant(**own[c]) if c in own else controls.recipe for c in fam.codes}
+    rs = {c: controls.for_language(own, c) for c in fam.codes}
     folder = ctx.shared.folder(v)
     for old in FAMILY_FILES:  # each export replaces the last
         shutil.rmtree(folder / old, ignore_errors=True)
@@ -166,7 +199,8 @@ def export_family(ctx: Context, job: Job, plans, controls: PlanControls):
                          protect=protect, progress=lambda f, d: job.progress(0.9 * f, d))
     v.family_exported_at = time.monotonic()  # kept for the export TTL (`ui.visitors`)
     written = sum(p.stat().st_size for p in (folder / FAMILY_NAME).rglob("*") if p.is_file())
-    plan = "".join(f"\n- **{c}**: {text(rs[c].title())}" + (" (its own plan)" if c in own else "") for c in done)
+    plan = "".join(f"\n- **{c}**: {text(rs[c].title())}" + (" (its own plan)" if rs[c] is not controls.recipe else "")
+                   for c in done)
     where = FAMILY_NAME if ctx.policy.hosted else f"`{folder / FAMILY_NAME}`"  # hosted: no server path
     msg = (f"Wrote {where}: {len(done)} merged models, one folder per language (weights, model card, "
            f"mergekit YAML), {written / 1e6:.1f} MB:{plan}")

@@ -266,3 +266,4 @@ def wire(ctx: Context, page: Page, demo: gr.Blocks, c: dict) -> None:
     loaded = family.wire(ctx, page, {**c["family"], "force": c["force"], "preset": c["preset"]})
     loaded.success(ctx.job(family_views.menu, **quick), None, [page.family_lang], api_visibility="private",
                    queue=False)  # the analysis tab's language menu: the new family's codes
+    family_views.wire_strips(ctx, page, loaded, c["family"])

@@ -53,6 +53,39 @@ def test_a_family_becomes_one_set_per_language_and_bad_families_are_refused(tmp_
             load_spec(_file(tmp_path, **over))
 
 
+def test_a_listed_recipe_can_give_a_family_member_its_own_plan(tmp_path):
+    """A recipe's ``langs: {qb: {b: 1}}``: qb runs the recipe with its own plan keys (the rest kept) under the same
+    name, qa the shared one; the record is the one a pair sweep of qb with that recipe writes (its key reused), and
+    the family's table has the row for both. Codes outside the family, keys that are not plan keys and methods
+    without a plan are refused when the file is read."""
+    own = [{"name": "own", "plan": {"b": 2, "u": 1, "tb": 0, "tu": 0, "transition": "ramp"},
+            "langs": {"qb": {"b": 1}}}]
+    spec = load_spec(_file(tmp_path, recipes=own, grid=None))
+    qa, qb = spec.expert_sets
+    assert [p.recipe.plan.b for p in spec.points_for(qa)] == [2] and spec.points_for(qa)[0] is spec.points[0]
+    got = spec.points_for(qb)[0].recipe.plan
+    assert (got.b, got.u, got.tb, got.tu, got.transition) == (1, 1, 0, 0, "ramp")
+    out = tmp_path / "r.jsonl"
+    run = run_sweep(_file(tmp_path, recipes=own, grid=None, include_experts=False), out)
+    by_set = {r["set"]: r for r in run.rows}
+    assert by_set["qa"]["recipe"]["plan"]["b"] == 2 and by_set["qb"]["recipe"]["plan"]["b"] == 1
+    assert by_set["qa"]["name"] == by_set["qb"]["name"] == "own"
+    assert [r["recipe"] for r in family_table(run.rows)] == ["own"]
+    pair = _file(tmp_path, family=None, experts={"math": DEMO3["math"], "lang": DEMO3["langs"]["qb"],
+                                                 "base": DEMO3["base"]}, include_experts=False, grid=None,
+                 recipes=[{"name": "own", "plan": {"b": 1, "u": 1, "tb": 0, "tu": 0, "transition": "ramp"}}],
+                 test_sets=[{"path": "assets:demo3/mgsm", "langs": ["qb"]}])
+    again = run_sweep(pair, out)
+    assert again.ran == 0 and again.rows[0]["key"] == by_set["qb"]["key"]  # the same point: reused
+    for langs, msg in [({"qz": {"b": 1}}, "gives qz its own plan, but qz is not a language of the sweep's family"),
+                       ({"qb": {"method": "soup"}}, "unknown key method"),
+                       ({"qb": []}, "langs is {CODE"), ({"Q!": {"b": 1}}, "is not a language code")]:
+        with pytest.raises(UserError, match=msg):
+            load_spec(_file(tmp_path, recipes=[{**own[0], "langs": langs}], grid=None))
+    with pytest.raises(UserError, match="a soup merge has no plan to give a language"):
+        load_spec(_file(tmp_path, recipes=[{"name": "s", "method": "soup", "langs": {"qb": {"b": 1}}}], grid=None))
+
+
 def test_a_member_the_running_engines_cannot_take_is_loaded_afresh(tmp_path):
     """When the running engines cannot take the next member (`Workbench.switch_problem`: a LoRA rank past the
     engine's), the sweep loads the experts again instead of switching, and every point is still measured."""

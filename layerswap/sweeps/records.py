@@ -68,7 +68,7 @@ def units_of(spec: SweepSpec, s: ExpertSet, cks: dict, left_out: dict) -> list[U
     if spec.stats:
         ident = {**common, "stats": 1}
         units.append(Unit("stats", point_key(ident), ident, "model-level statistics", experts=shown))
-    points, dropped = fit_points(spec.points, cks["math"].num_layers, str(spec.path or spec.name))
+    points, dropped = fit_points(spec.points_for(s), cks["math"].num_layers, str(spec.path or spec.name))
     if dropped:
         left_out[s.name] = dropped
     evals = spec.eval_settings()

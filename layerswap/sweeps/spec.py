@@ -7,6 +7,7 @@
     recipes:                                                # a list of named recipes (layerswap.recipe.recipes)
       - {name: none, plan: {b: 2, u: 1, tb: 0, tu: 0}}
       - {name: soup, method: {name: soup, weight: 0.5}}
+      - {name: own, plan: {b: 2, u: 1, tb: 0, tu: 0}, langs: {qb: {b: 3, u: 1}}}   # a family member's own plan
     grid:                                                   # and/or grids (one mapping or a list of them)
       name: "b={b} u={u}"
       recipe: {plan: {tb: 0, tu: 0}}                        # the fixed part
@@ -20,7 +21,9 @@
 
 A ``family:`` becomes one expert set per language, named by its code (the math expert with that language's expert),
 each evaluated on its own language's questions only; its test sets' ``langs`` default to the family's codes, and the
-report shows the paper's table (a row per model, a column per language, `report.family_table`).
+report shows the paper's table (a row per model, a column per language, `report.family_table`). A listed recipe's
+``langs: {CODE: {b: .., u: ..}}`` gives a family member its own plan keys, the rest of the recipe kept (as the page's
+per-language plans do): that member runs it under the recipe's name (`SweepSpec.points_for`).
 Relative paths are read from the sweep file's folder; ``assets:`` references name shipped models and sets
 wherever the file is. Grid points that do not fit the experts'
 layer count are left out (and counted); listed recipes that do not fit are refused.
@@ -94,6 +97,7 @@ class SweepPoint:
     recipe: Recipe
     vars: tuple[tuple[str, Any], ...] = ()
     from_grid: bool = False
+    langs: tuple[tuple[str, Recipe], ...] = ()  # a family member's own recipe, by code (the recipe's ``langs:``)
 
     def to_dict(self) -> dict:
         return {"name": self.name, **self.recipe.to_dict()}
@@ -134,6 +138,12 @@ class SweepSpec:
     def eval_settings(self) -> dict:
         return {k: self.eval[k] for k in EVAL_KEYS if k in self.eval}
 
+    def points_for(self, s: ExpertSet) -> list[SweepPoint]:
+        """The points as expert set `s` runs them: a family member's own recipe (a listed recipe's ``langs:``) in
+        place of the shared one, under the same name."""
+        code = s.langs[0] if s.family and len(s.langs) == 1 else None
+        return [replace(p, recipe=dict(p.langs)[code], langs=()) if code in dict(p.langs) else p for p in self.points]
+
     def evaluations(self) -> int:
         """The evaluations this sweep asks for, counted before any model opens (points a model's layers cannot
         take are dropped later, so this bounds `records.units_of`): per expert set, each test set it is scored
@@ -157,6 +167,12 @@ def spec_from_dict(d: Any, folder: Path | None = None, path: Path | None = None)
     sets = _expert_sets(d, folder, where)
     points = _points(d, where)
     codes = tuple(x for s in sets for x in s.langs)
+    members = [c for s in sets if s.family for c in s.langs]
+    for p in points:
+        for c, _ in p.langs:
+            if c not in members:
+                raise UserError(f"{where}: recipe {p.name!r} gives {c} its own plan, but {c} is not a language of the "
+                                f"sweep's family ({', '.join(members) or 'it has none'}).")
     tests = _test_sets(d, folder, where, codes)
     for c in codes:
         if not any(c in t.langs for t in tests):
@@ -262,9 +278,10 @@ def _points(d: dict, where: str) -> list[SweepPoint]:
     for i, r in enumerate(d.get("recipes") or []):
         if not isinstance(r, dict):
             raise UserError(f"{where}: recipe {i + 1} is a mapping with name, method and/or plan.")
-        body = {k: v for k, v in r.items() if k != "name"}
+        body = {k: v for k, v in r.items() if k not in ("name", "langs")}
         rec = Recipe.from_dict(body, where=f"{where}: recipe {r.get('name', i + 1)!r}")
-        points.append(SweepPoint(str(r.get("name") or rec.title()), rec))
+        name = str(r.get("name") or rec.title())
+        points.append(SweepPoint(name, rec, langs=_own_recipes(r.get("langs"), body, rec, f"{where}: recipe {name!r}")))
     grids = d.get("grid") or []
     for g in grids if isinstance(grids, list) else [grids]:
         points += _grid(g, where)
@@ -275,6 +292,26 @@ def _points(d: dict, where: str) -> list[SweepPoint]:
     if dup:
         raise UserError(f"{where}: recipe names must differ; repeated: {', '.join(dup)}.")
     return points
+
+
+def _own_recipes(langs: Any, body: dict, rec: Recipe, where: str) -> tuple[tuple[str, Recipe], ...]:
+    """A listed recipe's ``langs: {CODE: {plan keys}}``: each code's recipe, the body with those plan keys."""
+    if langs is None:
+        return ()
+    shape = "langs is {CODE: {b: .., u: .., tb: .., tu: ..}}: a family member's own plan keys"
+    if not isinstance(langs, dict) or not langs or len(langs) > MAX_LANGS:
+        raise UserError(f"{where}: {shape}, at most {MAX_LANGS} codes.")
+    if rec.plan is None:
+        raise UserError(f"{where}: a {rec.method.name} merge has no plan to give a language; per-language plans are "
+                        "for layer swaps.")
+    out = []
+    for c, keys in langs.items():
+        if not isinstance(keys, dict) or not keys:
+            raise UserError(f"{where}: {shape}.")
+        refuse_unknown(keys, PLAN_FILE_KEYS, f"{where}: langs {c}", shape)
+        plan = {**(body.get("plan") or {}), **keys}
+        out.append((check_code(str(c)), Recipe.from_dict({**body, "plan": plan}, where=f"{where}: langs {c}")))
+    return tuple(out)
 
 
 def _grid(g: Any, where: str) -> list[SweepPoint]:

@@ -327,6 +327,10 @@ def test_a_fresh_start_walks_every_preset_and_tab(browser, tmp_path):  # noqa: F
             page.locator("#lens-run").click()
             expect(page.locator("#lens-summary")).to_contain_text("Token classes:", timeout=180_000)
             page.get_by_role("tab", name="Evaluate").click()
+            # the menus follow the new models (`on_models`): run once the preset's target is the one checked
+            checked = page.locator("#eval-langs label:has(input:checked)")
+            expect(checked).to_contain_text(f"({res['target_language']})", timeout=60_000)
+            expect(checked).to_have_count(1)
             page.locator("#eval-limit input").fill("2")
             page.locator("#eval-run").click()
             expect(page.locator("#eval-status")).to_contain_text("Done:", timeout=180_000)

@@ -225,8 +225,7 @@ def render_models(ctx: Context, page: Page) -> dict:
                                        elem_id="family-plans", label="Per-language swap plans (optional): "
                                        "CODE=b,u,tb,tu lines; the others take the page's plan")
     report = gr.Markdown("", elem_id="family-report")
-    strip = gr.Plot(label="Layer sources per language (`family_views.plan_strips`)", visible=False,
-                    elem_id="family-strip")
+    strip = gr.Plot(label="Layer sources per language", visible=False, elem_id="family-strip")
     strip_note = gr.Markdown("", elem_id="family-strip-note")
     return dict(load=load_btn, report=report, strip=strip, strip_note=strip_note)
 

@@ -46,10 +46,16 @@ def switch_lang(ans: Answering, ck: Checkpoint, progress: Progress = no_progress
     ans.recipe = None
 
 
+def can_refuse(arr: Arrangement) -> bool:
+    """Whether `arr` can refuse a language expert of the math expert's shape (`switch_problem`): only the one engine
+    with vLLM's LoRA, whose rank was fixed when it started."""
+    return isinstance(arr, LoRAVLLM)
+
+
 def switch_problem(arr: Arrangement, ck: Checkpoint) -> str:
     """Why `ck` cannot be switched into `arr`'s engines ('' when it can): on the one engine with vLLM's LoRA, the
     new expert must be an adapter it serves, its merge within the LoRA rank the engine started with."""
-    if not isinstance(arr, LoRAVLLM):
+    if not can_refuse(arr):
         return ""
     rank, why = vllm_lora_rank({"math": arr.trio.checkpoints["math"], "lang": ck})
     have = arr.vllm[0].settings.max_lora_rank or 0

@@ -195,8 +195,8 @@ class Workbench:
     def switch_problem(self, lang: str) -> str:
         """Why the running engines cannot take `lang` by `switch_lang` ('' when they can, or when none runs yet:
         `switching.switch_problem`); a runner that gets a reason loads the experts again instead."""
-        if not self.answering:
-            return ""
+        if not self.answering or not switching.can_refuse(self.answering_engines.current):
+            return ""  # nothing to open: these engines take any expert of the math expert's shape
         ck = open_expert(lang, str(self.checkpoints["base"].path) if "base" in self.checkpoints else None)
         try:
             return switching.switch_problem(self.answering_engines.current, ck)

@@ -142,7 +142,11 @@ class SweepSpec:
         """The points as expert set `s` runs them: a family member's own recipe (a listed recipe's ``langs:``) in
         place of the shared one, under the same name."""
         code = s.langs[0] if s.family and len(s.langs) == 1 else None
-        return [replace(p, recipe=dict(p.langs)[code], langs=()) if code in dict(p.langs) else p for p in self.points]
+        out = []
+        for p in self.points:
+            own = dict(p.langs).get(code)
+            out.append(replace(p, recipe=own, langs=()) if own is not None else p)
+        return out
 
     def evaluations(self) -> int:
         """The evaluations this sweep asks for, counted before any model opens (points a model's layers cannot

@@ -299,8 +299,14 @@ def test_a_fresh_start_walks_every_preset_and_tab(browser, tmp_path):  # noqa: F
         expect(page.locator("#status")).to_contain_text("Models ready", timeout=180_000)
         for name, p in presets().items():
             page.get_by_role("tab", name="Build & ask").click()
-            pick_preset(page, p.label[:40])
-            expect(page.locator("#math input, #math textarea")).to_have_value(p.math)
+            for attempt in range(3):  # a pick while the last preset's views still redraw the menu can be lost
+                pick_preset(page, p.label[:40])
+                try:
+                    expect(page.locator("#math input, #math textarea")).to_have_value(p.math, timeout=20_000)
+                    break
+                except AssertionError:
+                    if attempt == 2:
+                        raise
             if not p.lang:  # a Hub trio: the visitor types a language expert; nothing is loaded meanwhile
                 expect(page.locator("#preset-note")).to_contain_text("Type a language expert")
                 continue
